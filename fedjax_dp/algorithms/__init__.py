@@ -1,0 +1,1 @@
+"""Federated algorithms; each is ``init(params) -> ServerState`` and ``round(state, cohort, key)``."""

@@ -1,0 +1,1 @@
+"""Core building blocks: pytree helpers, RNG discipline, local training and the cohort engine."""

@@ -1,0 +1,185 @@
+"""The cohort engine: run one pure client function over a sampled cohort and reduce.
+
+A client function maps ``(shared, client) -> (summed, per_client)``: ``summed`` is a pytree the
+engine adds up over the cohort (e.g. clipped, weighted updates), ``per_client`` a pytree it stacks
+(small per-client scalars: loss, norm, example count). Reducing inside the engine means a cohort of
+thousands of clients never materialises thousands of model-sized updates at once.
+
+Strategies, interchangeable and giving the same numbers up to float summation order:
+
+* ``vmap``: one XLA program over all clients (the accelerator path; memory grows with the cohort).
+* ``chunked``: ``vmap`` over chunks of ``chunk_size`` clients inside ``lax.scan``: bounded memory.
+* ``sequential``: clients one after another inside one jitted ``lax.scan``.
+* ``loop``: a jitted per-client function called from Python (no cohort-sized program at all).
+
+A ``jax.sharding.Mesh`` with a ``clients`` axis spreads the cohort over devices with ``shard_map``;
+each device runs the chosen strategy on its shard and the sums are combined with ``psum``.
+``auto`` is resolved by :func:`fedjax_dp.core.strategy.choose_strategy`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+STRATEGIES = ("vmap", "chunked", "sequential", "loop")
+CLIENT_AXIS = "clients"
+
+ClientFn = Callable[[Any, Any], tuple[Any, Any]]
+
+
+def _num_clients(clients) -> int:
+    sizes = {x.shape[0] for x in jax.tree_util.tree_leaves(clients)}
+    if len(sizes) != 1:
+        raise ValueError(f"all client arrays need the same leading (client) axis; got sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+def _zero_invalid(summed, valid):
+    """Zero the contributions of padding clients (``where``, so a NaN there cannot leak)."""
+    return jax.tree_util.tree_map(
+        lambda x: jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x, jnp.zeros_like(x)), summed
+    )
+
+
+def _sum_clients(summed, valid):
+    return jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), _zero_invalid(summed, valid))
+
+
+def _pad_clients(clients, valid, multiple: int):
+    """Pads the client axis to a multiple by repeating the last client, marked invalid."""
+    n = valid.shape[0]
+    total = math.ceil(n / multiple) * multiple
+    if total == n:
+        return clients, valid
+    idx = jnp.minimum(jnp.arange(total), n - 1)
+    clients = jax.tree_util.tree_map(lambda x: x[idx], clients)
+    valid = jnp.concatenate([valid, jnp.zeros(total - n, dtype=bool)])
+    return clients, valid
+
+
+def _vmap(client_fn, shared, clients, valid):
+    summed, per_client = jax.vmap(client_fn, in_axes=(None, 0))(shared, clients)
+    return _sum_clients(summed, valid), per_client
+
+
+def _one_at_a_time(client_fn):
+    """``client_fn`` lifted to groups of one client, without ``vmap`` (a different XLA program)."""
+
+    def fn(shared, group):
+        out = client_fn(shared, jax.tree_util.tree_map(lambda x: x[0], group))
+        return jax.tree_util.tree_map(lambda x: x[None], out)
+
+    return fn
+
+
+def _scan(client_fn, shared, clients, valid, chunk_size: int | None):
+    """``lax.scan`` over single clients (``chunk_size=None``) or over vmapped chunks of clients."""
+    n = valid.shape[0]
+    if chunk_size is None:
+        fn, group = _one_at_a_time(client_fn), 1
+    else:
+        fn, group = jax.vmap(client_fn, in_axes=(None, 0)), min(chunk_size, n)
+    clients, valid = _pad_clients(clients, valid, group)
+    clients, valid = jax.tree_util.tree_map(lambda x: x.reshape((-1, group) + x.shape[1:]), (clients, valid))
+    first = jax.tree_util.tree_map(lambda x: x[0], clients)
+    summed_shape, _ = jax.eval_shape(fn, shared, first)
+    zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape[1:], s.dtype), summed_shape)
+
+    def body(acc, inputs):
+        group_clients, group_valid = inputs
+        summed, per_client = fn(shared, group_clients)
+        return jax.tree_util.tree_map(jnp.add, acc, _sum_clients(summed, group_valid)), per_client
+
+    total, per_client = jax.lax.scan(body, zeros, (clients, valid))
+    per_client = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:])[:n], per_client)
+    return total, per_client
+
+
+def _traced_strategy(strategy: str, chunk_size: int | None):
+    if strategy == "vmap":
+        return _vmap
+    if strategy == "chunked":
+        return lambda f, s, c, v: _scan(f, s, c, v, chunk_size)
+    if strategy == "sequential":
+        return lambda f, s, c, v: _scan(f, s, c, v, None)
+    raise ValueError(f"strategy {strategy!r} cannot be traced inside jit; traced strategies: vmap, chunked, sequential")
+
+
+@dataclasses.dataclass(frozen=True)
+class CohortEngine:
+    """Runs ``client_fn`` over cohorts with a fixed strategy; build once, call every round.
+
+    Calling it returns ``(sum over clients of summed, stacked per_client)``. For the traced
+    strategies the call is one jitted program; ``trace`` gives the same computation for use inside
+    a caller's own ``jit``.
+    """
+
+    client_fn: ClientFn
+    strategy: str = "vmap"
+    chunk_size: int | None = None
+    mesh: Mesh | None = None
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown cohort strategy {self.strategy!r}; choose one of {STRATEGIES} (or 'auto' via choose_strategy)")
+        if self.strategy == "chunked" and (self.chunk_size is None or self.chunk_size < 1):
+            raise ValueError(f"strategy 'chunked' needs chunk_size >= 1, got {self.chunk_size!r}")
+        if self.mesh is not None and self.strategy == "loop":
+            raise ValueError("strategy 'loop' cannot be combined with a device mesh; use vmap, chunked or sequential")
+        if self.mesh is not None and CLIENT_AXIS not in self.mesh.axis_names:
+            raise ValueError(f"the mesh needs an axis named {CLIENT_AXIS!r}; it has {self.mesh.axis_names}")
+        object.__setattr__(self, "_jitted", jax.jit(self.trace))
+        object.__setattr__(self, "_client_jit", jax.jit(self.client_fn))
+
+    def trace(self, shared, clients):
+        """The traced computation (strategies vmap, chunked, sequential)."""
+        n = _num_clients(clients)
+        valid = jnp.ones(n, dtype=bool)
+        run = _traced_strategy(self.strategy, self.chunk_size)
+        if self.mesh is None:
+            return run(self.client_fn, shared, clients, valid)
+        devices = self.mesh.shape[CLIENT_AXIS]
+        clients, valid = _pad_clients(clients, valid, devices)
+
+        def shard(shared, clients, valid):
+            summed, per_client = run(self.client_fn, shared, clients, valid)
+            return jax.lax.psum(summed, CLIENT_AXIS), per_client
+
+        spec = PartitionSpec(CLIENT_AXIS)
+        summed, per_client = jax.shard_map(
+            shard, mesh=self.mesh, in_specs=(PartitionSpec(), spec, spec), out_specs=(PartitionSpec(), spec),
+            check_vma=False,  # local training carries replicated params that become per-device
+        )(shared, clients, valid)
+        return summed, jax.tree_util.tree_map(lambda x: x[:n], per_client)
+
+    def __call__(self, shared, clients):
+        if self.strategy != "loop":
+            return self._jitted(shared, clients)
+        n = _num_clients(clients)
+        total, rows = None, []
+        for i in range(n):
+            client = jax.tree_util.tree_map(lambda x: x[i], clients)
+            summed, per_client = self._client_jit(shared, client)
+            total = summed if total is None else _add(total, summed)
+            rows.append(per_client)
+        return total, jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *rows)
+
+
+_add = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))
+
+
+def client_mesh(num_devices: int | None = None) -> Mesh:
+    """A one-axis mesh named ``clients`` over the first ``num_devices`` local devices (all by default)."""
+    devices = jax.local_devices()
+    if num_devices is not None:
+        if not 1 <= num_devices <= len(devices):
+            raise ValueError(f"num_devices={num_devices} but {len(devices)} local devices exist")
+        devices = devices[:num_devices]
+    return Mesh(np.array(devices), (CLIENT_AXIS,))

@@ -1,0 +1,1 @@
+"""Federated data: the in-memory dataset, partitioners, client sampling and cohort packing."""

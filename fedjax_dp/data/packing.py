@@ -1,0 +1,58 @@
+"""Packing a cohort into padded arrays for the cohort engine.
+
+Each client's examples are shuffled (per round), repeated for E epochs and cut into batches of B;
+the last batch of an epoch may be partial (as in an unpadded loop). All clients are padded to the
+largest step count of the cohort; ``mask`` marks real examples, so local training treats padding
+as absent (see ``core.local_training``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def num_steps(num_examples: int, batch_size: int, epochs: int) -> int:
+    return epochs * math.ceil(num_examples / batch_size)
+
+
+def pack_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], batch_size: int, epochs: int,
+                rng: np.random.Generator, max_steps: int | None = None) -> dict:
+    """Returns ``{'batches': {'x': (C,S,B,...), 'y': (C,S,B)}, 'mask': (C,S,B), 'num_examples': (C,),
+    'example_index': (C,S,B)}`` (``example_index`` says which example fills each slot, -1 for padding).
+
+    ``max_steps`` (optional) pads to a fixed step count so every round reuses one compiled program.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    sizes = [len(i) for i in client_indices]
+    if not sizes or min(sizes) == 0:
+        bad = [k for k, s in enumerate(sizes) if s == 0]
+        raise ValueError(f"cannot pack a cohort with clients that hold no examples (positions {bad})" if sizes
+                         else "cannot pack an empty cohort")
+    steps = max(num_steps(s, batch_size, epochs) for s in sizes)
+    if max_steps is not None:
+        if max_steps < steps:
+            raise ValueError(f"max_steps={max_steps} is smaller than the {steps} steps this cohort needs")
+        steps = max_steps
+    n = len(client_indices)
+    gather = np.zeros((n, steps, batch_size), dtype=np.int64)
+    mask = np.zeros((n, steps, batch_size), dtype=bool)
+    for c, idx in enumerate(client_indices):
+        step = 0
+        for _ in range(epochs):
+            order = rng.permutation(idx)
+            for start in range(0, len(order), batch_size):
+                chunk = order[start : start + batch_size]
+                gather[c, step, : len(chunk)] = chunk
+                mask[c, step, : len(chunk)] = True
+                step += 1
+    return {
+        "batches": {"x": x[gather], "y": y[gather].astype(np.int32)},
+        "mask": mask,
+        "num_examples": np.array(sizes, dtype=np.int32),
+        "example_index": np.where(mask, gather, -1),
+    }

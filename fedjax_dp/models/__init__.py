@@ -1,0 +1,29 @@
+"""Flax models and a registry: ``get_model(name, input_shape, num_classes, **options)``."""
+
+from __future__ import annotations
+
+from fedjax_dp.models.base import Model
+from fedjax_dp.models.cnn import FedAvgCNN
+from fedjax_dp.models.logistic import Logistic
+from fedjax_dp.models.mlp import MLP
+
+MODEL_NAMES = ("logistic", "mlp_2nn", "mlp_600_100", "cnn_fedavg")
+
+
+def get_model(
+    name: str, input_shape: tuple[int, ...] = (28, 28, 1), num_classes: int = 10, conv_impl: str = "xla"
+) -> Model:
+    """Builds a registered model. ``conv_impl`` ('xla' or 'im2col') applies to convolutional models."""
+    input_shape = tuple(input_shape)
+    if name == "logistic":
+        return Model(name, Logistic(num_classes), input_shape, num_classes)
+    if name == "mlp_2nn":
+        return Model(name, MLP((200, 200), num_classes), input_shape, num_classes)
+    if name == "mlp_600_100":
+        return Model(name, MLP((600, 100), num_classes), input_shape, num_classes)
+    if name == "cnn_fedavg":
+        return Model(name, FedAvgCNN(num_classes, conv_impl), input_shape, num_classes, has_conv=True)
+    raise ValueError(f"unknown model {name!r}; available: {MODEL_NAMES}")
+
+
+__all__ = ["Model", "get_model", "MODEL_NAMES"]

@@ -1,0 +1,1 @@
+"""The experiment loop: sampling, local training, aggregation, evaluation, logging."""

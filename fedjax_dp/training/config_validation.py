@@ -1,0 +1,46 @@
+"""Checks an experiment configuration before any work and reports every problem at once."""
+
+from __future__ import annotations
+
+from fedjax_dp.core.cohort import STRATEGIES
+from fedjax_dp.models import MODEL_NAMES
+from fedjax_dp.models.conv import CONV_IMPLS
+from fedjax_dp.training.optimizers import OPTIMIZERS
+
+
+def validate_config(cfg) -> None:
+    """Raises ``ValueError`` listing each invalid value of ``cfg`` (not only the first)."""
+    errors = []
+
+    def need(ok: bool, message: str):
+        if not ok:
+            errors.append(message)
+
+    need(cfg.rounds >= 1, f"rounds must be >= 1, got {cfg.rounds}")
+    need(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
+    need(cfg.data.num_clients >= 1, f"data.num_clients must be >= 1, got {cfg.data.num_clients}")
+    need(0 <= cfg.data.test_fraction < 1, f"data.test_fraction must lie in [0, 1), got {cfg.data.test_fraction}")
+    need(cfg.data.partition != "dirichlet" or cfg.data.alpha > 0, f"data.alpha must be > 0, got {cfg.data.alpha}")
+    need(cfg.model.name in MODEL_NAMES, f"model.name {cfg.model.name!r} unknown; available: {MODEL_NAMES}")
+    for side in ("client", "server"):
+        opt = cfg[side]
+        need(opt.optimizer in OPTIMIZERS, f"{side}.optimizer {opt.optimizer!r} unknown; available: {OPTIMIZERS}")
+        need(opt.learning_rate > 0, f"{side}.learning_rate must be > 0, got {opt.learning_rate}")
+        need(opt.momentum >= 0, f"{side}.momentum must be >= 0, got {opt.momentum}")
+    need(cfg.client.batch_size >= 1, f"client.batch_size must be >= 1, got {cfg.client.batch_size}")
+    need(cfg.client.epochs >= 1, f"client.epochs must be >= 1, got {cfg.client.epochs}")
+    need(cfg.sampling.method in ("uniform", "poisson"), f"sampling.method {cfg.sampling.method!r} unknown; use uniform or poisson")
+    if cfg.sampling.method == "uniform":
+        need(1 <= cfg.sampling.cohort_size <= cfg.data.num_clients,
+             f"sampling.cohort_size must lie in [1, data.num_clients={cfg.data.num_clients}], got {cfg.sampling.cohort_size}")
+    else:
+        need(0 < cfg.sampling.rate <= 1, f"sampling.rate q must lie in (0, 1], got {cfg.sampling.rate}")
+    e = cfg.engine
+    need(e.strategy in STRATEGIES + ("auto",), f"engine.strategy {e.strategy!r} unknown; available: {STRATEGIES + ('auto',)}")
+    need(e.strategy != "chunked" or e.chunk_size >= 1, f"engine.chunk_size must be >= 1 for 'chunked', got {e.chunk_size}")
+    need(e.unroll in ("auto", "full") or (str(e.unroll).isdigit() and int(e.unroll) >= 1),
+         f"engine.unroll must be 'auto', 'full' or a positive integer, got {e.unroll!r}")
+    need(e.conv_impl in CONV_IMPLS + ("auto",), f"engine.conv_impl {e.conv_impl!r} unknown; available: {CONV_IMPLS + ('auto',)}")
+    need(e.num_devices >= 0, f"engine.num_devices must be >= 0 (0 = no mesh), got {e.num_devices}")
+    if errors:
+        raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))

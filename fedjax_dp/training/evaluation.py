@@ -1,0 +1,53 @@
+"""Evaluation of a global model: central test accuracy and mean per-client accuracy."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.data.federated_dataset import FederatedDataset
+from fedjax_dp.models.base import Model
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _batch_stats(model: Model, params, x, y, mask):
+    batch = {"x": x, "y": y}
+    loss = jnp.where(mask, model.per_example_loss(params, batch), 0.0)
+    correct = jnp.where(mask, model.per_example_correct(params, batch), 0.0)
+    return loss, correct
+
+
+def per_example_stats(model: Model, params, x: np.ndarray, y: np.ndarray, batch_size: int = 1000):
+    """Loss and correctness of every example, in fixed-size padded batches (one compilation)."""
+    n = len(y)
+    losses, corrects = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    for start in range(0, n, batch_size):
+        stop = min(start + batch_size, n)
+        xb = np.zeros((batch_size,) + x.shape[1:], x.dtype)
+        yb = np.zeros((batch_size,), np.int32)
+        xb[: stop - start], yb[: stop - start] = x[start:stop], y[start:stop]
+        mask = np.arange(batch_size) < stop - start
+        loss, correct = _batch_stats(model, params, xb, yb, mask)
+        losses[start:stop], corrects[start:stop] = np.asarray(loss)[: stop - start], np.asarray(correct)[: stop - start]
+    return losses, corrects
+
+
+def evaluate(model: Model, params, dataset: FederatedDataset, batch_size: int = 1000) -> dict:
+    """``test_accuracy``/``test_loss`` on the central test set and the unweighted mean over clients
+    of each client's accuracy on its own test data (``client_accuracy``)."""
+    central = dataset.central_test
+    client_idx = [i for i in dataset.client_test if len(i)]
+    needed = np.unique(np.concatenate([central] + client_idx)) if client_idx else central
+    losses, corrects = per_example_stats(model, params, dataset.x[needed], dataset.y[needed], batch_size)
+    pick = lambda idx: np.searchsorted(needed, idx)  # noqa: E731  (needed is sorted and unique)
+    central_pos = pick(central)
+    metrics = {
+        "test_accuracy": float(corrects[central_pos].mean()),
+        "test_loss": float(losses[central_pos].mean()),
+    }
+    if client_idx:
+        metrics["client_accuracy"] = float(np.mean([corrects[pick(i)].mean() for i in client_idx]))
+    return metrics

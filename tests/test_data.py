@@ -1,0 +1,117 @@
+"""Partitioners, sampling and packing: invariants and clear errors."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fedjax_dp.data import partition, sampling
+from fedjax_dp.data.embedded import load_mnist_5k
+from fedjax_dp.data.federated_dataset import FederatedDataset
+from fedjax_dp.data.packing import pack_cohort
+
+LABELS = np.repeat(np.arange(10), 60)  # 600 examples, 60 per class
+
+
+def assert_disjoint(parts, n, cover=True):
+    allidx = np.concatenate(parts)
+    assert len(allidx) == len(np.unique(allidx)), "an example was assigned twice"
+    if cover:
+        assert len(allidx) == n
+
+
+def test_iid_covers_once_with_balanced_sizes():
+    parts = partition.iid(LABELS, 7, np.random.default_rng(0))
+    assert_disjoint(parts, len(LABELS))
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_shards_give_each_client_its_shards_labels():
+    parts = partition.shards(LABELS, 30, 2, np.random.default_rng(0))  # shards of 10: one label each
+    assert_disjoint(parts, len(LABELS))
+    for p in parts:
+        assert len(p) == 20 and len(np.unique(LABELS[p])) <= 2
+
+
+def test_dirichlet_concentration_follows_alpha():
+    labels = np.repeat(np.arange(10), 500)
+
+    def mean_classes_holding_90pct(alpha):
+        parts = partition.dirichlet(labels, 20, alpha, np.random.default_rng(1))
+        assert_disjoint(parts, len(labels))
+        out = []
+        for p in parts:
+            counts = np.sort(np.bincount(labels[p], minlength=10))[::-1]
+            out.append(np.searchsorted(np.cumsum(counts) / counts.sum(), 0.9) + 1)
+        return np.mean(out)
+
+    assert mean_classes_holding_90pct(0.1) < mean_classes_holding_90pct(1.0) < mean_classes_holding_90pct(100.0)
+
+
+def test_partition_errors_name_the_value():
+    with pytest.raises(ValueError, match="alpha must be > 0, got 0"):
+        partition.dirichlet(LABELS, 5, 0.0, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="num_clients=601 exceeds"):
+        partition.iid(LABELS, 601, np.random.default_rng(0))
+
+
+def test_uniform_sampling_is_distinct_and_poisson_rate_checked():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        ids = sampling.uniform(50, 20, rng)
+        assert len(np.unique(ids)) == 20 and ids.max() < 50
+    with pytest.raises(ValueError, match="cohort size 51 exceeds the 50"):
+        sampling.uniform(50, 51, rng)
+    for q in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match=f"got {q}"):
+            sampling.poisson(50, q, rng)
+    counts = [len(sampling.poisson(1000, 0.1, rng)) for _ in range(200)]
+    # mean of 200 Binomial(1000, 0.1) draws: sd of the mean = sqrt(90/200) = 0.67; 5 sd bound
+    assert abs(np.mean(counts) - 100) < 5 * 0.67
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 30), min_size=1, max_size=6), batch=st.integers(1, 8), epochs=st.integers(1, 3))
+def test_packing_properties(sizes, batch, epochs):
+    x = np.arange(sum(sizes), dtype=np.float32)[:, None]
+    y = np.zeros(sum(sizes), np.int32)
+    offsets = np.cumsum([0, *sizes])
+    clients = [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))]
+    cohort = pack_cohort(x, y, clients, batch, epochs, np.random.default_rng(0))
+    for c, idx in enumerate(clients):
+        real = cohort["example_index"][c][cohort["mask"][c]]
+        # every example appears exactly `epochs` times, nothing else appears
+        np.testing.assert_array_equal(np.sort(real), np.sort(np.repeat(idx, epochs)))
+        np.testing.assert_array_equal(cohort["batches"]["x"][c][cohort["mask"][c]][:, 0], real)
+        assert cohort["mask"][c].any(axis=1).sum() == epochs * int(np.ceil(len(idx) / batch))
+    assert list(cohort["num_examples"]) == sizes
+
+
+def test_packing_rejects_bad_input():
+    x, y = np.zeros((4, 1), np.float32), np.zeros(4, np.int32)
+    with pytest.raises(ValueError, match="batch size must be >= 1, got 0"):
+        pack_cohort(x, y, [np.arange(4)], 0, 1, np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"hold no examples \(positions \[1\]\)"):
+        pack_cohort(x, y, [np.arange(4), np.array([], int)], 2, 1, np.random.default_rng(0))
+
+
+def test_dataset_validation():
+    x, y = np.zeros((4, 2), np.float32), np.array([0, 1, 0, 1], np.int32)
+    ok = (np.arange(2), np.arange(2, 4))
+    with pytest.raises(ValueError, match="x has 4 examples but y has 3"):
+        FederatedDataset(x, y[:3], ok, ok, np.arange(4), 2)
+    bad = x.copy()
+    bad[2, 1] = np.inf
+    with pytest.raises(ValueError, match="NaN or Inf .first at example 2"):
+        FederatedDataset(bad, y, ok, ok, np.arange(4), 2)
+    with pytest.raises(ValueError, match=r"clients \[1\] have no training examples"):
+        FederatedDataset(x, y, (np.arange(4), np.array([], int)), ok, np.arange(4), 2)
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\)"):
+        FederatedDataset(x, y + 1, ok, ok, np.arange(4), 2)
+
+
+def test_embedded_mnist_is_real_and_balanced():
+    x, y = load_mnist_5k()
+    assert x.shape == (5000, 28, 28, 1) and x.dtype == np.float32
+    assert 0.0 <= x.min() and x.max() <= 1.0
+    np.testing.assert_array_equal(np.bincount(y), [500] * 10)
+    assert 0.1 < x.mean() < 0.16  # MNIST's mean pixel intensity is about 0.13

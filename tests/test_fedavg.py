@@ -1,0 +1,74 @@
+"""FedAvg: the weighted mean of client updates, NaN containment, and learning on real data."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_dp.algorithms.fedavg import FedAvg
+from fedjax_dp.core.local_training import make_local_trainer
+from fedjax_dp.data.packing import pack_cohort
+from fedjax_dp.models import get_model
+from fedjax_dp.training.evaluation import evaluate
+
+from conftest import random_client_data
+
+
+def _cohort(sizes, seed=0):
+    data = random_client_data(np.random.default_rng(seed), sizes)
+    x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
+    offsets = np.cumsum([0, *sizes])
+    return x, y, pack_cohort(x, y, [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))], 4, 1,
+                             np.random.default_rng(seed))
+
+
+def test_round_is_example_weighted_mean_of_client_updates():
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    sizes = [3, 12, 7]
+    _, _, cohort = _cohort(sizes)
+    algo = FedAvg(model.per_example_loss, optax.sgd(0.1))
+    state, metrics = algo.round(algo.init(params), cohort, jax.random.key(1))
+    train = make_local_trainer(model.per_example_loss, optax.sgd(0.1))
+    deltas = []
+    for c in range(3):
+        trained, _ = train(params, jax.tree_util.tree_map(lambda a: a[c], cohort["batches"]), cohort["mask"][c], jax.random.key(0))
+        deltas.append(jax.tree_util.tree_map(jnp.subtract, trained, params))
+    want = jax.tree_util.tree_map(lambda p, *d: p + sum(n * x for n, x in zip(sizes, d)) / sum(sizes), params, *deltas)
+    for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert int(state.round) == 1 and int(metrics["dropped_clients"]) == 0
+
+
+def test_nan_client_is_dropped_and_counted():
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    _, _, cohort = _cohort([5, 5, 5])
+    cohort["batches"]["x"] = cohort["batches"]["x"].copy()
+    cohort["batches"]["x"][1, 0, 0, 0, 0, 0] = np.nan  # one client's data is poisoned
+    algo = FedAvg(model.per_example_loss, optax.sgd(0.1))
+    state, metrics = algo.round(algo.init(params), cohort, jax.random.key(1))
+    assert int(metrics["dropped_clients"]) == 1
+    assert all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree_util.tree_leaves(state.params))
+    clean = {**cohort, "batches": jax.tree_util.tree_map(lambda a: a[[0, 2]], cohort["batches"]),
+             "mask": cohort["mask"][[0, 2]], "num_examples": cohort["num_examples"][[0, 2]]}
+    want, _ = algo.round(algo.init(params), clean, jax.random.key(1))
+    for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fedavg_learns_embedded_mnist():
+    from ml_collections import ConfigDict
+    from fedjax_dp.data.builders import build_dataset
+    ds = build_dataset(ConfigDict(dict(source="mnist_5k", partition="iid", num_clients=20, test_fraction=0.2)), seed=0)
+    model = get_model("logistic")
+    algo = FedAvg(model.per_example_loss, optax.sgd(0.1), strategy="chunked", chunk_size=5)
+    state = algo.init(model.init(jax.random.key(0)))
+    before = evaluate(model, state.params, ds)["test_accuracy"]
+    rng = np.random.default_rng(0)
+    for t in range(5):
+        ids = rng.choice(20, 5, replace=False)
+        cohort = pack_cohort(ds.x, ds.y, [ds.client_train[i] for i in ids], 10, 1, rng)
+        state, _ = algo.round(state, cohort, jax.random.key(t))
+    after = evaluate(model, state.params, ds)["test_accuracy"]
+    assert before < 0.3 and after > 0.75, (before, after)

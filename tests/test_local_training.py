@@ -1,0 +1,66 @@
+"""Local training: padded clients equal an unpadded Python loop over their real batches."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dp.core.local_training import make_local_trainer, masked_mean
+from fedjax_dp.data.packing import pack_cohort
+from fedjax_dp.models import get_model
+
+from conftest import random_client_data
+
+
+def unpadded_loop(model, optimizer, params, x, y, steps):
+    """A plain loop: one optimizer step per real batch (``steps`` lists each batch's example ids)."""
+    opt_state = optimizer.init(params)
+    for idx in steps:
+        grads = jax.grad(lambda p: jnp.mean(model.per_example_loss(p, {"x": x[idx], "y": y[idx]})))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+    return params
+
+
+@pytest.mark.parametrize("optimizer", [optax.sgd(0.1), optax.adam(0.01), optax.sgd(0.1, momentum=0.9)],
+                         ids=["sgd", "adam", "momentum"])
+def test_padded_client_equals_unpadded_loop(optimizer):
+    model = get_model("mlp_2nn", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    sizes = [7, 23, 1]  # partial last batches and a client far smaller than the padded length
+    data = random_client_data(np.random.default_rng(0), sizes)
+    x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
+    offsets = np.cumsum([0] + sizes)
+    clients = [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))]
+    cohort = pack_cohort(x, y, clients, batch_size=5, epochs=2, rng=np.random.default_rng(1), max_steps=12)
+    train = jax.jit(make_local_trainer(model.per_example_loss, optimizer))
+    for c, n in enumerate(sizes):
+        batches = jax.tree_util.tree_map(lambda a: a[c], cohort["batches"])
+        got, stats = train(params, batches, cohort["mask"][c], jax.random.key(c))
+        steps = [row[row >= 0] for row in cohort["example_index"][c] if (row >= 0).any()]
+        assert len(steps) == 2 * int(np.ceil(n / 5)) and sorted(np.concatenate(steps)) == sorted(list(clients[c]) * 2)
+        want = unpadded_loop(model, optimizer, params, x, y, steps)
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        assert int(stats.num_examples) == 2 * n
+        assert int(stats.num_steps) == len(steps)
+
+
+def test_unroll_does_not_change_result():
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    (x, y), = random_client_data(np.random.default_rng(2), [30])
+    cohort = pack_cohort(x, y, [np.arange(30)], 4, 1, np.random.default_rng(0))
+    batches = jax.tree_util.tree_map(lambda a: a[0], cohort["batches"])
+    outs = [make_local_trainer(model.per_example_loss, optax.sgd(0.1), unroll=u)(
+        params, batches, cohort["mask"][0], jax.random.key(0))[0] for u in (1, 3, True)]
+    for other in outs[1:]:
+        for a, b in zip(jax.tree_util.tree_leaves(outs[0]), jax.tree_util.tree_leaves(other)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_masked_mean_ignores_padding_even_if_nan():
+    values = jnp.array([1.0, 3.0, jnp.nan])
+    assert float(masked_mean(values, jnp.array([True, True, False]))) == 2.0
+    assert float(masked_mean(values, jnp.array([False, False, False]))) == 0.0

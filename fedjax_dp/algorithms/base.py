@@ -9,6 +9,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dp.core import rng, tree
+from fedjax_dp.core.local_training import make_local_trainer
+
 
 @flax.struct.dataclass
 class ServerState:
@@ -38,3 +41,25 @@ def apply_server_update(
 def cohort_size(cohort) -> int:
     """Number of clients in a packed cohort (leading axis of its mask)."""
     return cohort["mask"].shape[0]
+
+
+def make_client_delta(per_example_loss, client_optimizer: optax.GradientTransformation, unroll=1, regularizer=None):
+    """``client_delta(params, client) -> (delta, stats, ok)``: ClientUpdate from ``params`` on one
+    packed client, its update Delta = w_k - w_t, and whether update and loss are finite (a client
+    that is not is dropped by every algorithm, never added to the model)."""
+    train = make_local_trainer(per_example_loss, client_optimizer, unroll=unroll, regularizer=regularizer)
+
+    def client_delta(params, client):
+        trained, stats = train(params, client["batches"], client["mask"], client["key"])
+        delta = jax.tree_util.tree_map(jnp.subtract, trained, params)
+        return delta, stats, tree.is_finite(delta) & jnp.isfinite(stats.loss)
+
+    return client_delta
+
+
+def client_inputs(cohort, key: jax.Array) -> dict:
+    """The per-client arrays the engine maps over, with one training key per client."""
+    n = cohort_size(cohort)
+    return {"batches": cohort["batches"], "mask": cohort["mask"], "num_examples": cohort["num_examples"],
+            "key": rng.client_keys(rng.purpose_key(key, rng.Purpose.CLIENT_TRAINING), n),
+            "noise_key": rng.client_keys(rng.purpose_key(key, rng.Purpose.CLIENT_NOISE), n)}

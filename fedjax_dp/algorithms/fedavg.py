@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dp.algorithms import base
-from fedjax_dp.core import rng, tree
+from fedjax_dp.core import tree
 from fedjax_dp.core.cohort import CohortEngine
-from fedjax_dp.core.local_training import PerExampleLoss, make_local_trainer
+from fedjax_dp.core.local_training import PerExampleLoss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,12 +38,10 @@ class FedAvg:
     mesh: Any = None
 
     def __post_init__(self):
-        train = make_local_trainer(self.per_example_loss, self.client_optimizer, unroll=self.unroll)
+        client_delta = base.make_client_delta(self.per_example_loss, self.client_optimizer, self.unroll)
 
         def client_fn(params, client):
-            trained, stats = train(params, client["batches"], client["mask"], client["key"])
-            delta = jax.tree_util.tree_map(jnp.subtract, trained, params)
-            ok = tree.is_finite(delta) & jnp.isfinite(stats.loss)
+            delta, stats, ok = client_delta(params, client)
             weight = jnp.where(ok, client["num_examples"].astype(jnp.float32), 0.0)
             weighted = jax.tree_util.tree_map(lambda d: jnp.where(ok, d * weight, 0.0), delta)
             per_client = {"loss": stats.loss, "finite": ok, "update_norm": tree.l2_norm(delta)}
@@ -58,11 +56,7 @@ class FedAvg:
 
     def round(self, state: base.ServerState, cohort, key: jax.Array):
         """One round over a packed cohort; returns ``(new_state, metrics)``."""
-        n = base.cohort_size(cohort)
-        keys = rng.client_keys(rng.purpose_key(key, rng.Purpose.CLIENT_TRAINING), n)
-        clients = {"batches": cohort["batches"], "mask": cohort["mask"],
-                   "num_examples": cohort["num_examples"], "key": keys}
-        sums, per_client = self._engine(state.params, clients)
+        sums, per_client = self._engine(state.params, base.client_inputs(cohort, key))
         return self._server_step(state, sums, per_client)
 
     def _server_step_impl(self, state, sums, per_client):

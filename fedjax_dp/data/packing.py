@@ -18,27 +18,35 @@ def num_steps(num_examples: int, batch_size: int, epochs: int) -> int:
 
 
 def pack_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], batch_size: int, epochs: int,
-                rng: np.random.Generator, max_steps: int | None = None) -> dict:
+                rng: np.random.Generator, max_steps: int | None = None, num_slots: int | None = None) -> dict:
     """Returns ``{'batches': {'x': (C,S,B,...), 'y': (C,S,B)}, 'mask': (C,S,B), 'num_examples': (C,),
     'example_index': (C,S,B)}`` (``example_index`` says which example fills each slot, -1 for padding).
 
-    ``max_steps`` (optional) pads to a fixed step count so every round reuses one compiled program.
+    ``max_steps`` (optional) pads to a fixed step count so every round reuses one compiled program;
+    ``num_slots`` (optional) appends empty clients (no examples, all-false mask, ``num_examples`` 0)
+    up to a fixed cohort size, so variable Poisson cohorts share a few compiled programs. An empty
+    slot trains no step, so its update is exactly zero.
     """
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     sizes = [len(i) for i in client_indices]
-    if not sizes or min(sizes) == 0:
-        bad = [k for k, s in enumerate(sizes) if s == 0]
-        raise ValueError(f"cannot pack a cohort with clients that hold no examples (positions {bad})" if sizes
-                         else "cannot pack an empty cohort")
-    steps = max(num_steps(s, batch_size, epochs) for s in sizes)
+    if not sizes and not num_slots:
+        raise ValueError("cannot pack an empty cohort")
+    if sizes and min(sizes) == 0:
+        raise ValueError(f"cannot pack a cohort with clients that hold no examples (positions {[k for k, s in enumerate(sizes) if s == 0]})")
+    steps = max([num_steps(s, batch_size, epochs) for s in sizes] + [1])
     if max_steps is not None:
         if max_steps < steps:
             raise ValueError(f"max_steps={max_steps} is smaller than the {steps} steps this cohort needs")
         steps = max_steps
     n = len(client_indices)
+    if num_slots is not None:
+        if num_slots < n:
+            raise ValueError(f"num_slots={num_slots} is smaller than the cohort of {n} clients")
+        sizes = sizes + [0] * (num_slots - n)
+        n = num_slots
     gather = np.zeros((n, steps, batch_size), dtype=np.int64)
     mask = np.zeros((n, steps, batch_size), dtype=bool)
     for c, idx in enumerate(client_indices):

@@ -42,5 +42,30 @@ def validate_config(cfg) -> None:
          f"engine.unroll must be 'auto', 'full' or a positive integer, got {e.unroll!r}")
     need(e.conv_impl in CONV_IMPLS + ("auto",), f"engine.conv_impl {e.conv_impl!r} unknown; available: {CONV_IMPLS + ('auto',)}")
     need(e.num_devices >= 0, f"engine.num_devices must be >= 0 (0 = no mesh), got {e.num_devices}")
+    need(cfg.algorithm in ("fedavg", "dp_fedavg"), f"algorithm {cfg.algorithm!r} unknown; available: fedavg, dp_fedavg")
+    if cfg.algorithm == "dp_fedavg":
+        _validate_dp(cfg, need)
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
+
+
+def _validate_dp(cfg, need) -> None:
+    from fedjax_dp.algorithms.dp_fedavg import CLIP_MODES
+    from fedjax_dp.privacy.accounting import ACCOUNTANTS
+    dp = cfg.dp
+    need(dp.noise_multiplier >= 0, f"dp.noise_multiplier (sigma) must be >= 0, got {dp.noise_multiplier}")
+    need(dp.clip in CLIP_MODES, f"dp.clip {dp.clip!r} unknown; available: {CLIP_MODES}")
+    need(dp.clip_norm > 0, f"dp.clip_norm S must be > 0, got {dp.clip_norm}")
+    need(dp.noise_mode in ("central", "local"), f"dp.noise_mode {dp.noise_mode!r} unknown; use central or local")
+    need(dp.accountant in ACCOUNTANTS, f"dp.accountant {dp.accountant!r} unknown; available: {ACCOUNTANTS}")
+    need(not (dp.accountant == "pld" and cfg.sampling.method == "uniform"),
+         "dp.accountant='pld' needs sampling.method='poisson' (dp_accounting's PLD has no fixed-size sampling event)")
+    need(0 < dp.delta < 1, f"dp.delta must lie in (0, 1), got {dp.delta}")
+    need(dp.target_epsilon >= 0, f"dp.target_epsilon must be >= 0 (0 = off), got {dp.target_epsilon}")
+    need(0 <= dp.max_delta < 1, f"dp.max_delta Q must lie in (0, 1) (0 = off), got {dp.max_delta}")
+    need((dp.target_epsilon > 0) == (dp.max_delta > 0), "dp.target_epsilon and dp.max_delta (Q) go together")
+    need(dp.max_epsilon >= 0, f"dp.max_epsilon must be >= 0 (0 = off), got {dp.max_epsilon}")
+    need(dp.calibrate_epsilon >= 0, f"dp.calibrate_epsilon must be >= 0 (0 = off), got {dp.calibrate_epsilon}")
+    need(dp.client_epsilon_budget >= 0, f"dp.client_epsilon_budget must be >= 0, got {dp.client_epsilon_budget}")
+    need(0 < dp.target_quantile < 1, f"dp.target_quantile must lie in (0, 1), got {dp.target_quantile}")
+    need(not (dp.clip == "median" and dp.noise_mode == "local"), "dp.clip='median' cannot run with local noise")

@@ -1,8 +1,14 @@
-"""The experiment loop: per round sample, pack, train, aggregate; evaluate every k rounds; log."""
+"""The experiment loop: per round sample, pack, train, aggregate; evaluate every k rounds; log.
+
+With ``algorithm='dp_fedavg'`` the loop also accounts: before each round the budget rule decides
+whether the round may run (training stops otherwise), clients whose own budget is spent are not
+sampled, and every round's epsilon is logged; ``privacy.json`` holds the final report.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 
@@ -10,6 +16,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from fedjax_dp.algorithms.dp_fedavg import DPFedAvg
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core import rng as rng_lib
 from fedjax_dp.core.cohort import client_mesh
@@ -18,12 +25,14 @@ from fedjax_dp.data import sampling
 from fedjax_dp.data.builders import build_dataset
 from fedjax_dp.data.packing import num_steps, pack_cohort
 from fedjax_dp.models import get_model
+from fedjax_dp.privacy.accounting import calibrate_noise_multiplier
 from fedjax_dp.training import results
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.evaluation import evaluate
 from fedjax_dp.training.optimizers import build_optimizer
+from fedjax_dp.training.privacy_tracking import PrivacyTracker
 
-ALGORITHMS = ("fedavg",)
+ALGORITHMS = ("fedavg", "dp_fedavg")
 
 
 @dataclasses.dataclass
@@ -35,6 +44,8 @@ class RunSummary:
     best_round: int
     client_updates: int
     seconds: float
+    epsilon: float | None = None
+    stopped_early: bool = False
 
 
 def resolve_engine(cfg, has_conv: bool, cohort_size: int) -> StrategyChoice:
@@ -49,22 +60,50 @@ def resolve_engine(cfg, has_conv: bool, cohort_size: int) -> StrategyChoice:
     )
 
 
-def build_algorithm(cfg, model, choice: StrategyChoice):
-    if cfg.algorithm != "fedavg":
-        raise ValueError(f"unknown algorithm {cfg.algorithm!r}; available: {ALGORITHMS}")
-    mesh = client_mesh(cfg.engine.num_devices or None) if cfg.engine.num_devices else None
-    return FedAvg(
+def expected_cohort(cfg, num_clients: int) -> float:
+    return cfg.sampling.cohort_size if cfg.sampling.method == "uniform" else cfg.sampling.rate * num_clients
+
+
+def build_algorithm(cfg, model, choice: StrategyChoice, num_clients: int):
+    mesh = client_mesh(cfg.engine.num_devices) if cfg.engine.num_devices else None
+    common = dict(
         per_example_loss=model.per_example_loss,
         client_optimizer=build_optimizer(cfg.client.optimizer, cfg.client.learning_rate, cfg.client.momentum),
         server_optimizer=build_optimizer(cfg.server.optimizer, cfg.server.learning_rate, cfg.server.momentum),
-        strategy=choice.strategy, chunk_size=choice.chunk_size, unroll=choice.unroll, mesh=mesh,
-    )
+        strategy=choice.strategy, chunk_size=choice.chunk_size, unroll=choice.unroll, mesh=mesh)
+    if cfg.algorithm == "fedavg":
+        return FedAvg(**common)
+    if cfg.algorithm == "dp_fedavg":
+        dp = cfg.dp
+        return DPFedAvg(**common, denominator=expected_cohort(cfg, num_clients), clip=dp.clip, clip_norm=dp.clip_norm,
+                        noise_mode=dp.noise_mode, target_quantile=dp.target_quantile,
+                        clip_learning_rate=dp.clip_learning_rate)
+    raise ValueError(f"unknown algorithm {cfg.algorithm!r}; available: {ALGORITHMS}")
 
 
-def sample_cohort(cfg, num_clients: int, generator: np.random.Generator) -> np.ndarray:
+def calibrate_if_asked(cfg, num_clients: int) -> None:
+    """``dp.calibrate_epsilon > 0``: set ``dp.noise_multiplier`` so that ``rounds`` rounds spend
+    exactly that epsilon at ``dp.delta`` (dp_accounting's calibration)."""
+    dp = cfg.dp
+    if cfg.algorithm != "dp_fedavg" or not dp.calibrate_epsilon:
+        return
+    uniform = cfg.sampling.method == "uniform"
+    dp.noise_multiplier = calibrate_noise_multiplier(
+        dp.calibrate_epsilon, dp.delta, cfg.rounds, "fixed" if uniform else "poisson",
+        sampling_rate=cfg.sampling.rate, population=num_clients, cohort_size=cfg.sampling.cohort_size,
+        kind=dp.accountant)
+
+
+def sample_cohort(cfg, num_clients: int, generator: np.random.Generator, eligible=None) -> np.ndarray:
     if cfg.sampling.method == "uniform":
-        return sampling.uniform(num_clients, cfg.sampling.cohort_size, generator)
-    return sampling.poisson(num_clients, cfg.sampling.rate, generator)
+        return sampling.uniform(num_clients, cfg.sampling.cohort_size, generator, eligible)
+    return sampling.poisson(num_clients, cfg.sampling.rate, generator, eligible)
+
+
+def poisson_slots(rate: float, num_clients: int, drawn: int) -> int:
+    """Fixed cohort capacity for Poisson rounds: mean + 4 sd, rounded up to a multiple of 8."""
+    base = rate * num_clients + 4 * math.sqrt(num_clients * rate * (1 - rate))
+    return max(8, 8 * math.ceil(max(base, drawn) / 8))
 
 
 def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = True) -> RunSummary:
@@ -74,38 +113,71 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     dataset = build_dataset(cfg.data, cfg.seed)
     if cfg.sampling.method == "uniform" and cfg.sampling.cohort_size > dataset.num_clients:
         raise ValueError(f"cohort_size={cfg.sampling.cohort_size} exceeds the population of {dataset.num_clients} clients")
-    expected_cohort = cfg.sampling.cohort_size if cfg.sampling.method == "uniform" else max(1, round(cfg.sampling.rate * dataset.num_clients))
-    choice = resolve_engine(cfg, cfg.model.name.startswith("cnn"), expected_cohort)
+    cfg = cfg.copy_and_resolve_references()
+    calibrate_if_asked(cfg, dataset.num_clients)
+    choice = resolve_engine(cfg, get_model(cfg.model.name).has_conv, int(expected_cohort(cfg, dataset.num_clients)))
     model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl)
-    algorithm = build_algorithm(cfg, model, choice)
+    algorithm = build_algorithm(cfg, model, choice, dataset.num_clients)
+    tracker = None
+    if cfg.algorithm == "dp_fedavg":
+        tracker = PrivacyTracker(cfg.dp, cfg.sampling.method, dataset.num_clients, cfg.sampling.cohort_size,
+                                 cfg.sampling.rate, algorithm.private, cfg.dp.clip)
     writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite)
 
     root = jax.random.key(cfg.seed)
     state = algorithm.init(model.init(rng_lib.purpose_key(root, rng_lib.Purpose.EVALUATION)))
     host_rng = np.random.default_rng(cfg.seed + 1)
     max_steps = num_steps(int(dataset.train_sizes().max()), cfg.client.batch_size, cfg.client.epochs)
-    client_updates, best, last_eval = 0, (-1.0, -1), {}
+    client_updates, best, last_eval, rounds_run = 0, (-1.0, -1), {}, 0
     bar = tqdm(range(1, cfg.rounds + 1), disable=not progress, desc=cfg.algorithm, unit="round")
     for t in bar:
-        ids = sample_cohort(cfg, dataset.num_clients, host_rng)
+        if tracker is not None and not tracker.allows(t):
+            tracker.stopped_at = t
+            break
+        eligible = tracker.eligible(t) if tracker is not None else None
+        if eligible is not None and cfg.sampling.method == "uniform" and eligible.sum() < cfg.sampling.cohort_size:
+            tracker.stopped_at = t
+            break
+        ids = sample_cohort(cfg, dataset.num_clients, host_rng, eligible)
         row = {"round": t, "cohort_size": len(ids)}
-        if len(ids):
+        slots = poisson_slots(cfg.sampling.rate, dataset.num_clients, len(ids)) if cfg.sampling.method == "poisson" else None
+        if len(ids) or tracker is not None:
             cohort = pack_cohort(dataset.x, dataset.y, [dataset.client_train[i] for i in ids],
-                                 cfg.client.batch_size, cfg.client.epochs, host_rng, max_steps)
-            state, metrics = algorithm.round(state, cohort, rng_lib.round_key(root, t))
+                                 cfg.client.batch_size, cfg.client.epochs, host_rng, max_steps, slots)
+            key = rng_lib.round_key(root, t)
+            if tracker is not None:
+                state, metrics = algorithm.round(state, cohort, key, tracker.noise_multiplier(t))
+                tracker.record(t, ids)
+                row["epsilon"] = tracker.epsilon()
+            else:
+                state, metrics = algorithm.round(state, cohort, key)
             row.update({k: float(v) for k, v in metrics.items()})
             client_updates += len(ids)
+        rounds_run = t
         if t % cfg.eval_every == 0 or t == cfg.rounds:
             last_eval = evaluate(model, state.params, dataset)
             row.update(last_eval)
             if last_eval["test_accuracy"] > best[0]:
                 best = (last_eval["test_accuracy"], t)
-            bar.set_postfix(acc=f"{last_eval['test_accuracy']:.4f}", loss=f"{row.get('train_loss', float('nan')):.4f}")
+            postfix = {"acc": f"{last_eval['test_accuracy']:.4f}", "loss": f"{row.get('train_loss', float('nan')):.4f}"}
+            if tracker is not None:
+                postfix["eps"] = f"{row['epsilon']:.3f}"
+            bar.set_postfix(postfix)
         row["client_updates"] = client_updates
         writer.log(row)
+    bar.close()
+    if rounds_run and (rounds_run % cfg.eval_every != 0) and rounds_run != cfg.rounds:
+        last_eval = evaluate(model, state.params, dataset)  # the model training stopped at
+        if last_eval["test_accuracy"] > best[0]:
+            best = (last_eval["test_accuracy"], rounds_run)
+        writer.log({"round": rounds_run, "final_evaluation": True, **last_eval})
     writer.close()
 
-    summary = RunSummary(workdir, cfg.rounds, last_eval, best[0], best[1], client_updates, time.perf_counter() - start)
+    summary = RunSummary(workdir, rounds_run, last_eval, best[0], best[1], client_updates, time.perf_counter() - start)
+    if tracker is not None:
+        report = tracker.report()
+        writer.write_json("privacy.json", dataclasses.asdict(report))
+        summary.epsilon, summary.stopped_early = report.epsilon, tracker.stopped_at is not None
     writer.write_json("summary.json", {**dataclasses.asdict(summary),
                                        "engine": dataclasses.asdict(choice), "backend": jax.default_backend()})
     results.plot_accuracy(results.read_metrics(workdir), os.path.join(workdir, "accuracy.png"),
@@ -117,10 +189,12 @@ def format_summary(summary: RunSummary) -> str:
     """The table printed at the end of a run."""
     lines = [
         f"{'workdir':<22}{summary.workdir}",
-        f"{'rounds':<22}{summary.rounds}",
+        f"{'rounds':<22}{summary.rounds}" + ("  (stopped: privacy budget)" if summary.stopped_early else ""),
         f"{'client updates (CC)':<22}{summary.client_updates}",
         f"{'best accuracy':<22}{summary.best_accuracy:.4f} (round {summary.best_round})",
     ]
     lines += [f"{'final ' + k:<22}{v:.4f}" for k, v in summary.final.items()]
+    if summary.epsilon is not None:
+        lines.append(f"{'epsilon spent':<22}{summary.epsilon:.4f}")
     lines.append(f"{'wall time':<22}{summary.seconds:.1f} s")
     return "\n".join(lines)

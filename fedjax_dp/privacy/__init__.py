@@ -1,0 +1,1 @@
+"""Privacy transforms (clipping, Gaussian noise) and accounting."""

@@ -1,0 +1,250 @@
+"""Privacy accounting for client-level DP-FL, built on Google's ``dp_accounting`` (no hand-written
+moments accountant).
+
+A round is a ``RoundEvent``: the sampling scheme, its rate and the Gaussian noise multiplier
+z = (noise std on the sum) / S. It maps to a ``dp_accounting`` event and neighbouring relation that
+match the sampling actually run (ALGORITHMS.md Sec. 1, 5):
+
+* ``poisson``: each client joins with probability q; add/remove-one neighbours; the server must
+  divide by the fixed expected cohort q K. ``PoissonSampledDpEvent`` (RDP and PLD).
+* ``fixed``: exactly m of K clients without replacement; replace-one neighbours, under which the
+  clipped sum's sensitivity is 2S. ``SampledWithoutReplacementDpEvent`` (RDP only: dp_accounting's
+  PLD has no such event).
+* ``full``: every client every round (q = 1): a plain Gaussian, add/remove-one.
+
+dp_accounting 0.6 normalises the noise multiplier of a replace-one event by the per-client bound S
+rather than by the sensitivity 2S, which under-reports RDP fourfold (google/differential-privacy
+issue #378). ``replace_one_scale()`` detects at run time which convention the installed version
+uses (it composes a q = 1 event whose exact RDP is known) and rescales, so the result stays right
+whether or not the library is fixed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Iterable
+
+import dp_accounting
+from dp_accounting import pld, rdp
+from dp_accounting.rdp import rdp_privacy_accountant
+from dp_accounting.privacy_accountant import NeighboringRelation
+
+SAMPLINGS = ("poisson", "fixed", "full")
+ACCOUNTANTS = ("rdp", "pld")
+RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [80, 96, 128, 256, 512, 1024])
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundEvent:
+    """One round of a subsampled Gaussian mechanism at client level.
+
+    Attributes:
+      sampling: 'poisson', 'fixed' or 'full'.
+      noise_multiplier: z = noise std on the clipped sum / per-client clip norm S.
+      sampling_rate: q for 'poisson'; ignored otherwise.
+      population: K (for 'fixed').
+      cohort_size: m (for 'fixed').
+    """
+
+    sampling: str
+    noise_multiplier: float
+    sampling_rate: float = 1.0
+    population: int = 0
+    cohort_size: int = 0
+
+    def __post_init__(self):
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"sampling {self.sampling!r} unknown; choose one of {SAMPLINGS}")
+        if not self.noise_multiplier >= 0 or not math.isfinite(self.noise_multiplier):
+            raise ValueError(f"noise multiplier must be >= 0 and finite, got {self.noise_multiplier}")
+        if self.sampling == "poisson" and not 0 < self.sampling_rate <= 1:
+            raise ValueError(f"sampling rate q must lie in (0, 1], got {self.sampling_rate}")
+        if self.sampling == "fixed" and not 1 <= self.cohort_size <= self.population:
+            raise ValueError(f"fixed-size sampling needs 1 <= cohort_size <= population, "
+                             f"got cohort_size={self.cohort_size}, population={self.population}")
+
+    @property
+    def rate(self) -> float:
+        """The fraction of clients sampled (q, or m / K)."""
+        if self.sampling == "poisson":
+            return self.sampling_rate
+        if self.sampling == "fixed":
+            return self.cohort_size / self.population
+        return 1.0
+
+    @property
+    def neighboring_relation(self) -> NeighboringRelation:
+        return NeighboringRelation.REPLACE_ONE if self.sampling == "fixed" else NeighboringRelation.ADD_OR_REMOVE_ONE
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        if self.noise_multiplier == 0:
+            return dp_accounting.NonPrivateDpEvent()
+        if self.sampling == "poisson":
+            return dp_accounting.PoissonSampledDpEvent(self.sampling_rate, dp_accounting.GaussianDpEvent(self.noise_multiplier))
+        if self.sampling == "fixed":
+            gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier * replace_one_scale())
+            return dp_accounting.SampledWithoutReplacementDpEvent(self.population, self.cohort_size, gaussian)
+        return dp_accounting.GaussianDpEvent(self.noise_multiplier)
+
+
+@functools.lru_cache(maxsize=1)
+def replace_one_scale() -> float:
+    """Factor applied to z in replace-one events so that dp_accounting sees sensitivity 2S.
+
+    With q = 1 a replace-one subsampled Gaussian is a Gaussian of sensitivity 2S and std zS, whose
+    RDP is alpha * 4 / (2 z^2): the same as an add/remove Gaussian with multiplier z / 2. Returns 0.5
+    if the installed dp_accounting normalises by S (issue #378) and 1.0 if it already uses 2S.
+    """
+    z = 2.0
+    fixed = rdp.RdpAccountant(orders=[2.0], neighboring_relation=NeighboringRelation.REPLACE_ONE)
+    fixed.compose(dp_accounting.SampledWithoutReplacementDpEvent(4, 4, dp_accounting.GaussianDpEvent(z)))
+    right = rdp.RdpAccountant(orders=[2.0])
+    right.compose(dp_accounting.GaussianDpEvent(z / 2))
+    eps_fixed, eps_right = fixed.get_epsilon(1e-5), right.get_epsilon(1e-5)
+    if math.isclose(eps_fixed, eps_right, rel_tol=1e-6):
+        return 1.0
+    buggy = rdp.RdpAccountant(orders=[2.0])
+    buggy.compose(dp_accounting.GaussianDpEvent(z))
+    if math.isclose(eps_fixed, buggy.get_epsilon(1e-5), rel_tol=1e-6):
+        return 0.5
+    raise RuntimeError("unrecognised replace-one normalisation in dp_accounting; refusing to account")
+
+
+def make_accountant(kind: str, neighboring_relation: NeighboringRelation):
+    if kind == "rdp":
+        return rdp.RdpAccountant(orders=list(RDP_ORDERS), neighboring_relation=neighboring_relation)
+    if kind == "pld":
+        if neighboring_relation == NeighboringRelation.REPLACE_ONE:
+            raise ValueError("the PLD accountant of dp_accounting has no fixed-size (without replacement) sampling "
+                             "event; use accountant='rdp' or Poisson sampling")
+        return pld.PLDAccountant(neighboring_relation=neighboring_relation, value_discretization_interval=1e-3)
+    raise ValueError(f"accountant {kind!r} unknown; choose one of {ACCOUNTANTS}")
+
+
+@functools.lru_cache(maxsize=256)
+def _event_rdp(event: RoundEvent):
+    """RDP curve (over ``RDP_ORDERS``) of one round, computed once per distinct event."""
+    acc = rdp.RdpAccountant(orders=list(RDP_ORDERS), neighboring_relation=event.neighboring_relation)
+    acc.compose(event.dp_event())
+    return acc.rdp
+
+
+class Accountant:
+    """A running client-level accountant over a schedule of rounds (constant or per-round (q_t, z_t)).
+
+    RDP: the curve of each distinct round event is computed once (dp_accounting) and composition is
+    their weighted sum, converted with dp_accounting's ``compute_epsilon``/``compute_delta``.
+    PLD: dp_accounting's ``PLDAccountant``, composing runs of equal rounds by self-composition.
+    """
+
+    def __init__(self, kind: str = "rdp"):
+        if kind not in ACCOUNTANTS:
+            raise ValueError(f"accountant {kind!r} unknown; choose one of {ACCOUNTANTS}")
+        self.kind = kind
+        self.rounds = 0
+        self.events: list[tuple[RoundEvent, int]] = []
+        self._relation = None
+        self._pld = None
+
+    def compose(self, event: RoundEvent, count: int = 1) -> "Accountant":
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        if self._relation is None:
+            self._relation = event.neighboring_relation
+            if self.kind == "pld":
+                self._pld = make_accountant("pld", self._relation)
+        elif event.neighboring_relation != self._relation:
+            raise ValueError("cannot mix Poisson/full and fixed-size sampling in one accountant (different neighbouring relations)")
+        if count:
+            if self._pld is not None:
+                self._pld.compose(event.dp_event(), count)
+            self.rounds += count
+            if self.events and self.events[-1][0] == event:
+                self.events[-1] = (event, self.events[-1][1] + count)
+            else:
+                self.events.append((event, count))
+        return self
+
+    def _rdp_curve(self):
+        return sum(count * _event_rdp(event) for event, count in self.events)
+
+    def epsilon(self, delta: float) -> float:
+        check_delta(delta)
+        if not self.events:
+            return 0.0
+        if self.kind == "pld":
+            return float(self._pld.get_epsilon(delta))
+        return float(rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, self._rdp_curve(), delta)[0])
+
+    def delta(self, epsilon: float) -> float:
+        check_epsilon(epsilon)
+        if not self.events:
+            return 0.0
+        if self.kind == "pld":
+            return float(self._pld.get_delta(epsilon))
+        return float(rdp_privacy_accountant.compute_delta(RDP_ORDERS, self._rdp_curve(), epsilon)[0])
+
+    def copy_with(self, event: RoundEvent, count: int = 1) -> "Accountant":
+        """A new accountant with this one's history plus ``count`` more rounds (nothing mutated)."""
+        other = Accountant(self.kind)
+        for past, n in self.events:
+            other.compose(past, n)
+        return other.compose(event, count)
+
+
+def check_epsilon(epsilon: float):
+    if not epsilon > 0 or not math.isfinite(epsilon):
+        raise ValueError(f"epsilon must be a positive finite number, got {epsilon}")
+
+
+def check_delta(delta: float):
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+
+
+def epsilon_of(events: Iterable[tuple[RoundEvent, int]], delta: float, kind: str = "rdp") -> float:
+    """epsilon at ``delta`` of a schedule given as (event, number of rounds) pairs."""
+    acc = Accountant(kind)
+    for event, count in events:
+        acc.compose(event, count)
+    return acc.epsilon(delta)
+
+
+def calibrate_noise_multiplier(target_epsilon: float, target_delta: float, rounds: int, sampling: str,
+                               sampling_rate: float = 1.0, population: int = 0, cohort_size: int = 0,
+                               kind: str = "rdp", max_noise: float = 1e3) -> float:
+    """The smallest z whose ``rounds``-fold composition is (target_epsilon, target_delta)-DP.
+
+    Uses ``dp_accounting.calibrate_dp_mechanism`` (Brent's method over fresh accountants).
+    """
+    check_epsilon(target_epsilon)
+    check_delta(target_delta)
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    make_event = lambda z: RoundEvent(sampling, z, sampling_rate, population, cohort_size)  # noqa: E731
+    relation = make_event(1.0).neighboring_relation
+    if epsilon_of([(make_event(max_noise), rounds)], target_delta, kind) > target_epsilon:
+        raise ValueError(f"no noise multiplier <= {max_noise} reaches epsilon={target_epsilon} at delta={target_delta} "
+                         f"over {rounds} rounds")
+    bracket = dp_accounting.ExplicitBracketInterval(1e-3, max_noise)
+    if kind == "pld":
+        # A PLD of a tiny-noise Gaussian needs astronomically many discretisation points, so bracket
+        # with the cheap RDP answer: RDP over-estimates epsilon, hence z_pld <= z_rdp.
+        z_rdp = calibrate_noise_multiplier(target_epsilon, target_delta, rounds, sampling, sampling_rate,
+                                           population, cohort_size, "rdp", max_noise)
+        bracket = dp_accounting.ExplicitBracketInterval(0.25 * z_rdp, z_rdp * 1.001)
+    return float(dp_accounting.calibrate_dp_mechanism(
+        lambda: make_accountant(kind, relation),
+        lambda z: dp_accounting.SelfComposedDpEvent(make_event(z).dp_event(), rounds),
+        target_epsilon, target_delta, bracket, tol=1e-4))
+
+
+def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """One-shot Gaussian noise std for (epsilon, delta)-DP by the analytic Gaussian mechanism
+    (Balle and Wang 2018, in dp_accounting), valid for every epsilon > 0 (unlike the classic
+    sqrt(2 ln(1.25/delta)) / epsilon, proven only for epsilon < 1)."""
+    check_epsilon(epsilon)
+    check_delta(delta)
+    return sensitivity * float(dp_accounting.get_sigma_gaussian(epsilon, delta))

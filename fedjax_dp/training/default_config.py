@@ -1,0 +1,34 @@
+"""Every configuration value an experiment can set, with its default; configs in
+``experiments/configs/`` start from ``default_config()`` and change what they need."""
+
+import ml_collections
+
+
+def default_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.rounds = 100
+    c.eval_every = 5
+    c.algorithm = "fedavg"  # fedavg | dp_fedavg
+    c.data = ml_collections.ConfigDict(dict(
+        source="mnist_5k", data_dir="", partition="shards", num_clients=100, shards_per_client=2,
+        alpha=0.5, test_fraction=0.2))
+    c.model = ml_collections.ConfigDict(dict(name="mlp_2nn"))
+    c.client = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.05, momentum=0.0, batch_size=10, epochs=5))
+    c.server = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=1.0, momentum=0.0))
+    c.sampling = ml_collections.ConfigDict(dict(method="uniform", cohort_size=10, rate=0.1))
+    c.engine = ml_collections.ConfigDict(dict(strategy="auto", chunk_size=0, unroll="auto", conv_impl="auto", num_devices=0))
+    c.dp = ml_collections.ConfigDict(dict(
+        noise_multiplier=1.0,      # z: noise std on the clipped sum / S
+        noise_schedule="",         # piecewise-constant z_t, e.g. "1:1.2,100:1.0"
+        calibrate_epsilon=0.0,     # > 0: choose z so that `rounds` rounds spend this epsilon at `delta`
+        clip="fixed",              # fixed | per_layer | adaptive | median (median: NOT private)
+        clip_norm=1.0,             # S (initial S for adaptive)
+        target_quantile=0.5, clip_learning_rate=0.2,  # adaptive clipping (Andrew et al. 2021)
+        noise_mode="central",      # central | local
+        accountant="rdp",          # rdp | pld (pld needs Poisson sampling)
+        delta=1e-5,
+        target_epsilon=0.0, max_delta=0.0,   # Geyer's stop: delta(target_epsilon) would exceed Q
+        max_epsilon=0.0,                      # stop when epsilon(delta) would exceed this
+        client_epsilon_budget=0.0))          # per-client budget (ledger); 0 = none
+    return c

@@ -1,0 +1,103 @@
+"""Accounting against independent closed forms, calibration round trips, GDP conversions."""
+
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting import rdp
+from dp_accounting.privacy_accountant import NeighboringRelation
+
+from fedjax_dp.privacy import accounting as A
+from fedjax_dp.privacy import gdp
+
+
+def test_t_gaussians_equal_sqrt_t_over_sigma_gdp():
+    # No subsampling: T Gaussians of multiplier sigma are exactly (sqrt(T)/sigma)-GDP.
+    sigma, rounds, delta = 2.0, 16, 1e-5
+    exact = gdp.epsilon_from_mu(math.sqrt(rounds) / sigma, delta)
+    pld_eps = A.epsilon_of([(A.RoundEvent("full", sigma), rounds)], delta, "pld")
+    rdp_eps = A.epsilon_of([(A.RoundEvent("full", sigma), rounds)], delta, "rdp")
+    assert pld_eps == pytest.approx(exact, rel=2e-3)  # PLD is tight up to discretisation
+    assert exact <= rdp_eps <= 1.3 * exact  # RDP is an upper bound, somewhat loose
+
+
+@pytest.mark.parametrize("q,sigma", [(0.01, 1.0), (0.1, 2.0), (0.5, 0.8)])
+def test_one_step_subsampled_rdp_order_two(q, sigma):
+    acc = rdp.RdpAccountant(orders=[2.0])
+    acc.compose(A.RoundEvent("poisson", sigma, q).dp_event())
+    assert acc.rdp[0] == pytest.approx(math.log1p(q**2 * math.expm1(sigma**-2)), rel=1e-9)
+
+
+def test_abadi_setting_is_below_the_moments_accountant():
+    # Abadi et al. 2016: q = 0.01, sigma = 4, T = 10^4, delta = 1e-5 -> 1.26 (moments accountant).
+    event = [(A.RoundEvent("poisson", 4.0, 0.01), 10_000)]
+    rdp_eps, pld_eps = A.epsilon_of(event, 1e-5, "rdp"), A.epsilon_of(event, 1e-5, "pld")
+    assert pld_eps < rdp_eps < 1.26
+    assert 0.8 < pld_eps
+
+
+def test_replace_one_uses_sensitivity_two_s():
+    # q = 1 fixed-size sampling = a Gaussian of sensitivity 2S: same as add/remove with z / 2.
+    assert A.replace_one_scale() in (0.5, 1.0)
+    fixed = A.epsilon_of([(A.RoundEvent("fixed", 3.0, population=50, cohort_size=50), 5)], 1e-5, "rdp")
+    half = A.epsilon_of([(A.RoundEvent("full", 1.5), 5)], 1e-5, "rdp")
+    assert fixed == pytest.approx(half, rel=1e-9)
+    # and subsampling still amplifies
+    assert A.epsilon_of([(A.RoundEvent("fixed", 3.0, population=50, cohort_size=5), 5)], 1e-5, "rdp") < fixed
+
+
+def test_schedule_composes_each_round():
+    events = [(A.RoundEvent("poisson", 1.0, 0.1), 30), (A.RoundEvent("poisson", 2.0, 0.2), 20)]
+    acc = A.Accountant("rdp")
+    for event, n in events:
+        for _ in range(n):
+            acc.compose(event)
+    assert acc.rounds == 50 and acc.events == events
+    direct = rdp.RdpAccountant(orders=list(A.RDP_ORDERS))
+    for event, n in events:
+        direct.compose(dp_accounting.SelfComposedDpEvent(event.dp_event(), n))
+    assert acc.epsilon(1e-5) == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
+    assert acc.delta(acc.epsilon(1e-5)) == pytest.approx(1e-5, rel=1e-3)
+
+
+@pytest.mark.parametrize("kind,sampling", [("rdp", "poisson"), ("pld", "poisson"), ("rdp", "fixed")])
+def test_calibration_round_trip(kind, sampling):
+    z = A.calibrate_noise_multiplier(3.0, 1e-5, 200, sampling, sampling_rate=0.05, population=1000, cohort_size=50, kind=kind)
+    event = A.RoundEvent(sampling, z, 0.05, 1000, 50)
+    assert A.epsilon_of([(event, 200)], 1e-5, kind) == pytest.approx(3.0, abs=5e-3)
+    slightly_less = A.RoundEvent(sampling, z * 0.98, 0.05, 1000, 50)
+    assert A.epsilon_of([(slightly_less, 200)], 1e-5, kind) > 3.0
+
+
+def test_gdp_conversions():
+    assert gdp.epsilon_from_mu(0.25, 1e-5) == pytest.approx(0.926, abs=1e-3)  # CUAG-PFL's example
+    for mu in (0.1, 0.5, 1.0, 3.0):
+        eps = gdp.epsilon_from_mu(mu, 1e-6)
+        assert gdp.delta_from_mu(mu, eps) == pytest.approx(1e-6, rel=1e-6)
+        assert gdp.mu_from_epsilon(eps, 1e-6) == pytest.approx(mu, rel=1e-6)
+    assert gdp.mu_clt(0.1, 1.0, 100) == pytest.approx(0.1 * math.sqrt(100 * (math.e - 1)))
+
+
+def test_analytic_gaussian_beats_classic_formula_and_is_valid():
+    for eps in (0.5, 1.0, 4.0):
+        sigma = A.analytic_gaussian_sigma(eps, 1e-5)
+        acc = rdp.RdpAccountant()  # independent check that sigma really gives (eps, delta)
+        pld_eps = A.epsilon_of([(A.RoundEvent("full", sigma), 1)], 1e-5, "pld")
+        assert pld_eps <= eps * 1.01
+        if eps < 1:
+            assert sigma < math.sqrt(2 * math.log(1.25 / 1e-5)) / eps
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: A.Accountant("rdp").epsilon(0.0), "delta must lie in \\(0, 1\\), got 0.0"),
+    (lambda: A.Accountant("rdp").delta(-1.0), "epsilon must be a positive finite number, got -1.0"),
+    (lambda: A.RoundEvent("poisson", 1.0, 1.5), "sampling rate q must lie in \\(0, 1\\], got 1.5"),
+    (lambda: A.RoundEvent("poisson", -0.1, 0.5), "noise multiplier must be >= 0 and finite, got -0.1"),
+    (lambda: A.calibrate_noise_multiplier(1e-4, 1e-10, 10**6, "full"), "no noise multiplier <= 1000.0 reaches"),
+    (lambda: A.calibrate_noise_multiplier(-1.0, 1e-5, 10, "full"), "got -1.0"),
+    (lambda: A.make_accountant("pld", NeighboringRelation.REPLACE_ONE), "no fixed-size"),
+])
+def test_bad_input_names_the_value(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -1,0 +1,131 @@
+"""DP-FedAvg: reduces to FedAvg without noise or clipping, adds correctly scaled central and local
+noise, contains NaN clients, labels median clipping, adapts S toward the target quantile."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dp.algorithms.dp_fedavg import DPFedAvg
+from fedjax_dp.algorithms.fedavg import FedAvg
+from fedjax_dp.data.packing import pack_cohort
+from fedjax_dp.models import get_model
+
+from conftest import random_client_data
+
+SIZES = [8, 8, 8, 8, 8, 8]
+
+
+def setup(sizes=SIZES, seed=0):
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    data = random_client_data(np.random.default_rng(seed), sizes)
+    x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
+    offsets = np.cumsum([0, *sizes])
+    cohort = pack_cohort(x, y, [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))], 4, 1,
+                         np.random.default_rng(seed))
+    return model, params, cohort
+
+
+def leaves(t):
+    return jax.tree_util.tree_leaves(t)
+
+
+def flat(t):
+    return np.concatenate([np.ravel(x) for x in leaves(t)])
+
+
+def test_no_noise_no_clipping_equals_fedavg():
+    model, params, cohort = setup()
+    fedavg = FedAvg(model.per_example_loss, optax.sgd(0.1))
+    dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=len(SIZES), clip_norm=1e6)
+    want, _ = fedavg.round(fedavg.init(params), cohort, jax.random.key(1))
+    got, metrics = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=0.0)
+    for a, b in zip(leaves(got.params), leaves(want.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert float(metrics["clipped_fraction"]) == 0.0
+
+
+@pytest.mark.parametrize("mode", ["central", "local"])
+def test_noise_has_the_calibrated_scale(mode):
+    model, params, cohort = setup()
+    z, clip, d = 2.0, 0.05, 4.0
+    dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=d, clip_norm=clip, noise_mode=mode)
+    clean, _ = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=0.0)
+    noisy, _ = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=z)
+    noise = flat(noisy.params) - flat(clean.params)
+    # central: one N(0, (zS)^2) draw on the sum; local: one per client (6 of them); both divided by D
+    std = z * clip / d * (math.sqrt(len(SIZES)) if mode == "local" else 1.0)
+    n = noise.size  # 51 entries: sd of the sample variance is std^2 sqrt(2/(n-1))
+    assert abs(noise.var() / std**2 - 1) < 5 * math.sqrt(2 / (n - 1))
+
+
+def test_clipped_updates_respect_the_bound():
+    model, params, cohort = setup()
+    dp = DPFedAvg(model.per_example_loss, optax.sgd(1.0), denominator=len(SIZES), clip_norm=1e-3)
+    state, metrics = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=0.0)
+    shift = np.linalg.norm(flat(state.params) - flat(params))
+    assert shift <= 1e-3 * (1 + 1e-4) and float(metrics["clipped_fraction"]) == 1.0
+
+
+def test_nan_client_is_dropped_counted_and_never_reaches_the_model():
+    model, params, cohort = setup()
+    cohort["batches"]["x"] = cohort["batches"]["x"].copy()
+    cohort["batches"]["x"][2, 0, 0] = np.nan
+    for clip in ("fixed", "median", "adaptive"):
+        dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=len(SIZES), clip=clip)
+        state, metrics = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=1.0)
+        assert int(metrics["dropped_clients"]) == 1, clip
+        assert np.all(np.isfinite(flat(state.params))), clip
+
+
+def test_median_clipping_is_labelled_not_private_and_uses_the_median():
+    model, params, cohort = setup()
+    dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=len(SIZES), clip="median")
+    assert not dp.private
+    _, metrics = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=0.0)
+    assert float(metrics["clip_norm"]) == pytest.approx(float(metrics["median_update_norm"]))
+    assert 0.3 <= float(metrics["clipped_fraction"]) <= 0.5  # half of 6 clients, ties aside
+
+
+def test_adaptive_clipping_moves_toward_the_quantile():
+    model, params, cohort = setup()
+    dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=len(SIZES), clip="adaptive", clip_norm=1e-4,
+                  count_noise_std=1.0)
+    state = dp.init(params)
+    norms = []
+    for t in range(8):  # every update is larger than S: the unclipped fraction is ~0 < 0.5, so S grows
+        state, metrics = dp.round(state, cohort, jax.random.key(t), noise_multiplier=1.0)
+        norms.append(float(state.clip_norm))
+    assert norms[-1] > 1e-4 * math.exp(0.2 * 0.5 * 8) * 0.3
+    assert dp.update_noise_multiplier(1.0) > 1.0  # the count's privacy is paid by more update noise
+
+
+def test_variance_metrics_match_definition():
+    model, params, cohort = setup()
+    dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=len(SIZES), clip_norm=1e6)
+    _, metrics = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=0.0)
+    fedavg = FedAvg(model.per_example_loss, optax.sgd(0.1))
+    deltas = []
+    for c in range(len(SIZES)):
+        one = {k: (jax.tree_util.tree_map(lambda a: a[c:c + 1], v) if k != "example_index" else v) for k, v in cohort.items()}
+        s, _ = fedavg.round(fedavg.init(params), one, jax.random.key(1))
+        deltas.append(flat(s.params) - flat(params))
+    deltas = np.stack(deltas)
+    mu = deltas.mean(0)
+    assert float(metrics["between_client_variance"]) == pytest.approx(np.mean((deltas - mu) ** 2), rel=1e-3)
+    assert float(metrics["update_scale"]) == pytest.approx(np.mean(mu**2), rel=1e-3)
+
+
+def test_bad_arguments():
+    model, params, cohort = setup()
+    with pytest.raises(ValueError, match="clip norm S must be > 0, got -1"):
+        DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=2, clip_norm=-1)
+    with pytest.raises(ValueError, match="clip mode 'huge' unknown"):
+        DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=2, clip="huge")
+    dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=2)
+    with pytest.raises(ValueError, match="noise multiplier must be >= 0, got -0.5"):
+        dp.round(dp.init(params), cohort, jax.random.key(0), noise_multiplier=-0.5)

@@ -7,17 +7,20 @@ import numpy as np
 from fedjax_dp.data import partition
 from fedjax_dp.data.embedded import load_mnist_5k
 from fedjax_dp.data.federated_dataset import FederatedDataset
+from fedjax_dp.data.idx_files import load_mnist
 
-SOURCES = ("mnist_5k",)
+SOURCES = ("mnist_5k", "mnist")
 PARTITIONS = ("iid", "shards", "dirichlet")
 
 
-def load_source(source: str, data_dir: str = "") -> tuple[np.ndarray, np.ndarray, int]:
-    """Returns ``(x, y, num_classes)`` of a named source."""
-    del data_dir  # used by the file-based sources
+def load_source(source: str, data_dir: str = ""):
+    """Returns ``(x_train, y_train, x_test, y_test, num_classes)``; the test arrays are None for a
+    source without a separate test split (clients then hold out part of their own data)."""
     if source == "mnist_5k":
         x, y = load_mnist_5k()
-        return x, y, 10
+        return x, y, None, None, 10
+    if source == "mnist":
+        return (*load_mnist(data_dir), 10)
     raise ValueError(f"unknown data source {source!r}; available: {SOURCES}")
 
 
@@ -32,11 +35,18 @@ def partition_indices(labels: np.ndarray, cfg, rng: np.random.Generator) -> list
 
 
 def build_dataset(cfg, seed: int) -> FederatedDataset:
-    """Partitions a source's examples over clients; each client keeps ``test_fraction`` of its own
-    examples as local test data, and the union of those is the central test set."""
-    x, y, num_classes = load_source(cfg.source, cfg.get("data_dir", ""))
+    """Partitions a source's training examples over clients; each client keeps ``test_fraction`` of
+    its own examples as local test data. The central test set is the source's test split when it
+    has one, else the union of the clients' test data."""
+    x, y, x_test, y_test, num_classes = load_source(cfg.source, cfg.get("data_dir", ""))
     rng = np.random.default_rng(seed)
     parts = partition_indices(y, cfg, rng)
     train, test = partition.split_train_test(parts, cfg.test_fraction, rng)
-    central = np.sort(np.concatenate(test)) if cfg.test_fraction > 0 else np.sort(np.concatenate(train))
+    if x_test is not None:
+        central = np.arange(len(y), len(y) + len(y_test))
+        x, y = np.concatenate([x, x_test]), np.concatenate([y, y_test])
+    elif cfg.test_fraction > 0:
+        central = np.sort(np.concatenate(test))
+    else:
+        raise ValueError(f"source {cfg.source!r} has no test split: set data.test_fraction > 0")
     return FederatedDataset(x, y, tuple(train), tuple(test), central, num_classes, name=f"{cfg.source}/{cfg.partition}")

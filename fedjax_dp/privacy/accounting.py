@@ -27,6 +27,7 @@ import math
 from typing import Iterable
 
 import dp_accounting
+from absl import logging as absl_logging
 from dp_accounting import pld, rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
@@ -127,7 +128,14 @@ def make_accountant(kind: str, neighboring_relation: NeighboringRelation):
 def _event_rdp(event: RoundEvent):
     """RDP curve (over ``RDP_ORDERS``) of one round, computed once per distinct event."""
     acc = rdp.RdpAccountant(orders=list(RDP_ORDERS), neighboring_relation=event.neighboring_relation)
-    acc.compose(event.dp_event())
+    # dp_accounting logs a warning for each fractional order whose series does not converge and
+    # drops that order (its RDP becomes inf, which the conversion ignores): expected, not actionable.
+    level = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+        acc.compose(event.dp_event())
+    finally:
+        absl_logging.set_verbosity(level)
     return acc.rdp
 
 

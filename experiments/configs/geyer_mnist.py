@@ -7,9 +7,10 @@ state it). Clipping: private adaptive quantile clipping at the median (Andrew et
 analogue of the paper's median S (``--config.dp.clip=median`` runs the paper's non-private rule).
 Sampling: exactly m clients (as the authors' code does), accounted correctly as replace-one with
 RDP; ``--config.sampling.method=poisson --config.dp.accountant=pld`` gives the Poisson variant.
-The MNIST files are read from ``data.data_dir`` (default ``../shared/data/mnist``).
+The MNIST files are read from ``data.data_dir`` (default ``$FEDJAX_DP_DATA/mnist`` or ``../shared/data/mnist``).
 """
 
+from fedjax_dp.data.local_files import default_data_dir
 from fedjax_dp.training.default_config import default_config
 
 SETTINGS = {100: (30, 1e-3), 1000: (100, 1e-5), 10000: (300, 1e-6)}
@@ -24,7 +25,7 @@ def get_config(clients: str = "100"):
     c.algorithm = "dp_fedavg"
     c.rounds = 1000
     c.eval_every = 5
-    c.data.source, c.data.data_dir = "mnist", "../shared/data/mnist"
+    c.data.source, c.data.data_dir = "mnist", default_data_dir("mnist")
     c.data.partition, c.data.num_clients, c.data.shards_per_client, c.data.test_fraction = "shards", k, 2, 0.0
     c.model.name = "mlp_600_100"
     c.client.learning_rate, c.client.batch_size, c.client.epochs = 0.1, 10, 1

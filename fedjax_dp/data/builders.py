@@ -1,46 +1,116 @@
-"""Builds a ``FederatedDataset`` from a data configuration (source + partition)."""
+"""Builds a ``FederatedDataset`` from a data configuration (source + partition).
+
+Sources: ``mnist_5k`` (embedded, no download), ``mnist``, ``cifar10``, ``femnist``, ``shakespeare``
+(local files under ``data.data_dir``) and ``tfds:<name>`` (tensorflow-datasets).
+Partitions: label-based ``iid``, ``shards``, ``dirichlet`` (clients hold out ``test_fraction`` of
+their own data), ``iid_split``, ``acid``, ``alid`` (clients get local test data from the test
+split), and ``natural`` (one client per writer or speaking role).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedjax_dp.data import partition
+from fedjax_dp.data import class_partitions, partition
+from fedjax_dp.data.cifar_files import load_cifar10
 from fedjax_dp.data.embedded import load_mnist_5k
 from fedjax_dp.data.federated_dataset import FederatedDataset
+from fedjax_dp.data.femnist_files import NUM_CLASSES as FEMNIST_CLASSES
+from fedjax_dp.data.femnist_files import load_femnist
 from fedjax_dp.data.idx_files import load_mnist
+from fedjax_dp.data.natural_clients import natural_partition
+from fedjax_dp.data.shakespeare_files import PAD_ID, SEQUENCE_LENGTH, VOCAB_SIZE, load_shakespeare
 
-SOURCES = ("mnist_5k", "mnist")
-PARTITIONS = ("iid", "shards", "dirichlet")
+SOURCES = ("mnist_5k", "mnist", "cifar10", "femnist", "shakespeare", "tfds:<name>")
+NATURAL_SOURCES = ("femnist", "shakespeare")
+LABEL_PARTITIONS = ("iid", "shards", "dirichlet")
+SPLIT_PARTITIONS = ("iid_split", "acid", "alid")
+PARTITIONS = LABEL_PARTITIONS + SPLIT_PARTITIONS + ("natural",)
 
 
-def load_source(source: str, data_dir: str = ""):
+def _cache_dir(cfg) -> str | None:
+    """'' -> the default cache directory, 'off' -> no disk cache, else the given folder."""
+    value = cfg.get("cache_dir", "")
+    return None if not value else ("" if value == "off" else value)
+
+
+def load_source(cfg):
     """Returns ``(x_train, y_train, x_test, y_test, num_classes)``; the test arrays are None for a
     source without a separate test split (clients then hold out part of their own data)."""
+    source, data_dir = cfg.source, cfg.get("data_dir", "")
     if source == "mnist_5k":
         x, y = load_mnist_5k()
         return x, y, None, None, 10
     if source == "mnist":
         return (*load_mnist(data_dir), 10)
+    if source == "cifar10":
+        return (*load_cifar10(data_dir, _cache_dir(cfg)), 10)
+    if source.startswith("tfds:"):
+        from fedjax_dp.data.tfds_source import load_tfds
+        return load_tfds(source[5:], data_dir, cfg.get("download", False), cfg.get("manual_dir", ""))
+    if source in NATURAL_SOURCES:
+        raise ValueError(f"source {source!r} is partitioned by its natural clients: set data.partition='natural'")
     raise ValueError(f"unknown data source {source!r}; available: {SOURCES}")
 
 
-def partition_indices(labels: np.ndarray, cfg, rng: np.random.Generator) -> list[np.ndarray]:
+def _label_partition(labels: np.ndarray, cfg, rng: np.random.Generator) -> list[np.ndarray]:
     if cfg.partition == "iid":
         return partition.iid(labels, cfg.num_clients, rng)
     if cfg.partition == "shards":
         return partition.shards(labels, cfg.num_clients, cfg.shards_per_client, rng)
-    if cfg.partition == "dirichlet":
-        return partition.dirichlet(labels, cfg.num_clients, cfg.alpha, rng)
-    raise ValueError(f"unknown partition {cfg.partition!r}; available: {PARTITIONS}")
+    return partition.dirichlet(labels, cfg.num_clients, cfg.alpha, rng)
+
+
+def _natural(cfg, rng) -> FederatedDataset:
+    name = f"{cfg.source}/natural"
+    if cfg.source == "femnist":
+        train, test = load_femnist(cfg.data_dir, bool(cfg.get("invert", False)))
+        return natural_partition(train, test, cfg.num_clients, FEMNIST_CLASSES, rng, name=name, kind="writer")
+    if cfg.source == "shakespeare":
+        seq = int(cfg.get("sequence_length", SEQUENCE_LENGTH))
+        train, test = load_shakespeare(cfg.data_dir, seq, _cache_dir(cfg))
+        return natural_partition(train, test, cfg.num_clients, VOCAB_SIZE, rng, name=name, kind="role",
+                                 metadata={"pad_id": PAD_ID, "sequence_length": seq})
+    raise ValueError(f"partition 'natural' needs a source with natural clients {NATURAL_SOURCES}, got {cfg.source!r}")
+
+
+def _from_splits(cfg, x, y, x_test, y_test, num_classes, rng) -> FederatedDataset:
+    """Clients get local train data from the train split and local test data from the test split."""
+    if x_test is None:
+        raise ValueError(f"partition {cfg.partition!r} needs a source with a test split; {cfg.source!r} has none")
+    name, metadata = f"{cfg.source}/{cfg.partition}", {}
+    if cfg.partition == "iid_split":
+        train, test = partition.iid_split(len(y), len(y_test), cfg.num_clients, rng)
+    else:
+        train, test, class_sets = class_partitions.acid(
+            y, y_test, cfg.num_clients, cfg.classes_per_client, num_classes, rng,
+            cfg.get("max_train_per_client", 0), cfg.get("max_test_per_client", 0))
+        name += f"{cfg.classes_per_client}"
+        metadata["client_classes"] = tuple(c.tolist() for c in class_sets)
+    test = [t + len(y) for t in test]
+    x_all, y_all = np.concatenate([x, x_test]), np.concatenate([y, y_test])
+    central = np.arange(len(y), len(y_all))
+    if cfg.partition == "alid":
+        maps = class_partitions.label_permutations(cfg.num_clients, num_classes, rng)
+        y_all = class_partitions.apply_label_maps(y_all, [[a, b] for a, b in zip(train, test)], maps)
+        metadata["label_maps"] = maps
+        central = np.sort(np.concatenate(test))  # relabelled per client: only client test sets are meaningful
+    return FederatedDataset(x_all, y_all, tuple(train), tuple(test), central, num_classes, name=name, metadata=metadata)
 
 
 def build_dataset(cfg, seed: int) -> FederatedDataset:
-    """Partitions a source's training examples over clients; each client keeps ``test_fraction`` of
-    its own examples as local test data. The central test set is the source's test split when it
-    has one, else the union of the clients' test data."""
-    x, y, x_test, y_test, num_classes = load_source(cfg.source, cfg.get("data_dir", ""))
+    """The configured federated dataset. Label partitions keep ``test_fraction`` of each client's
+    examples as its local test data; the central test set is the source's test split when it has
+    one, else the union of the clients' test data."""
     rng = np.random.default_rng(seed)
-    parts = partition_indices(y, cfg, rng)
+    if cfg.partition not in PARTITIONS:
+        raise ValueError(f"unknown partition {cfg.partition!r}; available: {PARTITIONS}")
+    if cfg.partition == "natural":
+        return _natural(cfg, rng)
+    x, y, x_test, y_test, num_classes = load_source(cfg)
+    if cfg.partition in SPLIT_PARTITIONS:
+        return _from_splits(cfg, x, y, x_test, y_test, num_classes, rng)
+    parts = _label_partition(y, cfg, rng)
     train, test = partition.split_train_test(parts, cfg.test_fraction, rng)
     if x_test is not None:
         central = np.arange(len(y), len(y) + len(y_test))

@@ -13,12 +13,14 @@ class FederatedDataset:
 
     Attributes:
       x: ``(N, *example_shape)`` float32 inputs.
-      y: ``(N,)`` int32 labels.
+      y: ``(N,)`` int32 labels, or ``(N, T)`` per-token targets for sequence data (Shakespeare).
       client_train: one index array per client (its local training data).
       client_test: one index array per client (its local test data; may be empty arrays).
       central_test: indices of the server's global test set.
       num_classes: number of label classes.
       name: a label for logs.
+      metadata: what a builder knows beyond the arrays: natural client ids, per-client label maps
+        (ALID), vocabulary facts; never read by training.
     """
 
     x: np.ndarray
@@ -28,6 +30,7 @@ class FederatedDataset:
     central_test: np.ndarray
     num_classes: int
     name: str = "dataset"
+    metadata: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         validate(self)
@@ -48,8 +51,8 @@ def validate(ds: FederatedDataset) -> None:
     """Raises ``ValueError`` naming the problem when the dataset is inconsistent."""
     if ds.x.shape[0] != ds.y.shape[0]:
         raise ValueError(f"x has {ds.x.shape[0]} examples but y has {ds.y.shape[0]}")
-    if ds.y.ndim != 1:
-        raise ValueError(f"labels must be a 1-D array, got shape {ds.y.shape}")
+    if ds.y.ndim not in (1, 2):
+        raise ValueError(f"labels must be (N,) or (N, T) per-token targets, got shape {ds.y.shape}")
     if not np.all(np.isfinite(ds.x)):
         bad = int(np.flatnonzero((~np.isfinite(ds.x.reshape(ds.x.shape[0], -1))).any(axis=1))[0])
         raise ValueError(f"x contains NaN or Inf (first at example {bad})")

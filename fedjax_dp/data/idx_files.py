@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import functools
 import gzip
-import os
 
 import numpy as np
+
+from fedjax_dp.data.local_files import find_file
 
 MNIST_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -32,20 +33,12 @@ def read_idx(path: str) -> np.ndarray:
 
 
 def _locate(data_dir: str, name: str) -> str:
-    for candidate in (name, name[:-3]):
-        path = os.path.join(data_dir, candidate)
-        if os.path.exists(path):
-            return path
-    raise FileNotFoundError(
-        f"MNIST file {name} not found in {os.path.abspath(data_dir)!r}; point data.data_dir at a folder with the "
-        "four MNIST IDX files (on this project's machines: ../shared/data/mnist), or use the TFDS loader with download")
+    return find_file(data_dir, (name, name[:-3]), "MNIST")
 
 
 @functools.lru_cache(maxsize=4)
 def load_mnist(data_dir: str):
     """Returns ``(x_train, y_train, x_test, y_test)``: float32 (N, 28, 28, 1) in [0, 1], int32 labels."""
-    if not data_dir:
-        raise FileNotFoundError("data.data_dir is empty: set it to the folder holding the MNIST IDX files")
     out = []
     for split in ("train", "test"):
         images, labels = (read_idx(_locate(data_dir, name)) for name in MNIST_FILES[split])

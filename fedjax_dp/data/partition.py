@@ -72,3 +72,11 @@ def split_train_test(parts: list[np.ndarray], test_fraction: float, rng: np.rand
         test.append(np.sort(idx[:n_test]))
         train.append(np.sort(idx[n_test:]))
     return train, test
+
+
+def iid_split(num_train: int, num_test: int, num_clients: int, rng: np.random.Generator):
+    """The UGA paper's CIFAR-10 setting: the train split and the test split are each dealt IID into
+    ``num_clients`` equal parts, so every client has local train and local test data."""
+    _check_clients(num_clients, min(num_train, num_test))
+    deal = lambda n: [np.sort(p) for p in np.array_split(rng.permutation(n), num_clients)]  # noqa: E731
+    return deal(num_train), deal(num_test)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from fedjax_dp.models.base import Model
+from fedjax_dp.models.char_rnn import SequenceModel, char_gru
 from fedjax_dp.models.cnn import FedAvgCNN
 from fedjax_dp.models.logistic import Logistic
 from fedjax_dp.models.mlp import MLP
 
-MODEL_NAMES = ("logistic", "mlp_2nn", "mlp_600_100", "cnn_fedavg")
+MODEL_NAMES = ("logistic", "mlp_2nn", "mlp_600_100", "cnn_fedavg", "char_gru")
 
 
 def get_model(
@@ -23,7 +24,9 @@ def get_model(
         return Model(name, MLP((600, 100), num_classes), input_shape, num_classes)
     if name == "cnn_fedavg":
         return Model(name, FedAvgCNN(num_classes, conv_impl), input_shape, num_classes, has_conv=True)
+    if name == "char_gru":  # input_shape = (sequence_length,), num_classes = vocabulary size
+        return char_gru(input_shape[0], num_classes)
     raise ValueError(f"unknown model {name!r}; available: {MODEL_NAMES}")
 
 
-__all__ = ["Model", "get_model", "MODEL_NAMES"]
+__all__ = ["Model", "SequenceModel", "get_model", "MODEL_NAMES"]

@@ -11,8 +11,14 @@ def default_config() -> ml_collections.ConfigDict:
     c.eval_every = 5
     c.algorithm = "fedavg"  # fedavg | dp_fedavg
     c.data = ml_collections.ConfigDict(dict(
-        source="mnist_5k", data_dir="", partition="shards", num_clients=100, shards_per_client=2,
-        alpha=0.5, test_fraction=0.2))
+        source="mnist_5k",      # mnist_5k | mnist | cifar10 | femnist | shakespeare | tfds:<name>
+        data_dir="",            # folder of the local files (../shared/data/<dataset> here) or TFDS data_dir
+        cache_dir="",           # decoded-array cache: "" = $FEDJAX_DP_CACHE or ~/.cache/fedjax_dp, "off" = none
+        download=False, manual_dir="",  # TFDS only
+        partition="shards",     # iid | shards | dirichlet | iid_split | acid | alid | natural
+        num_clients=100, shards_per_client=2, alpha=0.5, test_fraction=0.2,
+        classes_per_client=3, max_train_per_client=0, max_test_per_client=0,  # acid / alid
+        invert=False, sequence_length=80))  # femnist pixel convention; shakespeare window
     c.model = ml_collections.ConfigDict(dict(name="mlp_2nn"))
     c.client = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.05, momentum=0.0, batch_size=10, epochs=5))
     c.server = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=1.0, momentum=0.0))

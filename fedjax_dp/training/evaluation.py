@@ -27,7 +27,7 @@ def per_example_stats(model: Model, params, x: np.ndarray, y: np.ndarray, batch_
     for start in range(0, n, batch_size):
         stop = min(start + batch_size, n)
         xb = np.zeros((batch_size,) + x.shape[1:], x.dtype)
-        yb = np.zeros((batch_size,), np.int32)
+        yb = np.zeros((batch_size,) + y.shape[1:], np.int32)
         xb[: stop - start], yb[: stop - start] = x[start:stop], y[start:stop]
         mask = np.arange(batch_size) < stop - start
         loss, correct = _batch_stats(model, params, xb, yb, mask)

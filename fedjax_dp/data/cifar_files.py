@@ -1,0 +1,50 @@
+"""Real CIFAR-10 from ``{x,y}_{train,test}.npy.xz`` files (numpy ``.npy`` inside xz) in a data
+directory, e.g. ``../shared/data/cifar10``: x uint8 NHWC (N, 32, 32, 3), y uint8 in [0, 10).
+
+Decompressing the 100 MB training file takes seconds, so the decoded uint8 arrays are kept in the
+on-disk array cache (``array_cache``) and in memory; the float conversion happens per call.
+The files are ordered by class within a split: partitioners shuffle, so nothing here does.
+"""
+
+from __future__ import annotations
+
+import functools
+import lzma
+
+import numpy as np
+
+from fedjax_dp.data.array_cache import cached_arrays
+from fedjax_dp.data.local_files import find_file
+
+SPLITS = ("train", "test")
+
+
+def _read_npy_xz(path: str) -> np.ndarray:
+    with lzma.open(path) as f:
+        return np.load(f, allow_pickle=False)
+
+
+@functools.lru_cache(maxsize=2)
+def load_cifar10_uint8(data_dir: str, cache_dir: str | None = None) -> dict[str, np.ndarray]:
+    """Returns ``{x_train, y_train, x_test, y_test}`` as stored (uint8)."""
+    paths = {f"{a}_{s}": find_file(data_dir, (f"{a}_{s}.npy.xz", f"{a}_{s}.npy"), "CIFAR-10")
+             for s in SPLITS for a in ("x", "y")}
+
+    def build():
+        out = {}
+        for key, path in paths.items():
+            out[key] = _read_npy_xz(path) if path.endswith(".xz") else np.load(path, allow_pickle=False)
+        for s in SPLITS:
+            x, y = out[f"x_{s}"], out[f"y_{s}"]
+            if x.ndim != 4 or x.shape[1:] != (32, 32, 3) or x.shape[0] != y.shape[0]:
+                raise ValueError(f"CIFAR-10 {s}: expected x (N, 32, 32, 3) and y (N,), got {x.shape} and {y.shape}")
+        return out
+
+    return cached_arrays("cifar10", list(paths.values()), build, cache_dir)
+
+
+def load_cifar10(data_dir: str, cache_dir: str | None = None):
+    """Returns ``(x_train, y_train, x_test, y_test)``: float32 NHWC in [0, 1], int32 labels."""
+    raw = load_cifar10_uint8(data_dir, cache_dir)
+    return tuple(raw[f"{a}_{s}"].astype(np.float32) / 255.0 if a == "x" else raw[f"{a}_{s}"].astype(np.int32)
+                 for s in SPLITS for a in ("x", "y"))

@@ -60,6 +60,9 @@ class DPFedAvg:
         (sigma_b defaults to max(D / 20, 1): Andrew et al. recommend D / 20 for large cohorts, and
         sigma_b must exceed z / 2).
       track_variance: compute V_c and U_s (costs one more model-sized sum).
+      client_update: ``(params, client) -> (delta, stats, ok)`` replacing ClientUpdate; DP-UGA passes
+        ``uga.as_client_delta(make_uga_gradient(...))`` (delta = -g^k, clipped and noised like any
+        update) with ``needs_evaluation_pass=True``.
     """
 
     per_example_loss: PerExampleLoss
@@ -78,6 +81,8 @@ class DPFedAvg:
     chunk_size: int | None = None
     unroll: int | bool = 1
     mesh: Any = None
+    client_update: Any = None
+    needs_evaluation_pass: bool = False
 
     def __post_init__(self):
         if self.clip not in CLIP_MODES:
@@ -89,7 +94,8 @@ class DPFedAvg:
         NoiseMode(self.noise_mode)
         if self.clip == "median" and self.noise_mode == "local":
             raise ValueError("median clipping needs the server to see raw norms; it cannot run with local noise")
-        client_delta = base.make_client_delta(self.per_example_loss, self.client_optimizer, self.unroll)
+        client_delta = self.client_update or base.make_client_delta(self.per_example_loss, self.client_optimizer,
+                                                                    self.unroll)
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
         set_("_client_delta", client_delta)
         set_("_engine", CohortEngine(self._client_fn, self.strategy, self.chunk_size, self.mesh))

@@ -11,6 +11,7 @@ ClientUpdate: E epochs of minibatch SGD).
 
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -36,6 +37,9 @@ class LocalStats(NamedTuple):
 
 def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
     """Mean of ``values`` over the entries where ``mask`` is true (0 when none is)."""
+    if values.shape != mask.shape:
+        raise ValueError(f"per_example_loss must return one scalar loss per example, shape {mask.shape}; "
+                         f"got shape {values.shape}")
     total = jnp.sum(jnp.where(mask, values, 0.0))
     return total / jnp.maximum(jnp.sum(mask), 1)
 
@@ -46,9 +50,14 @@ def make_local_trainer(
     *,
     unroll: int | bool = 1,
     regularizer: Regularizer | None = None,
-    remat: bool = False,
+    remat: bool | int | str = False,
+    first_order: bool = False,
 ):
-    """Returns ``train(params, batches, mask, key) -> (params, LocalStats)``.
+    """Returns ``train(params, batches, mask, key, lr_scale=1.0) -> (params, LocalStats)``.
+
+    ``train`` is differentiable in ``params``: ``jax.grad`` through it differentiates through the whole
+    trajectory (UGA's keep-trace SGD, ALGORITHMS.md §2). ``lr_scale`` multiplies every update, which for
+    SGD, momentum SGD and Adam is exactly a learning-rate factor (per-round decay without recompiling).
 
     Args:
       per_example_loss: ``(params, batch, key) -> (B,)`` losses of one batch.
@@ -56,8 +65,13 @@ def make_local_trainer(
       unroll: ``lax.scan`` unroll factor; ``True`` unrolls every step (fastest for convolutions on
         XLA:CPU, where a conv inside a loop body runs several times slower).
       regularizer: optional term ``R(params, initial_params)`` added to each step's loss.
-      remat: rematerialise each step in the backward pass (``jax.checkpoint``), which bounds the
-        memory of differentiating *through* local training (UGA) by the carried parameters.
+      remat: rematerialisation for differentiating *through* local training (UGA). ``True`` or 1:
+        ``jax.checkpoint`` on every step, so the backward pass stores one carried state (parameters +
+        optimizer state) per step instead of each step's residuals; k > 1: checkpoint segments of k
+        steps (stores S/k carried states, recomputes one segment at a time: about S/k + k states);
+        ``"sqrt"``: k = ceil(sqrt(S)), memory O(sqrt(S)) states (Griewank's checkpointing trade-off).
+      first_order: stop gradients through each step's gradient, so differentiating the trajectory
+        drops the Hessian terms (first-order UGA; for SGD d w_final / d w_initial becomes I).
     """
 
     def step_loss(params, initial_params, batch, mask, key):
@@ -66,28 +80,94 @@ def make_local_trainer(
             loss = loss + regularizer(params, initial_params)
         return loss
 
-    def step(carry, inputs, initial_params):
+    def step(carry, inputs, initial_params, lr_scale):
         params, opt_state = carry
         batch, mask, key = inputs
         loss, grads = jax.value_and_grad(step_loss)(params, initial_params, batch, mask, key)
+        if first_order:
+            grads = jax.lax.stop_gradient(grads)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        updates = jax.tree_util.tree_map(lambda u: u * lr_scale, updates)
         new_params = optax.apply_updates(params, updates)
         real = jnp.any(mask)
         params = tree.where(real, new_params, params)
         opt_state = tree.where(real, new_opt_state, opt_state)
         return (params, opt_state), (loss, jnp.sum(mask), real)
 
-    def train(params, batches, mask, key):
+    segment_of = remat_segment_length(remat)
+
+    def train(params, batches, mask, key, lr_scale=1.0):
         num_steps = mask.shape[0]
-        body = lambda carry, inputs: step(carry, inputs, params)  # noqa: E731
-        if remat:
-            body = jax.checkpoint(body)
+        body = lambda carry, inputs: step(carry, inputs, params, lr_scale)  # noqa: E731
         keys = jax.random.split(key, num_steps)
-        (final_params, _), (losses, counts, real) = jax.lax.scan(
-            body, (params, optimizer.init(params)), (batches, mask, keys), unroll=unroll
-        )
+        init = (params, optimizer.init(params))
+        segment = segment_of(num_steps)
+        if segment == 1:
+            body = jax.checkpoint(body)
+        if segment > 1:
+            (final_params, _), (losses, counts, real) = _segmented_scan(body, init, (batches, mask, keys), segment,
+                                                                        unroll)
+        else:
+            (final_params, _), (losses, counts, real) = jax.lax.scan(body, init, (batches, mask, keys), unroll=unroll)
         num_examples = jnp.sum(counts)
         mean_loss = jnp.sum(losses * counts) / jnp.maximum(num_examples, 1)
         return final_params, LocalStats(mean_loss, num_examples, jnp.sum(real))
 
     return train
+
+
+def remat_segment_length(remat):
+    """``remat`` option -> ``num_steps -> k`` (0: no rematerialisation, 1: every step, k: segments)."""
+    if remat is False or remat is None or remat == 0:
+        return lambda num_steps: 0
+    if remat is True:
+        return lambda num_steps: 1
+    if remat == "sqrt":
+        return lambda num_steps: max(1, math.ceil(math.sqrt(num_steps)))
+    if isinstance(remat, int) and remat >= 1:
+        return lambda num_steps: remat
+    raise ValueError(f"remat must be False, True, a segment length >= 1 or 'sqrt', got {remat!r}")
+
+
+def _segmented_scan(body, init, xs, segment: int, unroll):
+    """``lax.scan(body, init, xs)`` as an outer scan over checkpointed segments of ``segment`` steps.
+
+    The steps axis is padded to a multiple of ``segment`` with all-padding steps (mask False), which
+    leave the carry untouched, so the result is identical; padded outputs are cut off.
+    """
+    num_steps = xs[1].shape[0]
+    total = math.ceil(num_steps / segment) * segment
+
+    def pad(x):
+        shape = (total - num_steps,) + x.shape[1:]
+        is_key = jnp.issubdtype(x.dtype, jax.dtypes.prng_key)  # keys cannot be zeros; repeat one
+        extra = jnp.broadcast_to(x[:1], shape) if is_key else jnp.zeros(shape, x.dtype)
+        return jnp.concatenate([x, extra]).reshape((total // segment, segment) + x.shape[1:])
+
+    padded = jax.tree_util.tree_map(pad, xs)
+
+    @jax.checkpoint
+    def run_segment(carry, segment_xs):
+        return jax.lax.scan(body, carry, segment_xs, unroll=unroll)
+
+    carry, outputs = jax.lax.scan(run_segment, init, padded)
+    return carry, jax.tree_util.tree_map(lambda y: y.reshape((total,) + y.shape[2:])[:num_steps], outputs)
+
+
+def make_data_loss(per_example_loss: PerExampleLoss):
+    """Returns ``data_loss(params, batches, mask, key) -> scalar``: the mean loss over every real
+    example of a packed client (a ``lax.scan`` over its batches, so memory stays one batch deep).
+    UGA's gradient evaluation L(w; D_k) and FedMeta's L(w; D_meta) are this function."""
+
+    def data_loss(params, batches, mask, key):
+        def batch_sums(carry, inputs):
+            batch, batch_mask, batch_key = inputs
+            losses = per_example_loss(params, batch, batch_key)
+            masked_mean(losses, batch_mask)  # raises at trace time unless one loss per example
+            return carry + jnp.sum(jnp.where(batch_mask, losses, 0.0)), None
+
+        keys = jax.random.split(key, mask.shape[0])
+        total, _ = jax.lax.scan(batch_sums, jnp.zeros(()), (batches, mask, keys))
+        return total / jnp.maximum(jnp.sum(mask), 1)
+
+    return data_loss

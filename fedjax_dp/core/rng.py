@@ -22,6 +22,7 @@ class Purpose(enum.IntEnum):
     CLIP_ADAPTATION = 4
     SAMPLING = 5
     EVALUATION = 6
+    SERVER_META = 7
 
 
 def round_key(root: jax.Array, round_index: int | jax.Array) -> jax.Array:

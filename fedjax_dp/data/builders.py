@@ -19,6 +19,7 @@ from fedjax_dp.data.femnist_files import NUM_CLASSES as FEMNIST_CLASSES
 from fedjax_dp.data.femnist_files import load_femnist
 from fedjax_dp.data.idx_files import load_mnist
 from fedjax_dp.data.natural_clients import natural_partition
+from fedjax_dp.data.server_sets import ServerSet, default_size, iid_server_set, writer_server_set
 from fedjax_dp.data.shakespeare_files import PAD_ID, SEQUENCE_LENGTH, VOCAB_SIZE, load_shakespeare
 
 SOURCES = ("mnist_5k", "mnist", "cifar10", "femnist", "shakespeare", "tfds:<name>")
@@ -63,15 +64,14 @@ def _label_partition(labels: np.ndarray, cfg, rng: np.random.Generator) -> list[
 
 def _natural(cfg, rng) -> FederatedDataset:
     name = f"{cfg.source}/natural"
+    if cfg.source not in NATURAL_SOURCES:
+        raise ValueError(f"partition 'natural' needs a source with natural clients {NATURAL_SOURCES}, got {cfg.source!r}")
+    train, test = _natural_splits(cfg)
     if cfg.source == "femnist":
-        train, test = load_femnist(cfg.data_dir, bool(cfg.get("invert", False)))
         return natural_partition(train, test, cfg.num_clients, FEMNIST_CLASSES, rng, name=name, kind="writer")
-    if cfg.source == "shakespeare":
-        seq = int(cfg.get("sequence_length", SEQUENCE_LENGTH))
-        train, test = load_shakespeare(cfg.data_dir, seq, _cache_dir(cfg))
-        return natural_partition(train, test, cfg.num_clients, VOCAB_SIZE, rng, name=name, kind="role",
-                                 metadata={"pad_id": PAD_ID, "sequence_length": seq})
-    raise ValueError(f"partition 'natural' needs a source with natural clients {NATURAL_SOURCES}, got {cfg.source!r}")
+    seq = int(cfg.get("sequence_length", SEQUENCE_LENGTH))
+    return natural_partition(train, test, cfg.num_clients, VOCAB_SIZE, rng, name=name, kind="role",
+                             metadata={"pad_id": PAD_ID, "sequence_length": seq})
 
 
 def _from_splits(cfg, x, y, x_test, y_test, num_classes, rng) -> FederatedDataset:
@@ -120,3 +120,27 @@ def build_dataset(cfg, seed: int) -> FederatedDataset:
     else:
         raise ValueError(f"source {cfg.source!r} has no test split: set data.test_fraction > 0")
     return FederatedDataset(x, y, tuple(train), tuple(test), central, num_classes, name=f"{cfg.source}/{cfg.partition}")
+
+
+def _natural_splits(cfg):
+    if cfg.source == "femnist":
+        return load_femnist(cfg.data_dir, bool(cfg.get("invert", False)))
+    return load_shakespeare(cfg.data_dir, int(cfg.get("sequence_length", SEQUENCE_LENGTH)), _cache_dir(cfg))
+
+
+def build_server_set(data_cfg, server_cfg, dataset: FederatedDataset, seed: int) -> ServerSet:
+    """The server-held set (FedMeta's D_meta, FedShare's shared set): ``server_cfg.fraction`` of the
+    clients' training examples in size. ``server_cfg.overlap`` < 0 draws it IID from the training
+    clients' data (the paper's default); ``overlap`` in [0, 1] draws it from ``num_writers`` writers
+    of whom exactly that fraction are training clients (natural partitions only; seed 002 §4.4)."""
+    rng = np.random.default_rng([seed, 7])
+    size = default_size(int(dataset.train_sizes().sum()), server_cfg.fraction)
+    if server_cfg.overlap < 0:
+        pool = np.concatenate(dataset.client_train)
+        return iid_server_set(dataset.x[pool], dataset.y[pool], size, rng)
+    if data_cfg.partition != "natural":
+        raise ValueError(f"server_data.overlap={server_cfg.overlap} needs writers: partition 'natural' "
+                         f"(femnist or shakespeare), got {data_cfg.partition!r}")
+    train, test = _natural_splits(data_cfg)
+    return writer_server_set(train, test, list(dataset.metadata["client_ids"]), size, server_cfg.overlap, rng,
+                             server_cfg.num_writers)

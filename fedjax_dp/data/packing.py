@@ -29,8 +29,8 @@ def pack_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], 
     """
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
-    if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    if epochs < 0:
+        raise ValueError(f"epochs must be >= 0, got {epochs}")
     sizes = [len(i) for i in client_indices]
     if not sizes and not num_slots:
         raise ValueError("cannot pack an empty cohort")
@@ -64,3 +64,16 @@ def pack_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], 
         "num_examples": np.array(sizes, dtype=np.int32),
         "example_index": np.where(mask, gather, -1),
     }
+
+
+def pack_uga_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], batch_size: int, epochs: int,
+                    rng: np.random.Generator, max_steps: int | None = None, num_slots: int | None = None,
+                    eval_batch_size: int | None = None, max_eval_steps: int | None = None) -> dict:
+    """A cohort for UGA (seed 002 §3.1): E-1 epochs of keep-trace batches as ``batches``/``mask``, and
+    the whole local data once as ``eval_batches``/``eval_mask`` (batches of ``eval_batch_size``,
+    default ``batch_size``) for the last epoch's gradient evaluation L(h_k(w_t); D_k)."""
+    if epochs < 1:
+        raise ValueError(f"UGA needs E >= 1 local epochs, got {epochs}")
+    cohort = pack_cohort(x, y, client_indices, batch_size, epochs - 1, rng, max_steps, num_slots)
+    whole = pack_cohort(x, y, client_indices, eval_batch_size or batch_size, 1, rng, max_eval_steps, num_slots)
+    return {**cohort, "eval_batches": whole["batches"], "eval_mask": whole["mask"]}

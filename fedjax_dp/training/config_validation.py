@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fedjax_dp.core.cohort import STRATEGIES
 from fedjax_dp.models import MODEL_NAMES
+from fedjax_dp.training.algorithm_factory import ALGORITHMS, DP_ALGORITHMS
 from fedjax_dp.models.conv import CONV_IMPLS
 from fedjax_dp.training.optimizers import OPTIMIZERS
 
@@ -28,7 +29,22 @@ def validate_config(cfg) -> None:
         need(opt.learning_rate > 0, f"{side}.learning_rate must be > 0, got {opt.learning_rate}")
         need(opt.momentum >= 0, f"{side}.momentum must be >= 0, got {opt.momentum}")
     need(cfg.client.batch_size >= 1, f"client.batch_size must be >= 1, got {cfg.client.batch_size}")
-    need(cfg.client.epochs >= 1, f"client.epochs must be >= 1, got {cfg.client.epochs}")
+    need(cfg.client.epochs >= 1, f"client.epochs E must be >= 1, got {cfg.client.epochs}")
+    for side in ("client", "server"):
+        need(0 < cfg[side].lr_decay <= 1, f"{side}.lr_decay must lie in (0, 1], got {cfg[side].lr_decay}")
+    need(cfg.fedprox.mu >= 0, f"fedprox.mu must be >= 0, got {cfg.fedprox.mu}")
+    need(str(cfg.uga.remat) in ("off", "step", "sqrt") or (str(cfg.uga.remat).isdigit() and int(cfg.uga.remat) >= 1),
+         f"uga.remat must be off, step, sqrt or a segment length >= 1, got {cfg.uga.remat!r}")
+    need(cfg.uga.eval_batch_size >= 0, f"uga.eval_batch_size must be >= 0, got {cfg.uga.eval_batch_size}")
+    if cfg.fedmeta.enabled:
+        m = cfg.fedmeta
+        need(m.learning_rate > 0, f"fedmeta.learning_rate eta_meta must be > 0, got {m.learning_rate}")
+        need(m.steps >= 1, f"fedmeta.steps must be >= 1, got {m.steps}")
+        need(0 < m.lr_decay <= 1, f"fedmeta.lr_decay must lie in (0, 1], got {m.lr_decay}")
+        need(m.batch_size >= 0, f"fedmeta.batch_size must be >= 0, got {m.batch_size}")
+    sd = cfg.server_data
+    need(0 < sd.fraction <= 1, f"server_data.fraction must lie in (0, 1], got {sd.fraction}")
+    need(sd.overlap < 0 or sd.overlap <= 1, f"server_data.overlap must be < 0 (IID) or in [0, 1], got {sd.overlap}")
     need(cfg.sampling.method in ("uniform", "poisson"), f"sampling.method {cfg.sampling.method!r} unknown; use uniform or poisson")
     if cfg.sampling.method == "uniform":
         need(1 <= cfg.sampling.cohort_size <= cfg.data.num_clients,
@@ -42,8 +58,8 @@ def validate_config(cfg) -> None:
          f"engine.unroll must be 'auto', 'full' or a positive integer, got {e.unroll!r}")
     need(e.conv_impl in CONV_IMPLS + ("auto",), f"engine.conv_impl {e.conv_impl!r} unknown; available: {CONV_IMPLS + ('auto',)}")
     need(e.num_devices >= 0, f"engine.num_devices must be >= 0 (0 = no mesh), got {e.num_devices}")
-    need(cfg.algorithm in ("fedavg", "dp_fedavg"), f"algorithm {cfg.algorithm!r} unknown; available: fedavg, dp_fedavg")
-    if cfg.algorithm == "dp_fedavg":
+    need(cfg.algorithm in ALGORITHMS, f"algorithm {cfg.algorithm!r} unknown; available: {ALGORITHMS}")
+    if cfg.algorithm in DP_ALGORITHMS:
         _validate_dp(cfg, need)
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))

@@ -9,7 +9,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.rounds = 100
     c.eval_every = 5
-    c.algorithm = "fedavg"  # fedavg | dp_fedavg
+    c.algorithm = "fedavg"  # fedavg | fedprox | fedshare | uga | dp_fedavg | dp_uga
     c.data = ml_collections.ConfigDict(dict(
         source="mnist_5k",      # mnist_5k | mnist | cifar10 | femnist | shakespeare | tfds:<name>
         data_dir="",            # folder of the local files (../shared/data/<dataset> here) or TFDS data_dir
@@ -20,8 +20,21 @@ def default_config() -> ml_collections.ConfigDict:
         classes_per_client=3, max_train_per_client=0, max_test_per_client=0,  # acid / alid
         invert=False, sequence_length=80))  # femnist pixel convention; shakespeare window
     c.model = ml_collections.ConfigDict(dict(name="mlp_2nn"))
-    c.client = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.05, momentum=0.0, batch_size=10, epochs=5))
-    c.server = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=1.0, momentum=0.0))
+    c.client = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.05, momentum=0.0, batch_size=10, epochs=5,
+                                              lr_decay=1.0))  # client lr x lr_decay**t in round t
+    c.server = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=1.0, momentum=0.0, lr_decay=1.0))
+    c.fedprox = ml_collections.ConfigDict(dict(mu=2e-4))      # proximal coefficient (seed 002 baseline)
+    c.uga = ml_collections.ConfigDict(dict(
+        remat="off",            # off | step | sqrt | <k>: checkpoint every step / sqrt(S)-step / k-step segments
+        first_order=False,      # stop gradients through inner gradients (first-order UGA)
+        eval_batch_size=0))     # batch of the whole-data gradient evaluation; 0 = client.batch_size
+    c.fedmeta = ml_collections.ConfigDict(dict(
+        enabled=False,          # meta step(s) on D_meta after every aggregation (wraps any algorithm)
+        learning_rate=0.002, steps=1, lr_decay=1.0, batch_size=0))  # batch_size 0: all of D_meta at once
+    c.server_data = ml_collections.ConfigDict(dict(
+        fraction=0.01,          # D_meta / FedShare's shared set: this fraction of the training examples
+        overlap=-1.0,           # < 0: IID from the training clients; [0, 1]: writer overlap (natural partitions)
+        num_writers=20))
     c.sampling = ml_collections.ConfigDict(dict(method="uniform", cohort_size=10, rate=0.1))
     c.engine = ml_collections.ConfigDict(dict(strategy="auto", chunk_size=0, unroll="auto", conv_impl="auto", num_devices=0))
     c.dp = ml_collections.ConfigDict(dict(

@@ -1,6 +1,6 @@
 """The experiment loop: per round sample, pack, train, aggregate; evaluate every k rounds; log.
 
-With ``algorithm='dp_fedavg'`` the loop also accounts: before each round the budget rule decides
+With a DP algorithm (``dp_fedavg``, ``dp_uga``) the loop also accounts: before each round the budget rule decides
 whether the round may run (training stops otherwise), clients whose own budget is spent are not
 sampled, and every round's epsilon is logged; ``privacy.json`` holds the final report.
 """
@@ -16,24 +16,20 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from fedjax_dp.algorithms.dp_fedavg import DPFedAvg
-from fedjax_dp.algorithms.fedavg import FedAvg
+from fedjax_dp.algorithms.fedmeta import META_DATA_NOTE
+from fedjax_dp.algorithms.fedshare import share_with_clients
 from fedjax_dp.core import rng as rng_lib
-from fedjax_dp.core.cohort import client_mesh
 from fedjax_dp.core.strategy import StrategyChoice, choose_strategy
 from fedjax_dp.data import sampling
-from fedjax_dp.data.builders import build_dataset
-from fedjax_dp.data.packing import num_steps, pack_cohort
+from fedjax_dp.data.builders import build_dataset, build_server_set
+from fedjax_dp.data.packing import num_steps, pack_cohort, pack_uga_cohort
 from fedjax_dp.models import get_model
 from fedjax_dp.privacy.accounting import calibrate_noise_multiplier
 from fedjax_dp.training import results
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.evaluation import evaluate
-from fedjax_dp.training.optimizers import build_optimizer
+from fedjax_dp.training.algorithm_factory import DP_ALGORITHMS, build_algorithm, expected_cohort, needs_server_set
 from fedjax_dp.training.privacy_tracking import PrivacyTracker
-
-ALGORITHMS = ("fedavg", "dp_fedavg")
-
 
 @dataclasses.dataclass
 class RunSummary:
@@ -60,32 +56,11 @@ def resolve_engine(cfg, has_conv: bool, cohort_size: int) -> StrategyChoice:
     )
 
 
-def expected_cohort(cfg, num_clients: int) -> float:
-    return cfg.sampling.cohort_size if cfg.sampling.method == "uniform" else cfg.sampling.rate * num_clients
-
-
-def build_algorithm(cfg, model, choice: StrategyChoice, num_clients: int):
-    mesh = client_mesh(cfg.engine.num_devices) if cfg.engine.num_devices else None
-    common = dict(
-        per_example_loss=model.per_example_loss,
-        client_optimizer=build_optimizer(cfg.client.optimizer, cfg.client.learning_rate, cfg.client.momentum),
-        server_optimizer=build_optimizer(cfg.server.optimizer, cfg.server.learning_rate, cfg.server.momentum),
-        strategy=choice.strategy, chunk_size=choice.chunk_size, unroll=choice.unroll, mesh=mesh)
-    if cfg.algorithm == "fedavg":
-        return FedAvg(**common)
-    if cfg.algorithm == "dp_fedavg":
-        dp = cfg.dp
-        return DPFedAvg(**common, denominator=expected_cohort(cfg, num_clients), clip=dp.clip, clip_norm=dp.clip_norm,
-                        noise_mode=dp.noise_mode, target_quantile=dp.target_quantile,
-                        clip_learning_rate=dp.clip_learning_rate)
-    raise ValueError(f"unknown algorithm {cfg.algorithm!r}; available: {ALGORITHMS}")
-
-
 def calibrate_if_asked(cfg, num_clients: int) -> None:
     """``dp.calibrate_epsilon > 0``: set ``dp.noise_multiplier`` so that ``rounds`` rounds spend
     exactly that epsilon at ``dp.delta`` (dp_accounting's calibration)."""
     dp = cfg.dp
-    if cfg.algorithm != "dp_fedavg" or not dp.calibrate_epsilon:
+    if cfg.algorithm not in DP_ALGORITHMS or not dp.calibrate_epsilon:
         return
     uniform = cfg.sampling.method == "uniform"
     dp.noise_multiplier = calibrate_noise_multiplier(
@@ -106,20 +81,39 @@ def poisson_slots(rate: float, num_clients: int, drawn: int) -> int:
     return max(8, 8 * math.ceil(max(base, drawn) / 8))
 
 
+def make_packer(cfg, dataset, algorithm):
+    """``pack(ids, rng, slots) -> cohort`` with step counts fixed for the whole run (one compiled
+    program); UGA cohorts also carry each client's whole data for the gradient evaluation."""
+    largest, batch, epochs = int(dataset.train_sizes().max()), cfg.client.batch_size, cfg.client.epochs
+    indices = lambda ids: [dataset.client_train[i] for i in ids]  # noqa: E731
+    if not algorithm.needs_evaluation_pass:
+        max_steps = num_steps(largest, batch, epochs)
+        return lambda ids, rng, slots: pack_cohort(dataset.x, dataset.y, indices(ids), batch, epochs, rng,
+                                                   max_steps, slots)
+    eval_batch = cfg.uga.eval_batch_size or batch
+    max_steps, max_eval = max(1, num_steps(largest, batch, epochs - 1)), num_steps(largest, eval_batch, 1)
+    return lambda ids, rng, slots: pack_uga_cohort(dataset.x, dataset.y, indices(ids), batch, epochs, rng,
+                                                   max_steps, slots, eval_batch, max_eval)
+
+
 def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = True) -> RunSummary:
     """Runs one configured experiment and writes its results directory."""
     validate_config(cfg)
     start = time.perf_counter()
     dataset = build_dataset(cfg.data, cfg.seed)
+    server_set = build_server_set(cfg.data, cfg.server_data, dataset, cfg.seed) if needs_server_set(cfg) else None
+    if cfg.algorithm == "fedshare":
+        dataset = share_with_clients(dataset, server_set)
     if cfg.sampling.method == "uniform" and cfg.sampling.cohort_size > dataset.num_clients:
         raise ValueError(f"cohort_size={cfg.sampling.cohort_size} exceeds the population of {dataset.num_clients} clients")
     cfg = cfg.copy_and_resolve_references()
     calibrate_if_asked(cfg, dataset.num_clients)
     choice = resolve_engine(cfg, get_model(cfg.model.name).has_conv, int(expected_cohort(cfg, dataset.num_clients)))
     model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl)
-    algorithm = build_algorithm(cfg, model, choice, dataset.num_clients)
+    algorithm = build_algorithm(cfg, model, choice, dataset.num_clients, server_set)
+    pack = make_packer(cfg, dataset, algorithm)
     tracker = None
-    if cfg.algorithm == "dp_fedavg":
+    if cfg.algorithm in DP_ALGORITHMS:
         tracker = PrivacyTracker(cfg.dp, cfg.sampling.method, dataset.num_clients, cfg.sampling.cohort_size,
                                  cfg.sampling.rate, algorithm.private, cfg.dp.clip)
     writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite)
@@ -127,7 +121,6 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     root = jax.random.key(cfg.seed)
     state = algorithm.init(model.init(rng_lib.purpose_key(root, rng_lib.Purpose.EVALUATION)))
     host_rng = np.random.default_rng(cfg.seed + 1)
-    max_steps = num_steps(int(dataset.train_sizes().max()), cfg.client.batch_size, cfg.client.epochs)
     client_updates, best, last_eval, rounds_run = 0, (-1.0, -1), {}, 0
     bar = tqdm(range(1, cfg.rounds + 1), disable=not progress, desc=cfg.algorithm, unit="round")
     for t in bar:
@@ -142,8 +135,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
         row = {"round": t, "cohort_size": len(ids)}
         slots = poisson_slots(cfg.sampling.rate, dataset.num_clients, len(ids)) if cfg.sampling.method == "poisson" else None
         if len(ids) or tracker is not None:
-            cohort = pack_cohort(dataset.x, dataset.y, [dataset.client_train[i] for i in ids],
-                                 cfg.client.batch_size, cfg.client.epochs, host_rng, max_steps, slots)
+            cohort = pack(ids, host_rng, slots)
             key = rng_lib.round_key(root, t)
             if tracker is not None:
                 state, metrics = algorithm.round(state, cohort, key, tracker.noise_multiplier(t))
@@ -174,15 +166,28 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     writer.close()
 
     summary = RunSummary(workdir, rounds_run, last_eval, best[0], best[1], client_updates, time.perf_counter() - start)
+    writer.write_json("privacy.json", privacy_record(cfg, tracker))
     if tracker is not None:
-        report = tracker.report()
-        writer.write_json("privacy.json", dataclasses.asdict(report))
-        summary.epsilon, summary.stopped_early = report.epsilon, tracker.stopped_at is not None
+        summary.epsilon, summary.stopped_early = tracker.report().epsilon, tracker.stopped_at is not None
     writer.write_json("summary.json", {**dataclasses.asdict(summary),
                                        "engine": dataclasses.asdict(choice), "backend": jax.default_backend()})
     results.plot_accuracy(results.read_metrics(workdir), os.path.join(workdir, "accuracy.png"),
                           f"{cfg.algorithm} on {dataset.name}")
     return summary
+
+
+def privacy_record(cfg, tracker) -> dict:
+    """What ``privacy.json`` holds: the accountant's report, or for a non-private algorithm an
+    explicit epsilon of infinity (every run records what it spent)."""
+    notes = [META_DATA_NOTE] if cfg.fedmeta.enabled else []
+    if cfg.algorithm == "fedshare":
+        notes.append("FedShare distributes the shared set to every client: those examples are public to all clients")
+    if tracker is None:
+        return {"mechanism": "none", "epsilon": math.inf, "formal": False,
+                "notes": [f"{cfg.algorithm} adds no noise: no differential privacy (epsilon unbounded)"] + notes}
+    record = dataclasses.asdict(tracker.report())
+    record["notes"] = record["notes"] + notes
+    return record
 
 
 def format_summary(summary: RunSummary) -> str:

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dp.algorithms import base
+from fedjax_dp.compression import traffic
 from fedjax_dp.core import rng, tree
 from fedjax_dp.core.cohort import CohortEngine
 from fedjax_dp.core.local_training import PerExampleLoss
@@ -121,6 +122,10 @@ class DPFedAvg:
         if self.clip == "per_layer":
             return clipping.per_layer_sensitivity(self.layer_clip_norms)
         return clip_norm
+
+    def upload_bytes(self, params) -> int:
+        """Bytes one client sends per round: its clipped (and, locally, noised) float32 update."""
+        return traffic.dense_upload_bytes(params)
 
     def init(self, params) -> DPServerState:
         if self.clip == "per_layer" and self.layer_clip_norms is None:

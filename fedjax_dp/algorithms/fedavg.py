@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dp.algorithms import base
+from fedjax_dp.compression import traffic
 from fedjax_dp.core import tree
 from fedjax_dp.core.cohort import CohortEngine
 from fedjax_dp.core.local_training import PerExampleLoss
@@ -45,6 +46,7 @@ class FedAvg:
     unroll: int | bool = 1
     mesh: Any = None
     client_lr_decay: float = 1.0
+    compressor: Any = None  # compression.pytree.LayerwiseCompressor: uploads are measurements
 
     needs_evaluation_pass: ClassVar[bool] = False  # cohorts need each client's whole data (UGA)
 
@@ -52,6 +54,8 @@ class FedAvg:
         if not 0 < self.client_lr_decay <= 1:
             raise ValueError(f"client learning-rate decay must lie in (0, 1], got {self.client_lr_decay}")
         client_update = self.make_client_update()
+        if self.compressor is not None:
+            client_update = _compressed(client_update, self.compressor)
 
         def client_fn(shared, client):
             params, round_index = shared
@@ -84,6 +88,12 @@ class FedAvg:
     def init(self, params) -> base.ServerState:
         return base.init_server_state(params, self.server_optimizer)
 
+    def upload_bytes(self, params) -> int:
+        """Bytes one client sends per round (``compression.traffic``)."""
+        if self.compressor is not None:
+            return traffic.compressed_upload_bytes(self.compressor)
+        return traffic.dense_upload_bytes(params)
+
     def round(self, state: base.ServerState, cohort, key: jax.Array):
         """One round over a packed cohort; returns ``(new_state, metrics)``."""
         sums, per_client = self._engine((state.params, state.round), base.client_inputs(cohort, key))
@@ -103,3 +113,14 @@ class FedAvg:
             "mean_update_norm": jnp.mean(per_client["update_norm"]),
         }
         return new_state, metrics
+
+
+def _compressed(client_update, compressor):
+    """The client uploads y = Phi(update) layer by layer; the server's reconstruction Rec(y) takes its
+    place in the weighted mean (reconstructed per client, so non-linear Rec such as ISTA is exact)."""
+
+    def update(params, client, lr_scale):
+        pseudo_grad, stats, ok = client_update(params, client, lr_scale)
+        return compressor.reconstruct(compressor.compress(pseudo_grad)), stats, ok
+
+    return update

@@ -36,8 +36,9 @@ def remat_option(text: str):
     raise ValueError(f"uga.remat must be off, step, sqrt or a segment length >= 1, got {text!r}")
 
 
-def build_algorithm(cfg, model, choice: StrategyChoice, num_clients: int, server_set=None):
-    """The configured algorithm; ``server_set`` (a ``ServerSet``) is D_meta when FedMeta is on."""
+def build_algorithm(cfg, model, choice: StrategyChoice, num_clients: int, server_set=None, compressor=None):
+    """The configured algorithm; ``server_set`` (a ``ServerSet``) is D_meta when FedMeta is on;
+    ``compressor`` (a ``LayerwiseCompressor``) compresses the uploads of the FedAvg family."""
     mesh = client_mesh(cfg.engine.num_devices) if cfg.engine.num_devices else None
     client_optimizer = build_optimizer(cfg.client.optimizer, cfg.client.learning_rate, cfg.client.momentum)
     common = dict(
@@ -47,11 +48,12 @@ def build_algorithm(cfg, model, choice: StrategyChoice, num_clients: int, server
         strategy=choice.strategy, chunk_size=choice.chunk_size, unroll=choice.unroll, mesh=mesh)
     uga = cfg.uga
     if cfg.algorithm in ("fedavg", "fedshare"):
-        algorithm = FedAvg(**common, client_lr_decay=cfg.client.lr_decay)
+        algorithm = FedAvg(**common, client_lr_decay=cfg.client.lr_decay, compressor=compressor)
     elif cfg.algorithm == "fedprox":
-        algorithm = FedProx(**common, client_lr_decay=cfg.client.lr_decay, mu=cfg.fedprox.mu)
+        algorithm = FedProx(**common, client_lr_decay=cfg.client.lr_decay, mu=cfg.fedprox.mu, compressor=compressor)
     elif cfg.algorithm == "uga":
-        algorithm = UGA(**common, client_lr_decay=cfg.client.lr_decay, remat=remat_option(uga.remat), first_order=uga.first_order)
+        algorithm = UGA(**common, client_lr_decay=cfg.client.lr_decay, remat=remat_option(uga.remat),
+                        first_order=uga.first_order, compressor=compressor)
     elif cfg.algorithm in DP_ALGORITHMS:
         dp = cfg.dp
         extra = {}

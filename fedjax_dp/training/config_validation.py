@@ -42,6 +42,8 @@ def validate_config(cfg) -> None:
         need(m.steps >= 1, f"fedmeta.steps must be >= 1, got {m.steps}")
         need(0 < m.lr_decay <= 1, f"fedmeta.lr_decay must lie in (0, 1], got {m.lr_decay}")
         need(m.batch_size >= 0, f"fedmeta.batch_size must be >= 0, got {m.batch_size}")
+    if cfg.compression.enabled:
+        _validate_compression(cfg, need)
     sd = cfg.server_data
     need(0 < sd.fraction <= 1, f"server_data.fraction must lie in (0, 1], got {sd.fraction}")
     need(sd.overlap < 0 or sd.overlap <= 1, f"server_data.overlap must be < 0 (IID) or in [0, 1], got {sd.overlap}")
@@ -85,3 +87,20 @@ def _validate_dp(cfg, need) -> None:
     need(dp.client_epsilon_budget >= 0, f"dp.client_epsilon_budget must be >= 0, got {dp.client_epsilon_budget}")
     need(0 < dp.target_quantile < 1, f"dp.target_quantile must lie in (0, 1), got {dp.target_quantile}")
     need(not (dp.clip == "median" and dp.noise_mode == "local"), "dp.clip='median' cannot run with local noise")
+
+
+def _validate_compression(cfg, need) -> None:
+    from fedjax_dp.compression.operators import KINDS
+    from fedjax_dp.compression.reconstruction import METHODS
+    c = cfg.compression
+    need(cfg.algorithm in ("fedavg", "fedprox", "fedshare", "uga"),
+         f"compression runs with fedavg, fedprox, fedshare or uga; got algorithm {cfg.algorithm!r}")
+    need(c.kind in KINDS, f"compression.kind {c.kind!r} unknown; available: {KINDS}")
+    need(c.method in METHODS, f"compression.method {c.method!r} unknown; available: {METHODS}")
+    need(0 < c.r_min <= 1 and 0 < c.r_max <= 1, f"compression rates must lie in (0, 1]; got r_min={c.r_min}, r_max={c.r_max}")
+    need(c.r_min <= c.r_max, f"compression.r_min={c.r_min} exceeds r_max={c.r_max}")
+    if c.rates != "dynamic":
+        try:
+            need(0 < float(c.rates) <= 1, f"compression.rates must be 'dynamic' or a rate in (0, 1], got {c.rates!r}")
+        except ValueError:
+            need(False, f"compression.rates must be 'dynamic' or a rate in (0, 1], got {c.rates!r}")

@@ -31,6 +31,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.fedmeta = ml_collections.ConfigDict(dict(
         enabled=False,          # meta step(s) on D_meta after every aggregation (wraps any algorithm)
         learning_rate=0.002, steps=1, lr_decay=1.0, batch_size=0))  # batch_size 0: all of D_meta at once
+    c.compression = ml_collections.ConfigDict(dict(
+        enabled=False,          # compressed-sensing uploads (seed 004; FedAvg, FedProx, FedShare, UGA)
+        kind="block",           # block | gaussian | bernoulli measurement operator
+        rates="dynamic",        # "dynamic" (Alg. 2) or a fixed rate such as "0.5"
+        r_min=0.2, r_max=0.5, method="min_norm", seed=0))  # Alg. 2 bounds; min_norm | ista_dct
     c.server_data = ml_collections.ConfigDict(dict(
         fraction=0.01,          # D_meta / FedShare's shared set: this fraction of the training examples
         overlap=-1.0,           # < 0: IID from the training clients; [0, 1]: writer overlap (natural partitions)

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from fedjax_dp.algorithms.fedmeta import META_DATA_NOTE
 from fedjax_dp.algorithms.fedshare import share_with_clients
+from fedjax_dp.compression.traffic import TrafficMeter, dense_upload_bytes
 from fedjax_dp.core import rng as rng_lib
 from fedjax_dp.core.strategy import StrategyChoice, choose_strategy
 from fedjax_dp.data import sampling
@@ -26,6 +27,7 @@ from fedjax_dp.data.packing import num_steps, pack_cohort, pack_uga_cohort
 from fedjax_dp.models import get_model
 from fedjax_dp.privacy.accounting import calibrate_noise_multiplier
 from fedjax_dp.training import results
+from fedjax_dp.training.compression_control import CompressionControl
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.evaluation import evaluate
 from fedjax_dp.training.algorithm_factory import DP_ALGORITHMS, build_algorithm, expected_cohort, needs_server_set
@@ -42,6 +44,8 @@ class RunSummary:
     seconds: float
     epsilon: float | None = None
     stopped_early: bool = False
+    uplink_gb: float = 0.0  # bytes actually sent by clients (compression.traffic), all rounds
+    traffic_gb: float = 0.0  # uplink + downlink
 
 
 def resolve_engine(cfg, has_conv: bool, cohort_size: int) -> StrategyChoice:
@@ -110,8 +114,12 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     calibrate_if_asked(cfg, dataset.num_clients)
     choice = resolve_engine(cfg, get_model(cfg.model.name).has_conv, int(expected_cohort(cfg, dataset.num_clients)))
     model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl)
-    algorithm = build_algorithm(cfg, model, choice, dataset.num_clients, server_set)
+    build = lambda compressor=None: build_algorithm(cfg, model, choice, dataset.num_clients, server_set,  # noqa: E731
+                                                    compressor)
+    compression = CompressionControl(cfg.compression, build) if cfg.compression.enabled else None
+    algorithm = build()
     pack = make_packer(cfg, dataset, algorithm)
+    meter = TrafficMeter()
     tracker = None
     if cfg.algorithm in DP_ALGORITHMS:
         tracker = PrivacyTracker(cfg.dp, cfg.sampling.method, dataset.num_clients, cfg.sampling.cohort_size,
@@ -120,6 +128,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
 
     root = jax.random.key(cfg.seed)
     state = algorithm.init(model.init(rng_lib.purpose_key(root, rng_lib.Purpose.EVALUATION)))
+    rate_reference = state.params  # Alg. 2: initial weights, then the last applied aggregate
     host_rng = np.random.default_rng(cfg.seed + 1)
     client_updates, best, last_eval, rounds_run = 0, (-1.0, -1), {}, 0
     bar = tqdm(range(1, cfg.rounds + 1), disable=not progress, desc=cfg.algorithm, unit="round")
@@ -137,6 +146,9 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
         if len(ids) or tracker is not None:
             cohort = pack(ids, host_rng, slots)
             key = rng_lib.round_key(root, t)
+            if compression is not None:
+                algorithm = compression.algorithm_for(rate_reference)
+            previous = state.params
             if tracker is not None:
                 state, metrics = algorithm.round(state, cohort, key, tracker.noise_multiplier(t))
                 tracker.record(t, ids)
@@ -144,6 +156,10 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
             else:
                 state, metrics = algorithm.round(state, cohort, key)
             row.update({k: float(v) for k, v in metrics.items()})
+            row.update(meter.record(len(ids), algorithm.upload_bytes(state.params), dense_upload_bytes(state.params)))
+            if compression is not None:
+                rate_reference = jax.tree_util.tree_map(lambda a, b: a - b, state.params, previous)
+                row["compression_rates"] = [float(r) for r in jax.tree_util.tree_leaves(compression.rates)]
             client_updates += len(ids)
         rounds_run = t
         if t % cfg.eval_every == 0 or t == cfg.rounds:
@@ -165,7 +181,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
         writer.log({"round": rounds_run, "final_evaluation": True, **last_eval})
     writer.close()
 
-    summary = RunSummary(workdir, rounds_run, last_eval, best[0], best[1], client_updates, time.perf_counter() - start)
+    summary = RunSummary(workdir, rounds_run, last_eval, best[0], best[1], client_updates, time.perf_counter() - start,
+                         uplink_gb=meter.uplink / 1e9, traffic_gb=(meter.uplink + meter.downlink) / 1e9)
     writer.write_json("privacy.json", privacy_record(cfg, tracker))
     if tracker is not None:
         summary.epsilon, summary.stopped_early = tracker.report().epsilon, tracker.stopped_at is not None
@@ -197,6 +214,7 @@ def format_summary(summary: RunSummary) -> str:
         f"{'rounds':<22}{summary.rounds}" + ("  (stopped: privacy budget)" if summary.stopped_early else ""),
         f"{'client updates (CC)':<22}{summary.client_updates}",
         f"{'best accuracy':<22}{summary.best_accuracy:.4f} (round {summary.best_round})",
+        f"{'traffic (GB)':<22}{summary.uplink_gb:.4f} up, {summary.traffic_gb:.4f} total",
     ]
     lines += [f"{'final ' + k:<22}{v:.4f}" for k, v in summary.final.items()]
     if summary.epsilon is not None:

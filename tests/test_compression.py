@@ -1,0 +1,191 @@
+"""Compressed sensing (seed 004, Alg. 2-3, Eqs. 13-14): rates, operators, reconstruction, traffic."""
+
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.scipy.fft import idct
+
+from fedjax_dp.algorithms.fedavg import FedAvg
+from fedjax_dp.compression import traffic
+from fedjax_dp.compression.coherence import basis, coherence
+from fedjax_dp.compression.operators import BlockSum, RandomMatrix, make_operator
+from fedjax_dp.compression.pytree import LayerwiseCompressor
+from fedjax_dp.compression.rates import dynamic_rate, dynamic_rates, fixed_rates
+from fedjax_dp.compression.reconstruction import ista_dct, min_norm
+from fedjax_dp.data.packing import pack_cohort
+from fedjax_dp.models import get_model
+from fedjax_dp.training.default_config import default_config
+from fedjax_dp.training.loop import run_experiment
+
+from conftest import random_client_data
+
+
+def test_alg2_rates_cover_every_branch():
+    # weight < r_min: round(r_max - round(weight, 2), 1)
+    assert dynamic_rate(0.03) == 0.5  # round(0.5 - 0.03, 1) = round(0.47, 1)
+    assert dynamic_rate(0.17) == 0.3  # round(0.33, 1)
+    assert dynamic_rate(0.05, r_min=0.2, r_max=0.9) == 0.8  # round(0.85, 1): half-even as Python rounds
+    # r_min <= weight and round(weight, 1) < r_max: round(weight, 1)
+    assert dynamic_rate(0.33) == 0.3 and dynamic_rate(0.44) == 0.4
+    # round(weight, 1) >= r_max: r_max
+    assert dynamic_rate(0.46) == 0.5 and dynamic_rate(0.9) == 0.5
+    tree = {"a": np.full(4, 3.0), "b": np.full(1, 4.0), "c": np.zeros(3) + 0.1}  # norms 6, 4, 0.17
+    total = math.sqrt(36 + 16 + 0.03)
+    want = {k: dynamic_rate(n / total) for k, n in (("a", 6.0), ("b", 4.0), ("c", math.sqrt(0.03)))}
+    assert dynamic_rates(tree) == want == {"a": 0.5, "b": 0.5, "c": 0.5}
+    assert fixed_rates(tree, 0.3) == {"a": 0.3, "b": 0.3, "c": 0.3}
+
+
+def test_rate_bad_input():
+    for r in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="must lie in"):
+            fixed_rates({"a": np.ones(3)}, r)
+    with pytest.raises(ValueError, match="exceeds r_max"):
+        dynamic_rate(0.3, r_min=0.6, r_max=0.5)
+    with pytest.raises(ValueError, match="all zero"):
+        dynamic_rates({"a": np.zeros(3)})
+    with pytest.raises(ValueError, match="empty layer"):
+        BlockSum(0, 0.5)
+
+
+def _paper_matrix(size, rate):
+    """Alg. 3 from its row rules: b = floor(r I), z = floor(1 / r), count = I - z b rows of z + 1 ones,
+    the rest z ones, contiguous, in order."""
+    b, z = math.floor(rate * size + 1e-9), math.floor(1 / rate + 1e-9)
+    count = size - z * b
+    m, start = np.zeros((b, size)), 0
+    for i in range(b):
+        length = z + 1 if i < count else z
+        m[i, start:start + length] = 1
+        start += length
+    assert start == size
+    return m
+
+
+@pytest.mark.parametrize("size,rate", [(10, 0.3), (100, 0.17), (512, 0.1), (1000, 0.5), (33, 0.25), (97, 0.9),
+                                       (12, 1.0), (50, 0.33), (101, 0.45), (7, 0.3)])
+def test_block_operator_is_the_papers_matrix(size, rate):
+    op = BlockSum(size, rate)
+    want = _paper_matrix(size, rate)
+    np.testing.assert_array_equal(op.dense(), want)
+    x = np.random.default_rng(size).standard_normal(size).astype(np.float32)
+    np.testing.assert_allclose(op.measure(jnp.asarray(x)), want @ x, rtol=1e-5, atol=1e-5)
+    assert (want.sum(axis=0) == 1).all()  # disjoint blocks covering the vector
+
+
+def test_block_operator_documented_rules_where_the_paper_is_infeasible():
+    op = BlockSum(7, 0.4)  # b = 2, z = 2, count = 3 > b: the paper's rows cannot cover; even split
+    assert op.shape == (2, 7) and op.block_sizes.tolist() == [4, 3]
+    tiny = BlockSum(3, 0.2)  # smaller than 1 / r: one measurement, the sum
+    assert tiny.shape == (1, 3) and tiny.dense().tolist() == [[1, 1, 1]]
+
+
+@pytest.mark.parametrize("kind,tile", [("block", 4096), ("gaussian", 4096), ("bernoulli", 4096), ("gaussian", 37)])
+def test_adjoint_identity_and_min_norm_least_squares(kind, tile):
+    size, rate = 150, 0.3
+    op = make_operator(kind, size, rate, seed=3, tile=tile)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(size).astype(np.float32), rng.standard_normal(op.shape[0]).astype(np.float32)
+    lhs = float(jnp.dot(op.measure(jnp.asarray(x)), y))
+    rhs = float(jnp.dot(x, op.adjoint(jnp.asarray(y))))
+    np.testing.assert_allclose(lhs, rhs, rtol=1e-4)
+    dense = op.dense().astype(np.float64)
+    np.testing.assert_allclose(dense @ x, op.measure(jnp.asarray(x)), rtol=1e-4, atol=1e-4)
+    measured = dense @ x
+    rec = np.asarray(min_norm(op, jnp.asarray(measured, jnp.float32)))
+    np.testing.assert_allclose(rec, np.linalg.pinv(dense) @ measured, rtol=1e-3, atol=1e-3)
+
+
+def test_block_min_norm_is_exact_for_block_constant_vectors():
+    op = BlockSum(103, 0.3)
+    values = np.random.default_rng(1).standard_normal(op.shape[0])
+    x = np.repeat(values, op.block_sizes).astype(np.float32)
+    np.testing.assert_allclose(min_norm(op, op.measure(jnp.asarray(x))), x, rtol=1e-5, atol=1e-6)
+
+
+def test_ista_recovers_a_dct_sparse_signal_better_than_min_norm():
+    size = 512
+    s = np.zeros(size, np.float32)
+    s[[3, 40, 200, 311]] = [4.0, -3.0, 2.0, 1.5]
+    x = idct(jnp.asarray(s), norm="ortho")
+    op = RandomMatrix(size, 0.3, "gaussian", seed=1)
+    y = op.measure(x)
+    error = lambda rec: float(jnp.linalg.norm(rec - x) / jnp.linalg.norm(x))  # noqa: E731
+    assert error(ista_dct(op, y, 0.01, 300)) < 0.05 < 0.5 < error(min_norm(op, y))
+
+
+def test_coherence_matches_a_direct_double_loop():
+    a = 16
+    for phi in (BlockSum(a, 0.5).dense(), RandomMatrix(a, 0.5, "bernoulli", seed=2).dense()):
+        for name in ("dct", "dft"):
+            psi = basis(name, a)
+            direct = max(abs(np.vdot(psi[:, j], phi[i])) / (np.linalg.norm(phi[i]) * np.linalg.norm(psi[:, j]))
+                         for i in range(phi.shape[0]) for j in range(a))
+            assert coherence(phi, psi) == pytest.approx(math.sqrt(a) * direct, rel=1e-6)  # phi is float32
+    assert coherence(np.eye(a)[:1], basis("dft", a)) == pytest.approx(1.0)  # spikes vs Fourier: minimal
+    with pytest.raises(ValueError, match="unknown basis"):
+        basis("wavelet", 4)
+
+
+def test_layerwise_compressor_bytes_equal_the_sent_arrays_and_vmap_across_clients():
+    params = {"w": np.ones((20, 5), np.float32), "b": np.ones(5, np.float32)}
+    comp = LayerwiseCompressor(params, {"w": 0.3, "b": 0.5}, "gaussian", seed=4)
+    updates = {"w": np.random.default_rng(0).standard_normal((3, 20, 5)).astype(np.float32),
+               "b": np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32)}
+    batched = jax.vmap(comp.compress)(updates)
+    single = comp.compress(jax.tree_util.tree_map(lambda a: a[1], updates))
+    for got, want in zip(batched, single):
+        np.testing.assert_allclose(got[1], want, rtol=1e-5)
+    sent = comp.compress(params)
+    assert [y.shape[0] for y in sent] == [2, 30]  # leaves in key order: b (5 * 0.5), w (100 * 0.3)
+    assert traffic.compressed_upload_bytes(comp) == traffic.array_bytes(sent) + 4 * 2 + traffic.SEED_BYTES
+    block = LayerwiseCompressor(params, {"w": 0.3, "b": 0.5})
+    assert traffic.compressed_upload_bytes(block) == traffic.array_bytes(block.compress(params)) + 4 * 2
+    assert traffic.dense_upload_bytes(params) == traffic.array_bytes(params) == 4 * 105
+    meter = traffic.TrafficMeter()
+    meter.record(10, 100, 400)
+    row = meter.record(5, 100, 400)
+    assert row["uplink_bytes"] == 500 and meter.uplink == 1500 and row["traffic_gb_total"] == 7500 / 1e9
+
+
+def test_fedavg_with_rate_one_block_compression_is_fedavg():
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    data = random_client_data(np.random.default_rng(0), [6, 9])
+    x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
+    cohort = pack_cohort(x, y, [np.arange(6), np.arange(6, 15)], 4, 1, np.random.default_rng(0))
+    plain = FedAvg(model.per_example_loss, optax.sgd(0.1))
+    identity = FedAvg(model.per_example_loss, optax.sgd(0.1), compressor=LayerwiseCompressor(params, fixed_rates(params, 1.0)))
+    a = plain.round(plain.init(params), cohort, jax.random.key(1))[0].params
+    b = identity.round(identity.init(params), cohort, jax.random.key(1))[0].params
+    for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7)
+    half = FedAvg(model.per_example_loss, optax.sgd(0.1), compressor=LayerwiseCompressor(params, fixed_rates(params, 0.5)))
+    assert plain.upload_bytes(params) == 4 * 51  # 48 weights + 3 biases
+    assert half.upload_bytes(params) == 4 * (1 + 24) + 4 * 2  # floor(0.5 * 3), floor(0.5 * 48), one rate per layer
+
+
+def test_loop_records_traffic_and_dynamic_rates(tmp_path):
+    c = default_config()
+    c.rounds, c.eval_every, c.data.num_clients = 2, 2, 20
+    c.client.update(epochs=1, batch_size=50)
+    c.sampling.cohort_size = 4
+    c.compression.enabled = True
+    summary = run_experiment(c, str(tmp_path), progress=False)
+    rows = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
+    params_bytes = rows[0]["downlink_bytes"] / 4
+    assert all(0 < r["uplink_bytes"] <= 0.5 * params_bytes * 4 + 4 * 64 for r in rows)
+    assert all(set(r["compression_rates"]) <= {0.2, 0.3, 0.4, 0.5} for r in rows)
+    assert summary.uplink_gb == pytest.approx(sum(r["uplink_bytes"] for r in rows) / 1e9)
+    bad = default_config()
+    bad.compression.update(enabled=True, rates="1.5", kind="dense", r_min=0.6, r_max=0.5)
+    with pytest.raises(ValueError) as err:
+        run_experiment(bad, str(tmp_path / "bad"), progress=False)
+    for text in ("compression.rates", "compression.kind 'dense'", "r_min=0.6 exceeds"):
+        assert text in str(err.value)

@@ -172,3 +172,30 @@ def test_uga_bad_input():
     not_per_example = lambda p, b, k=None: jnp.stack([_tiny_loss(p, b)] * 2, axis=-1)  # noqa: E731
     with pytest.raises(ValueError, match="one scalar loss per example"):
         make_uga_gradient(not_per_example, optax.sgd(0.1))(params, client)
+
+
+def test_dp_uga_without_noise_or_clipping_is_uga_and_clips_the_meta_gradient():
+    from fedjax_dp.algorithms.dp_fedavg import DPFedAvg
+    from fedjax_dp.algorithms.uga import as_client_delta
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    sizes = [5, 11, 3]
+    cohort = _uga_cohort(sizes)
+    uga = UGA(model.per_example_loss, optax.sgd(0.1), optax.sgd(0.5))
+    want = _flat(uga.round(uga.init(params), cohort, jax.random.key(1))[0].params)
+    grad_fn = make_uga_gradient(model.per_example_loss, optax.sgd(0.1))
+
+    def dp(clip_norm):
+        return DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=3, server_optimizer=optax.sgd(0.5),
+                        clip_norm=clip_norm, client_update=as_client_delta(grad_fn), needs_evaluation_pass=True,
+                        track_variance=False)
+    # DP averages uniformly over D = 3 clients; UGA weights by n_k: equal weights make them comparable
+    equal = {**cohort, "num_examples": np.full(3, 7, np.int32)}
+    want = _flat(uga.round(uga.init(params), equal, jax.random.key(1))[0].params)
+    algo = dp(1e6)
+    got = _flat(algo.round(algo.init(params), equal, jax.random.key(1), 0.0)[0].params)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    algo = dp(1e-3)
+    state, metrics = algo.round(algo.init(params), equal, jax.random.key(1), 0.0)
+    assert float(metrics["clipped_fraction"]) == 1.0
+    assert np.linalg.norm(_flat(state.params) - _flat(params)) <= 0.5 * 1e-3 + 1e-7

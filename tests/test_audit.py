@@ -1,0 +1,56 @@
+"""The privacy audit: it must catch broken mechanisms and never accuse sound ones."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dp.privacy.accounting import RoundEvent, epsilon_of
+from fedjax_dp.privacy.audit import audit, clopper_pearson, dp_fedavg_round, epsilon_lower_bound
+
+DELTA = 1e-5
+
+
+def _round(variant, z=1.0, d=50):
+    others = jnp.asarray(np.random.default_rng(0).normal(size=(10, d)), jnp.float32)
+    direction = jnp.zeros(d).at[0].set(1.0)
+    return dp_fedavg_round(others, 10.0 * direction, 1.0, z, variant), direction  # canary norm 10 S
+
+
+def _claim(z):
+    return epsilon_of([(RoundEvent("full", z), 1)], DELTA, "pld")
+
+
+@pytest.mark.parametrize("variant", ["no_noise", "noise_too_small", "no_clipping"])
+def test_audit_catches_broken_mechanisms(variant):
+    mechanism, direction = _round(variant)
+    result = audit(mechanism, direction, _claim(1.0), DELTA, trials=20000)
+    assert result.violated and result.epsilon_lower > _claim(1.0) + 1
+
+
+@pytest.mark.parametrize("z", [0.5, 1.0, 2.0])
+def test_sound_mechanism_stays_below_its_claim(z):
+    mechanism, direction = _round("sound", z)
+    result = audit(mechanism, direction, _claim(z), DELTA, trials=20000, seed=int(10 * z))
+    assert not result.violated
+    assert result.epsilon_lower > 0.2  # and the audit is not vacuous: it detects the canary somewhat
+
+
+def test_audit_catches_mis_accounting():
+    mechanism, direction = _round("sound", 1.0)  # runs with z = 1, claims what z = 4 would give
+    assert audit(mechanism, direction, _claim(4.0), DELTA, trials=20000).violated
+
+
+def test_clopper_pearson_and_bound_arithmetic():
+    low, high = clopper_pearson(0, 100)
+    assert low == 0 and high == pytest.approx(1 - 0.025 ** (1 / 100), rel=1e-9)
+    low, high = clopper_pearson(50, 100)
+    assert low == pytest.approx(0.3983, abs=1e-3) and high == pytest.approx(0.6017, abs=1e-3)
+    out, inside = np.zeros(1000), np.ones(1000)  # perfectly separated
+    _, fpr_high = clopper_pearson(0, 1000)
+    tpr_low, _ = clopper_pearson(1000, 1000)
+    assert epsilon_lower_bound(out, inside, 0.5, DELTA) == pytest.approx(np.log((tpr_low - DELTA) / fpr_high))
+    assert epsilon_lower_bound(out, out, 0.5, DELTA) == 0.0  # indistinguishable: no evidence
+    with pytest.raises(ValueError, match="successes"):
+        clopper_pearson(5, 3)
+    with pytest.raises(ValueError, match="variant"):
+        _round("slightly_broken")

@@ -20,6 +20,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Experiment 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Results directory (default: results/<config>-<time>).")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace the results of an earlier run in --workdir.")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
+_RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --workdir from its newest checkpoint.")
 
 
 def _main(argv):
@@ -28,7 +29,8 @@ def _main(argv):
     workdir = _WORKDIR.value or os.path.join(
         "results", f"{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
-        summary = run_experiment(cfg, workdir, overwrite=_OVERWRITE.value, progress=_PROGRESS.value)
+        summary = run_experiment(cfg, workdir, overwrite=_OVERWRITE.value, progress=_PROGRESS.value,
+                                 resume=_RESUME.value)
     except (ValueError, FileExistsError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ def validate_config(cfg) -> None:
 
     need(cfg.rounds >= 1, f"rounds must be >= 1, got {cfg.rounds}")
     need(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
+    need(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0 = only at exit), got {cfg.checkpoint_every}")
     need(cfg.data.num_clients >= 1, f"data.num_clients must be >= 1, got {cfg.data.num_clients}")
     need(0 <= cfg.data.test_fraction < 1, f"data.test_fraction must lie in [0, 1), got {cfg.data.test_fraction}")
     need(cfg.data.partition != "dirichlet" or cfg.data.alpha > 0, f"data.alpha must be > 0, got {cfg.data.alpha}")

@@ -9,6 +9,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.rounds = 100
     c.eval_every = 5
+    c.checkpoint_every = 0  # > 0: checkpoint every k rounds (always at exit); resume with --resume
     c.algorithm = "fedavg"  # fedavg | fedprox | fedshare | uga | dp_fedavg | dp_uga
     c.data = ml_collections.ConfigDict(dict(
         source="mnist_5k",      # mnist_5k | mnist | cifar10 | femnist | shakespeare | tfds:<name>

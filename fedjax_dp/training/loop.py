@@ -20,6 +20,7 @@ from fedjax_dp.algorithms.fedmeta import META_DATA_NOTE
 from fedjax_dp.algorithms.fedshare import share_with_clients
 from fedjax_dp.compression.traffic import TrafficMeter, dense_upload_bytes
 from fedjax_dp.core import rng as rng_lib
+from fedjax_dp.core import tree
 from fedjax_dp.core.strategy import StrategyChoice, choose_strategy
 from fedjax_dp.data import sampling
 from fedjax_dp.data.builders import build_dataset, build_server_set
@@ -27,6 +28,7 @@ from fedjax_dp.data.packing import num_steps, pack_cohort, pack_uga_cohort
 from fedjax_dp.models import get_model
 from fedjax_dp.privacy.accounting import calibrate_noise_multiplier
 from fedjax_dp.training import results
+from fedjax_dp.training.checkpointing import Checkpointer, Interruption, truncate_metrics
 from fedjax_dp.training.compression_control import CompressionControl
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.evaluation import evaluate
@@ -46,6 +48,8 @@ class RunSummary:
     stopped_early: bool = False
     uplink_gb: float = 0.0  # bytes actually sent by clients (compression.traffic), all rounds
     traffic_gb: float = 0.0  # uplink + downlink
+    stop_reason: str | None = None  # privacy budget, divergence, or an interrupting signal
+    interrupted: bool = False  # stopped by SIGINT / SIGTERM: resume with ``resume=True`` / ``--resume``
 
 
 def resolve_engine(cfg, has_conv: bool, cohort_size: int) -> StrategyChoice:
@@ -85,6 +89,44 @@ def poisson_slots(rate: float, num_clients: int, drawn: int) -> int:
     return max(8, 8 * math.ceil(max(base, drawn) / 8))
 
 
+@dataclasses.dataclass
+class LoopState:
+    """What the loop carries from round to round besides the server state (all of it checkpointed)."""
+
+    rate_reference: object
+    host_rng: np.random.Generator
+    client_updates: int = 0
+    rounds_run: int = 0
+    best: list = dataclasses.field(default_factory=lambda: [-1.0, -1])
+    last_eval: dict = dataclasses.field(default_factory=dict)
+    participation: list = dataclasses.field(default_factory=list)  # [round, client ids] per round run
+    meter: TrafficMeter = dataclasses.field(default_factory=TrafficMeter)
+
+    def save(self, checkpointer: Checkpointer, state) -> None:
+        checkpointer.save(self.rounds_run, {"state": state, "rate_reference": self.rate_reference}, {
+            "host_rng": self.host_rng.bit_generator.state, "client_updates": self.client_updates,
+            "best": self.best, "last_eval": self.last_eval, "participation": self.participation,
+            "uplink": self.meter.uplink, "downlink": self.meter.downlink})
+
+    def restore(self, checkpointer: Checkpointer, state, tracker, workdir: str):
+        """Loads the newest checkpoint into this loop state; returns the server state. The privacy
+        tracker replays the recorded participations (never reset, never counted twice)."""
+        restored = checkpointer.restore_latest({"state": state, "rate_reference": self.rate_reference})
+        if restored is None:
+            raise FileNotFoundError(f"--resume: no checkpoint under {checkpointer.directory}")
+        trees, saved = restored
+        self.rate_reference, self.rounds_run = trees["rate_reference"], saved["round"]
+        self.host_rng.bit_generator.state = saved["host_rng"]
+        self.client_updates, self.best, self.last_eval = saved["client_updates"], saved["best"], saved["last_eval"]
+        self.participation = saved["participation"]
+        self.meter = TrafficMeter(saved["uplink"], saved["downlink"])
+        if tracker is not None:
+            for t, ids in self.participation:
+                tracker.record(t, np.asarray(ids, dtype=np.int64))
+        truncate_metrics(os.path.join(workdir, "metrics.jsonl"), self.rounds_run)
+        return trees["state"]
+
+
 def make_packer(cfg, dataset, algorithm):
     """``pack(ids, rng, slots) -> cohort`` with step counts fixed for the whole run (one compiled
     program); UGA cohorts also carry each client's whole data for the gradient evaluation."""
@@ -100,8 +142,14 @@ def make_packer(cfg, dataset, algorithm):
                                                    max_steps, slots, eval_batch, max_eval)
 
 
-def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = True) -> RunSummary:
-    """Runs one configured experiment and writes its results directory."""
+def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = True,
+                   resume: bool = False) -> RunSummary:
+    """Runs one configured experiment and writes its results directory.
+
+    ``resume`` continues the run in ``workdir`` from its newest checkpoint (``checkpointing``): the
+    result is identical to an uninterrupted run with the same config. SIGINT / SIGTERM finish the
+    current round, write a checkpoint and return a summary marked ``interrupted``.
+    """
     validate_config(cfg)
     start = time.perf_counter()
     dataset = build_dataset(cfg.data, cfg.seed)
@@ -119,70 +167,90 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     compression = CompressionControl(cfg.compression, build) if cfg.compression.enabled else None
     algorithm = build()
     pack = make_packer(cfg, dataset, algorithm)
-    meter = TrafficMeter()
     tracker = None
     if cfg.algorithm in DP_ALGORITHMS:
         tracker = PrivacyTracker(cfg.dp, cfg.sampling.method, dataset.num_clients, cfg.sampling.cohort_size,
                                  cfg.sampling.rate, algorithm.private, cfg.dp.clip)
-    writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite)
-
     root = jax.random.key(cfg.seed)
     state = algorithm.init(model.init(rng_lib.purpose_key(root, rng_lib.Purpose.EVALUATION)))
-    rate_reference = state.params  # Alg. 2: initial weights, then the last applied aggregate
-    host_rng = np.random.default_rng(cfg.seed + 1)
-    client_updates, best, last_eval, rounds_run = 0, (-1.0, -1), {}, 0
-    bar = tqdm(range(1, cfg.rounds + 1), disable=not progress, desc=cfg.algorithm, unit="round")
-    for t in bar:
-        if tracker is not None and not tracker.allows(t):
-            tracker.stopped_at = t
-            break
-        eligible = tracker.eligible(t) if tracker is not None else None
-        if eligible is not None and cfg.sampling.method == "uniform" and eligible.sum() < cfg.sampling.cohort_size:
-            tracker.stopped_at = t
-            break
-        ids = sample_cohort(cfg, dataset.num_clients, host_rng, eligible)
-        row = {"round": t, "cohort_size": len(ids)}
-        slots = poisson_slots(cfg.sampling.rate, dataset.num_clients, len(ids)) if cfg.sampling.method == "poisson" else None
-        if len(ids) or tracker is not None:
-            cohort = pack(ids, host_rng, slots)
-            key = rng_lib.round_key(root, t)
-            if compression is not None:
-                algorithm = compression.algorithm_for(rate_reference)
-            previous = state.params
-            if tracker is not None:
-                state, metrics = algorithm.round(state, cohort, key, tracker.noise_multiplier(t))
-                tracker.record(t, ids)
-                row["epsilon"] = tracker.epsilon()
-            else:
-                state, metrics = algorithm.round(state, cohort, key)
-            row.update({k: float(v) for k, v in metrics.items()})
-            row.update(meter.record(len(ids), algorithm.upload_bytes(state.params), dense_upload_bytes(state.params)))
-            if compression is not None:
-                rate_reference = jax.tree_util.tree_map(lambda a, b: a - b, state.params, previous)
-                row["compression_rates"] = [float(r) for r in jax.tree_util.tree_leaves(compression.rates)]
-            client_updates += len(ids)
-        rounds_run = t
-        if t % cfg.eval_every == 0 or t == cfg.rounds:
-            last_eval = evaluate(model, state.params, dataset)
-            row.update(last_eval)
-            if last_eval["test_accuracy"] > best[0]:
-                best = (last_eval["test_accuracy"], t)
-            postfix = {"acc": f"{last_eval['test_accuracy']:.4f}", "loss": f"{row.get('train_loss', float('nan')):.4f}"}
-            if tracker is not None:
-                postfix["eps"] = f"{row['epsilon']:.3f}"
-            bar.set_postfix(postfix)
-        row["client_updates"] = client_updates
-        writer.log(row)
+    loop = LoopState(rate_reference=state.params, host_rng=np.random.default_rng(cfg.seed + 1))
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
+    if resume:
+        state = loop.restore(checkpointer, state, tracker, workdir)
+    writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite, append=resume)
+
+    interruption, stop_reason = Interruption(), None
+    bar = tqdm(range(loop.rounds_run + 1, cfg.rounds + 1), disable=not progress, desc=cfg.algorithm, unit="round",
+               initial=loop.rounds_run, total=cfg.rounds)
+    with interruption.installed():
+        for t in bar:
+            if tracker is not None and not tracker.allows(t):
+                tracker.stopped_at, stop_reason = t, "privacy budget"
+                break
+            eligible = tracker.eligible(t) if tracker is not None else None
+            if eligible is not None and cfg.sampling.method == "uniform" and eligible.sum() < cfg.sampling.cohort_size:
+                tracker.stopped_at, stop_reason = t, "privacy budget"
+                break
+            ids = sample_cohort(cfg, dataset.num_clients, loop.host_rng, eligible)
+            row = {"round": t, "cohort_size": len(ids)}
+            slots = poisson_slots(cfg.sampling.rate, dataset.num_clients, len(ids)) if cfg.sampling.method == "poisson" else None
+            if len(ids) or tracker is not None:
+                cohort = pack(ids, loop.host_rng, slots)
+                key = rng_lib.round_key(root, t)
+                if compression is not None:
+                    algorithm = compression.algorithm_for(loop.rate_reference)
+                previous = state
+                if tracker is not None:
+                    state, metrics = algorithm.round(state, cohort, key, tracker.noise_multiplier(t))
+                else:
+                    state, metrics = algorithm.round(state, cohort, key)
+                if tracker is not None:  # accounted even if the result is discarded below (conservative)
+                    tracker.record(t, ids)
+                    row["epsilon"] = tracker.epsilon()
+                loop.participation.append([t, [int(i) for i in ids]])
+                if not bool(tree.is_finite(state.params)):
+                    state, stop_reason = previous, f"the global model diverged in round {t} (non-finite parameters)"
+                    writer.log({**row, "diverged": True})
+                    break
+                row.update({k: float(v) for k, v in metrics.items()})
+                row.update(loop.meter.record(len(ids), algorithm.upload_bytes(state.params),
+                                             dense_upload_bytes(state.params)))
+                if compression is not None:
+                    loop.rate_reference = jax.tree_util.tree_map(lambda a, b: a - b, state.params, previous.params)
+                    row["compression_rates"] = [float(r) for r in jax.tree_util.tree_leaves(compression.rates)]
+                loop.client_updates += len(ids)
+            loop.rounds_run = t
+            if t % cfg.eval_every == 0 or t == cfg.rounds:
+                loop.last_eval = evaluate(model, state.params, dataset)
+                row.update(loop.last_eval)
+                if loop.last_eval["test_accuracy"] > loop.best[0]:
+                    loop.best = [loop.last_eval["test_accuracy"], t]
+                postfix = {"acc": f"{loop.last_eval['test_accuracy']:.4f}", "loss": f"{row.get('train_loss', float('nan')):.4f}"}
+                if tracker is not None:
+                    postfix["eps"] = f"{row['epsilon']:.3f}"
+                bar.set_postfix(postfix)
+            row["client_updates"] = loop.client_updates
+            writer.log(row)
+            if interruption:
+                stop_reason = f"interrupted by {interruption.signal_name}"
+                break
+            if cfg.checkpoint_every and t % cfg.checkpoint_every == 0:
+                loop.save(checkpointer, state)
     bar.close()
-    if rounds_run and (rounds_run % cfg.eval_every != 0) and rounds_run != cfg.rounds:
-        last_eval = evaluate(model, state.params, dataset)  # the model training stopped at
-        if last_eval["test_accuracy"] > best[0]:
-            best = (last_eval["test_accuracy"], rounds_run)
-        writer.log({"round": rounds_run, "final_evaluation": True, **last_eval})
+    if loop.rounds_run:
+        loop.save(checkpointer, state)  # at exit; a diverged model is never saved (state is the last good one)
+    interrupted = bool(interruption)
+    if not interrupted and loop.rounds_run and loop.rounds_run % cfg.eval_every and loop.rounds_run != cfg.rounds:
+        loop.last_eval = evaluate(model, state.params, dataset)  # the model training stopped at
+        if loop.last_eval["test_accuracy"] > loop.best[0]:
+            loop.best = [loop.last_eval["test_accuracy"], loop.rounds_run]
+        writer.log({"round": loop.rounds_run, "final_evaluation": True, **loop.last_eval})
     writer.close()
 
-    summary = RunSummary(workdir, rounds_run, last_eval, best[0], best[1], client_updates, time.perf_counter() - start,
-                         uplink_gb=meter.uplink / 1e9, traffic_gb=(meter.uplink + meter.downlink) / 1e9)
+    summary = RunSummary(workdir, loop.rounds_run, loop.last_eval, loop.best[0], loop.best[1], loop.client_updates,
+                         time.perf_counter() - start, uplink_gb=loop.meter.uplink / 1e9,
+                         traffic_gb=(loop.meter.uplink + loop.meter.downlink) / 1e9, stop_reason=stop_reason,
+                         interrupted=interrupted)
     writer.write_json("privacy.json", privacy_record(cfg, tracker))
     if tracker is not None:
         summary.epsilon, summary.stopped_early = tracker.report().epsilon, tracker.stopped_at is not None
@@ -211,7 +279,7 @@ def format_summary(summary: RunSummary) -> str:
     """The table printed at the end of a run."""
     lines = [
         f"{'workdir':<22}{summary.workdir}",
-        f"{'rounds':<22}{summary.rounds}" + ("  (stopped: privacy budget)" if summary.stopped_early else ""),
+        f"{'rounds':<22}{summary.rounds}" + (f"  (stopped: {summary.stop_reason})" if summary.stop_reason else ""),
         f"{'client updates (CC)':<22}{summary.client_updates}",
         f"{'best accuracy':<22}{summary.best_accuracy:.4f} (round {summary.best_round})",
         f"{'traffic (GB)':<22}{summary.uplink_gb:.4f} up, {summary.traffic_gb:.4f} total",

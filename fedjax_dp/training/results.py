@@ -11,9 +11,16 @@ import numpy as np
 class ResultsWriter:
     """Appends one JSON line per round; refuses to overwrite a previous run unless told to."""
 
-    def __init__(self, workdir: str, config_json: str, overwrite: bool = False):
+    def __init__(self, workdir: str, config_json: str, overwrite: bool = False, append: bool = False):
+        """``append``: continue a resumed run's ``metrics.jsonl`` (its config must be the same)."""
         self.workdir = workdir
         self.metrics_path = os.path.join(workdir, "metrics.jsonl")
+        if append:
+            with open(os.path.join(workdir, "config.json")) as f:
+                if json.loads(f.read()) != json.loads(config_json):
+                    raise ValueError(f"cannot resume {workdir}: its config.json differs from this run's config")
+            self._file = open(self.metrics_path, "a")
+            return
         if os.path.exists(self.metrics_path) and not overwrite:
             raise FileExistsError(
                 f"{self.metrics_path} exists: choose another --workdir or pass --overwrite to replace that run"

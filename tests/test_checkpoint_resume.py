@@ -1,0 +1,111 @@
+"""Checkpoint and resume: an interrupted (or killed) and resumed run equals an uninterrupted one,
+and its privacy ledger is neither reset nor double counted; a diverged model stops the run."""
+
+import json
+import os
+import shutil
+import signal
+
+import numpy as np
+import pytest
+
+import fedjax_dp.training.loop as loop_module
+from fedjax_dp.training.default_config import default_config
+from fedjax_dp.training.loop import run_experiment
+
+
+def _config():
+    c = default_config()
+    c.rounds, c.eval_every, c.checkpoint_every = 6, 2, 2
+    c.algorithm = "dp_fedavg"
+    c.data.num_clients = 20
+    c.client.update(epochs=1, batch_size=20)
+    c.sampling.cohort_size = 4
+    c.dp.noise_multiplier = 0.8
+    return c
+
+
+def _files(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl"), "rb") as f:
+        metrics = f.read()
+    with open(os.path.join(workdir, "privacy.json")) as f:
+        return metrics, json.load(f)
+
+
+def _interrupt_at(monkeypatch, round_index):
+    """Sends this process a real SIGINT while round ``round_index`` is being logged."""
+    real_log = loop_module.results.ResultsWriter.log
+
+    def log(self, row):
+        real_log(self, row)
+        if row.get("round") == round_index and not row.get("final_evaluation"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(loop_module.results.ResultsWriter, "log", log)
+
+
+def test_interrupted_and_killed_runs_resume_to_the_uninterrupted_result(tmp_path, monkeypatch):
+    reference = run_experiment(_config(), str(tmp_path / "a"), progress=False)
+    want_metrics, want_privacy = _files(tmp_path / "a")
+
+    with monkeypatch.context() as m:  # SIGINT in round 3: checkpoint at 3, stop
+        _interrupt_at(m, 3)
+        stopped = run_experiment(_config(), str(tmp_path / "b"), progress=False)
+    assert stopped.interrupted and stopped.rounds == 3 and "SIGINT" in stopped.stop_reason
+    with pytest.raises(FileExistsError):  # never overwritten without a flag
+        run_experiment(_config(), str(tmp_path / "b"), progress=False)
+    resumed = run_experiment(_config(), str(tmp_path / "b"), progress=False, resume=True)
+    assert resumed.rounds == 6 and not resumed.interrupted
+    assert _files(tmp_path / "b") == (want_metrics, want_privacy)
+    assert resumed.epsilon == reference.epsilon and resumed.best_accuracy == reference.best_accuracy
+
+    with monkeypatch.context() as m:  # "killed" after round 5: its checkpoint never got written
+        _interrupt_at(m, 5)
+        run_experiment(_config(), str(tmp_path / "c"), progress=False)
+    checkpoints = tmp_path / "c" / "checkpoints"
+    assert sorted(os.listdir(checkpoints)) == ["round_000004", "round_000005"]  # the last two kept
+    shutil.rmtree(checkpoints / "round_000005")
+    run_experiment(_config(), str(tmp_path / "c"), progress=False, resume=True)  # drops row 5, reruns 5-6
+    assert _files(tmp_path / "c") == (want_metrics, want_privacy)
+
+
+def test_resume_needs_a_checkpoint_and_the_same_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        run_experiment(_config(), str(tmp_path / "none"), progress=False, resume=True)
+    c = _config()
+    c.rounds = 2
+    run_experiment(c, str(tmp_path / "d"), progress=False)
+    c.client.learning_rate = 0.5
+    with pytest.raises(ValueError, match="config.json differs"):
+        run_experiment(c, str(tmp_path / "d"), progress=False, resume=True)
+
+
+def test_a_diverged_model_stops_the_run_with_a_clear_reason(tmp_path):
+    c = _config()
+    c.algorithm, c.rounds = "fedavg", 8
+    c.server.learning_rate = 1e39  # the first server step overflows float32: the parameters become inf
+    summary = run_experiment(c, str(tmp_path), progress=False)
+    assert summary.stop_reason == "the global model diverged in round 1 (non-finite parameters)"
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert rows[-1]["diverged"] is True and summary.rounds == 0
+
+
+def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    calls = []
+
+    class DivergesInRound3:
+        def __getattr__(self, name):
+            return getattr(loop_module.tree_module, name)
+
+        @staticmethod
+        def is_finite(params):
+            calls.append(1)
+            return len(calls) < 3
+
+    monkeypatch.setattr(loop_module, "tree_module", loop_module.tree, raising=False)
+    monkeypatch.setattr(loop_module, "tree", DivergesInRound3())
+    c = _config()
+    c.algorithm = "fedavg"
+    summary = run_experiment(c, str(tmp_path), progress=False)
+    assert summary.rounds == 2 and "round 3" in summary.stop_reason
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["round_000002"]

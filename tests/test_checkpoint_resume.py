@@ -109,3 +109,25 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     summary = run_experiment(c, str(tmp_path), progress=False)
     assert summary.rounds == 2 and "round 3" in summary.stop_reason
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["round_000002"]
+
+
+def test_a_non_finite_client_update_is_dropped_and_named_with_its_client_id(tmp_path, monkeypatch):
+    real_pack = loop_module.make_packer
+
+    def poisoning_packer(cfg, dataset, algorithm):
+        pack = real_pack(cfg, dataset, algorithm)
+
+        def poisoned(ids, rng, slots):
+            cohort = pack(ids, rng, slots)
+            cohort["batches"]["x"] = cohort["batches"]["x"].copy()
+            cohort["batches"]["x"][1] = np.nan  # the second sampled client's data is corrupt
+            return cohort
+        return poisoned
+
+    monkeypatch.setattr(loop_module, "make_packer", poisoning_packer)
+    c = _config()
+    c.algorithm, c.rounds = "fedavg", 2
+    summary = run_experiment(c, str(tmp_path), progress=False)
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert all(r["dropped_clients"] == 1 and len(r["dropped_client_ids"]) == 1 for r in rows)
+    assert summary.stop_reason is None and np.isfinite(summary.final["test_loss"])

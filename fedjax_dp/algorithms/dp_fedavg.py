@@ -192,6 +192,7 @@ class DPFedAvg:
             "train_loss": jnp.sum(jnp.where(present & per_client["finite"], per_client["loss"], 0.0))
             / jnp.maximum(jnp.sum(present), 1),
             "dropped_clients": jnp.sum(present & ~per_client["finite"]),
+            "client_dropped": present & ~per_client["finite"],  # per cohort slot (the loop logs client ids)
             "clipped_fraction": jnp.sum(per_client["clipped"]) / jnp.maximum(jnp.sum(present), 1),
             "clip_norm": clip_norm,
             "median_update_norm": _masked_median(per_client["norm"], present & per_client["finite"]),

@@ -110,6 +110,7 @@ class FedAvg:
         metrics = {
             "train_loss": loss_sum / denominator,
             "dropped_clients": jnp.sum(~per_client["finite"]),
+            "client_dropped": ~per_client["finite"],  # per cohort position (the loop logs client ids)
             "mean_update_norm": jnp.mean(per_client["update_norm"]),
         }
         return new_state, metrics

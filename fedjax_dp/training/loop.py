@@ -8,6 +8,7 @@ sampled, and every round's epsilon is logged; ``privacy.json`` holds the final r
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -212,6 +213,10 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                     state, stop_reason = previous, f"the global model diverged in round {t} (non-finite parameters)"
                     writer.log({**row, "diverged": True})
                     break
+                dropped = np.asarray(metrics.pop("client_dropped", np.zeros(len(ids), bool)))[:len(ids)]
+                if dropped.any():  # non-finite updates: kept out of the model, counted, and named
+                    row["dropped_client_ids"] = [int(i) for i in np.asarray(ids)[dropped]]
+                    logging.warning("round %d: dropped non-finite updates of clients %s", t, row["dropped_client_ids"])
                 row.update({k: float(v) for k, v in metrics.items()})
                 row.update(loop.meter.record(len(ids), algorithm.upload_bytes(state.params),
                                              dense_upload_bytes(state.params)))

@@ -54,3 +54,25 @@ def test_clopper_pearson_and_bound_arithmetic():
         clopper_pearson(5, 3)
     with pytest.raises(ValueError, match="variant"):
         _round("slightly_broken")
+
+
+def test_end_to_end_audit_of_a_short_training_run():
+    import jax
+    import optax
+    from fedjax_dp.algorithms.dp_fedavg import DPFedAvg
+    from fedjax_dp.data.packing import pack_cohort
+    from fedjax_dp.models import get_model
+    from fedjax_dp.privacy.audit import audit_training_run
+
+    rng = np.random.default_rng(0)
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    x, y = rng.normal(size=(40, 4, 4, 1)).astype(np.float32), rng.integers(0, 3, 40).astype(np.int32)
+    cohort = pack_cohort(x, y, [np.arange(10 * k, 10 * k + 10) for k in range(4)], 10, 1, rng)
+    canary = pack_cohort(np.full((10, 4, 4, 1), 5.0, np.float32), np.zeros(10, np.int32), [np.arange(10)], 10, 1, rng)
+    z, rounds = 3.0, 3
+    claim = epsilon_of([(RoundEvent("full", z), rounds)], DELTA, "pld")
+    algo = DPFedAvg(model.per_example_loss, optax.sgd(1.0), denominator=5, clip_norm=1.0, track_variance=False)
+    sound = audit_training_run(algo, params, cohort, canary, rounds, z, claim, DELTA, trials=600)
+    broken = audit_training_run(algo, params, cohort, canary, rounds, 0.0, claim, DELTA, trials=600)  # noise off
+    assert not sound.violated and broken.violated

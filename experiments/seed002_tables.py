@@ -15,6 +15,7 @@ Overrides for reduced runs: ``--set client.learning_rate=0.05 --eta-g 0.5`` (sta
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -71,10 +72,10 @@ def rounds_to(rows, threshold: float):
     return None
 
 
-def summarise(name, workdir, summary, thresholds):
+def summarise(name, workdir, summary: dict, thresholds):
     rows = results.read_metrics(workdir)
-    return {"run": name, "final_accuracy": summary.final["test_accuracy"], "best_accuracy": summary.best_accuracy,
-            "rounds": summary.rounds, "seconds": summary.seconds,
+    return {"run": name, "final_accuracy": summary["final"]["test_accuracy"], "best_accuracy": summary["best_accuracy"],
+            "rounds": summary["rounds"], "seconds": summary["seconds"], "stop_reason": summary.get("stop_reason"),
             "rounds_to": {f"{t:g}": rounds_to(rows, t) for t in thresholds},
             "curve": [(r["round"], r["test_accuracy"]) for r in rows if "test_accuracy" in r]}
 
@@ -82,12 +83,13 @@ def summarise(name, workdir, summary, thresholds):
 def write_outputs(out, rows, thresholds, settings, title):
     with open(os.path.join(out, "table.json"), "w") as f:
         json.dump({"settings": settings, "rows": rows}, f, indent=2)
-    head = "| run | final acc | best acc | " + " | ".join(f"rounds to {t:g}" for t in thresholds) + " | seconds |"
-    lines = [f"Settings: {settings}", "", head, "|" + " --- |" * (4 + len(thresholds))]
+    head = ("| run | final acc | best acc | " + " | ".join(f"rounds to {t:g}" for t in thresholds)
+            + " | seconds | stopped |")
+    lines = [f"Settings: {settings}", "", head, "|" + " --- |" * (5 + len(thresholds))]
     for r in rows:
         reach = [str(r["rounds_to"][f"{t:g}"] or f">{r['rounds']}") for t in thresholds]
         lines.append(f"| {r['run']} | {r['final_accuracy']:.4f} | {r['best_accuracy']:.4f} | " + " | ".join(reach)
-                     + f" | {r['seconds']:.0f} |")
+                     + f" | {r['seconds']:.0f} | {r['stop_reason'] or ''} |")
     text = "\n".join(lines)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text + "\n")
@@ -107,6 +109,22 @@ def write_outputs(out, rows, thresholds, settings, title):
     fig.savefig(os.path.join(out, "curves.png"), dpi=120)
 
 
+def _same_finished_run(workdir: str, cfg) -> bool:
+    """True when ``workdir`` holds a finished run of this config (``--reuse``). Options the stored
+    config predates (added to the library later, at their defaults) are ignored."""
+    try:
+        with open(os.path.join(workdir, "config.json")) as f, open(os.path.join(workdir, "summary.json")):
+            return _agrees(json.load(f), json.loads(cfg.to_json_best_effort()))
+    except FileNotFoundError:
+        return False
+
+
+def _agrees(stored, current) -> bool:
+    if isinstance(stored, dict) and isinstance(current, dict):
+        return all(k in current and _agrees(v, current[k]) for k, v in stored.items())
+    return stored == current
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=sorted(THRESHOLDS), default="femnist")
@@ -119,6 +137,7 @@ def main():
     parser.add_argument("--overlap-sweep", action="store_true")
     parser.add_argument("--overlaps", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
     parser.add_argument("--out", default="")
+    parser.add_argument("--reuse", action="store_true", help="keep finished runs of the same config")
     args = parser.parse_args()
     out = args.out or os.path.join("results", "seed002", args.dataset + ("-overlap" if args.overlap_sweep else ""))
     os.makedirs(out, exist_ok=True)
@@ -129,7 +148,11 @@ def main():
     for name, method, overlap in runs:
         cfg = method_config(args, method, overlap)
         workdir = os.path.join(out, name)
-        summary = run_experiment(cfg, workdir, overwrite=True, progress=False)
+        if args.reuse and _same_finished_run(workdir, cfg):
+            with open(os.path.join(workdir, "summary.json")) as f:
+                summary = json.load(f)
+        else:
+            summary = dataclasses.asdict(run_experiment(cfg, workdir, overwrite=True, progress=False))
         rows.append(summarise(LABELS[method] + (f" (overlap {overlap:.0%})" if overlap is not None else ""),
                               workdir, summary, thresholds))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "curve"}), flush=True)

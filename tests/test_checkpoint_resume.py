@@ -120,10 +120,11 @@ def test_a_non_finite_client_update_is_dropped_and_named_with_its_client_id(tmp_
         def poisoned(ids, rng, slots):
             cohort = pack(ids, rng, slots)
             cohort["batches"]["x"] = cohort["batches"]["x"].copy()
-            cohort["batches"]["x"][1] = np.nan  # the second sampled client's data is corrupt
+            cohort["batches"]["x"][poison] = np.nan  # these sampled clients' data is corrupt
             return cohort
         return poisoned
 
+    poison = [1]
     monkeypatch.setattr(loop_module, "make_packer", poisoning_packer)
     c = _config()
     c.algorithm, c.rounds = "fedavg", 2
@@ -131,3 +132,8 @@ def test_a_non_finite_client_update_is_dropped_and_named_with_its_client_id(tmp_
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert all(r["dropped_clients"] == 1 and len(r["dropped_client_ids"]) == 1 for r in rows)
     assert summary.stop_reason is None and np.isfinite(summary.final["test_loss"])
+
+    poison[:] = [0, 1, 2, 3]  # every client, every round: the run stops after STALL_ROUNDS rounds
+    c.rounds = 8
+    summary = run_experiment(c, str(tmp_path / "stalled"), progress=False)
+    assert summary.rounds == loop_module.STALL_ROUNDS and "non-finite for 3 rounds" in summary.stop_reason

@@ -90,6 +90,9 @@ def poisson_slots(rate: float, num_clients: int, drawn: int) -> int:
     return max(8, 8 * math.ceil(max(base, drawn) / 8))
 
 
+STALL_ROUNDS = 3  # rounds in a row with every client update non-finite before the run stops
+
+
 @dataclasses.dataclass
 class LoopState:
     """What the loop carries from round to round besides the server state (all of it checkpointed)."""
@@ -101,13 +104,14 @@ class LoopState:
     best: list = dataclasses.field(default_factory=lambda: [-1.0, -1])
     last_eval: dict = dataclasses.field(default_factory=dict)
     participation: list = dataclasses.field(default_factory=list)  # [round, client ids] per round run
+    all_dropped_streak: int = 0  # consecutive rounds in which every client update was non-finite
     meter: TrafficMeter = dataclasses.field(default_factory=TrafficMeter)
 
     def save(self, checkpointer: Checkpointer, state) -> None:
         checkpointer.save(self.rounds_run, {"state": state, "rate_reference": self.rate_reference}, {
             "host_rng": self.host_rng.bit_generator.state, "client_updates": self.client_updates,
             "best": self.best, "last_eval": self.last_eval, "participation": self.participation,
-            "uplink": self.meter.uplink, "downlink": self.meter.downlink})
+            "uplink": self.meter.uplink, "downlink": self.meter.downlink, "all_dropped_streak": self.all_dropped_streak})
 
     def restore(self, checkpointer: Checkpointer, state, tracker, workdir: str):
         """Loads the newest checkpoint into this loop state; returns the server state. The privacy
@@ -119,7 +123,7 @@ class LoopState:
         self.rate_reference, self.rounds_run = trees["rate_reference"], saved["round"]
         self.host_rng.bit_generator.state = saved["host_rng"]
         self.client_updates, self.best, self.last_eval = saved["client_updates"], saved["best"], saved["last_eval"]
-        self.participation = saved["participation"]
+        self.participation, self.all_dropped_streak = saved["participation"], saved["all_dropped_streak"]
         self.meter = TrafficMeter(saved["uplink"], saved["downlink"])
         if tracker is not None:
             for t, ids in self.participation:
@@ -218,6 +222,10 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                     row["dropped_client_ids"] = [int(i) for i in np.asarray(ids)[dropped]]
                     logging.warning("round %d: dropped non-finite updates of clients %s", t, row["dropped_client_ids"])
                 row.update({k: float(v) for k, v in metrics.items()})
+                loop.all_dropped_streak = loop.all_dropped_streak + 1 if len(ids) and dropped.all() else 0
+                if loop.all_dropped_streak >= STALL_ROUNDS:
+                    stop_reason = (f"every client update was non-finite for {STALL_ROUNDS} rounds in a row (to round "
+                                   f"{t}): the global model has diverged")
                 row.update(loop.meter.record(len(ids), algorithm.upload_bytes(state.params),
                                              dense_upload_bytes(state.params)))
                 if compression is not None:
@@ -236,6 +244,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 bar.set_postfix(postfix)
             row["client_updates"] = loop.client_updates
             writer.log(row)
+            if stop_reason:
+                break
             if interruption:
                 stop_reason = f"interrupted by {interruption.signal_name}"
                 break

@@ -15,16 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from xla_cost import compiled_cost, write_result  # noqa: E402
+
 from fedjax_dp.compression.operators import make_operator  # noqa: E402
 from fedjax_dp.compression.pytree import LayerwiseCompressor  # noqa: E402
 from fedjax_dp.compression.rates import dynamic_rates  # noqa: E402
@@ -33,17 +33,9 @@ from fedjax_dp.compression.reconstruction import min_norm  # noqa: E402
 DENSE_LIMIT = 2e8  # entries of Phi
 
 
-def timed(fn, *args, repeats=5) -> dict:
-    compiled = jax.jit(fn).lower(*args).compile()
-    mem = compiled.memory_analysis()
-    jax.block_until_ready(compiled(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - start)
-    total = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
-    return {"ms": 1e3 * statistics.median(times), "memory_bytes": int(total), "temp_bytes": int(mem.temp_size_in_bytes)}
+def timed(fn, *args) -> dict:
+    cost = compiled_cost(fn, *args, repeats=5)
+    return {"ms": 1e3 * cost.pop("seconds"), **cost}
 
 
 def vgg16_update(key) -> dict:
@@ -83,12 +75,7 @@ def main():
              **timed(lambda u: comp.reconstruct(comp.compress(u)), update)}
     whole["memory_in_update_sizes"] = whole["memory_bytes"] / (4 * params)
     print(json.dumps(whole), flush=True)
-    result = {"machine": {"backend": jax.default_backend(), "cpus": os.cpu_count(), "platform": platform.platform(),
-                          "jax": jax.__version__}, "rate": args.rate, "layers": rows, "vgg16_update": whole}
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print("wrote", args.out)
+    write_result(args.out, {"rate": args.rate, "layers": rows, "vgg16_update": whole})
 
 
 if __name__ == "__main__":

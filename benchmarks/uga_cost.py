@@ -17,16 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import sys
-import time
 
 import jax
 import numpy as np
 import optax
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from xla_cost import compiled_cost, write_result  # noqa: E402
+
 from fedjax_dp.algorithms.base import make_client_delta  # noqa: E402
 from fedjax_dp.algorithms.uga import make_uga_gradient  # noqa: E402
 from fedjax_dp.core import tree  # noqa: E402
@@ -50,18 +50,6 @@ def client_arrays(steps: int, shape, num_classes: int, uga: bool):
     return client
 
 
-def measure(fn, params, client, repeats: int = 3) -> dict:
-    compiled = jax.jit(fn).lower(params, client).compile()
-    memory = compiled.memory_analysis()
-    jax.block_until_ready(compiled(params, client))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(params, client))
-        times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "temp_bytes": int(memory.temp_size_in_bytes)}
-
-
 def run(model_name: str, step_counts, conv_impl: str) -> list[dict]:
     shape = (28, 28, 1)
     model = get_model(model_name, shape, 10, conv_impl=conv_impl)
@@ -77,10 +65,10 @@ def run(model_name: str, step_counts, conv_impl: str) -> list[dict]:
     rows = []
     for steps in step_counts:
         row = {"model": model_name, "steps": steps, "param_bytes": 4 * tree.num_params(params)}
-        row["fedavg"] = measure(lambda p, c: fedavg(p, c)[0], params, client_arrays(steps, shape, 10, False))
+        row["fedavg"] = compiled_cost(lambda p, c: fedavg(p, c)[0], params, client_arrays(steps, shape, 10, False))
         uga_client = client_arrays(steps, shape, 10, True)
         for name, fn in variants.items():
-            row[name] = measure(lambda p, c, fn=fn: fn(p, c)[0], params, uga_client)
+            row[name] = compiled_cost(lambda p, c, fn=fn: fn(p, c)[0], params, uga_client)
             row[name]["time_ratio_vs_fedavg"] = row[name]["seconds"] / row["fedavg"]["seconds"]
         rows.append(row)
         print(f"{model_name:10s} S={steps:4d}  fedavg {row['fedavg']['seconds']*1e3:8.1f} ms "
@@ -108,16 +96,12 @@ def main():
     parser.add_argument("--conv-impl", default="im2col")
     parser.add_argument("--out", default=os.path.join("benchmarks", "out", "uga_cost.json"))
     args = parser.parse_args()
-    result = {"machine": {"backend": jax.default_backend(), "cpus": os.cpu_count(), "platform": platform.platform(),
-                          "jax": jax.__version__}, "batch_size": BATCH, "models": {}}
+    result = {"batch_size": BATCH, "models": {}}
     for name in args.models:
         rows = run(name, args.cnn_steps if name.startswith("cnn") else args.steps, args.conv_impl)
         result["models"][name] = {"rows": rows, "memory_slope": slopes(rows, rows[0]["param_bytes"])}
         print(json.dumps(result["models"][name]["memory_slope"], indent=1))
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print("wrote", args.out)
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

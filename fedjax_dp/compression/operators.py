@@ -19,6 +19,7 @@ functions of arrays (jittable, vmappable across clients).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -161,9 +162,10 @@ class RandomMatrix:
         solution, _ = jax.scipy.sparse.linalg.cg(lambda v: self.measure(self.adjoint(v)), y, maxiter=iterations)
         return solution
 
-    @property
+    @functools.cached_property
     def lipschitz(self) -> float:
-        """||Phi||_2^2 by 30 power iterations (an estimate, enlarged 5 % for ISTA's step safety)."""
+        """||Phi||_2^2 by 30 power iterations (an estimate, enlarged 5 % for ISTA's step safety);
+        computed once per operator, not at every reconstruction."""
         v = jax.random.normal(jax.random.key(self.seed + 1), (self.size,))
         for _ in range(30):
             v = self.adjoint(self.measure(v))

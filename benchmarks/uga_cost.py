@@ -42,7 +42,7 @@ def client_arrays(steps: int, shape, num_classes: int, uga: bool):
     n = steps * BATCH
     x, y = rng.standard_normal((n,) + shape).astype(np.float32), rng.integers(0, num_classes, n)
     if uga:  # E = 2: one epoch of S keep-trace steps, then the whole data once
-        packed = pack_uga_cohort(x, y, [np.arange(n)], BATCH, 2, rng, eval_batch_size=100)
+        packed = pack_uga_cohort(x, y, [np.arange(n)], BATCH, 2, rng)  # eval batch = BATCH, the loop default
     else:
         packed = pack_cohort(x, y, [np.arange(n)], BATCH, 2, rng)
     client = jax.tree_util.tree_map(lambda a: jax.numpy.asarray(a[0]), packed)

@@ -110,13 +110,15 @@ def write_outputs(out, rows, thresholds, settings, title):
 
 
 def _same_finished_run(workdir: str, cfg) -> bool:
-    """True when ``workdir`` holds a finished run of this config (``--reuse``). Options the stored
-    config predates (added to the library later, at their defaults) are ignored."""
+    """True when ``workdir`` holds a finished run of this config (``--reuse``): an interrupted run
+    (its summary says so) is run again. Options the stored config predates (added to the library
+    later, at their defaults) are ignored."""
     try:
-        with open(os.path.join(workdir, "config.json")) as f, open(os.path.join(workdir, "summary.json")):
-            return _agrees(json.load(f), json.loads(cfg.to_json_best_effort()))
+        with open(os.path.join(workdir, "config.json")) as f, open(os.path.join(workdir, "summary.json")) as g:
+            stored, summary = json.load(f), json.load(g)
     except FileNotFoundError:
         return False
+    return not summary.get("interrupted", False) and _agrees(stored, json.loads(cfg.to_json_best_effort()))
 
 
 def _agrees(stored, current) -> bool:

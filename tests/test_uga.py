@@ -10,7 +10,7 @@ import jax.flatten_util
 enable_x64 = lambda: jax.enable_x64(True)  # noqa: E731
 
 from fedjax_dp.algorithms.uga import UGA, make_uga_gradient
-from fedjax_dp.core.local_training import make_local_trainer
+from fedjax_dp.core.local_training import make_data_value_and_grad, make_local_trainer
 from fedjax_dp.data.packing import pack_uga_cohort
 from fedjax_dp.models import get_model
 
@@ -83,6 +83,21 @@ def test_one_local_epoch_is_fedsgd_on_the_whole_local_data():
         y = client["eval_batches"]["y"][client["eval_mask"]]
         fedsgd = jax.grad(lambda p: jnp.mean(_tiny_loss(p, {"x": x, "y": y})))(params)
         np.testing.assert_allclose(_flat(grad), _flat(fedsgd), rtol=1e-12)
+
+
+def test_whole_data_loss_and_gradient_accumulated_batch_by_batch_equal_the_direct_ones():
+    """make_data_value_and_grad (a forward scan summing per-batch gradients, padding masked) is the mean
+    loss over the real examples and its gradient."""
+    with enable_x64():
+        params, client = _tiny_problem(n=21, batch_size=8)
+        loss, grad = make_data_value_and_grad(_tiny_loss)(params, client["eval_batches"], client["eval_mask"],
+                                                          jax.random.key(0))
+        x = client["eval_batches"]["x"][client["eval_mask"]]
+        y = client["eval_batches"]["y"][client["eval_mask"]]
+        assert x.shape[0] == 21 and client["eval_mask"].size == 24  # one batch padded
+        direct_loss, direct_grad = jax.value_and_grad(lambda p: jnp.mean(_tiny_loss(p, {"x": x, "y": y})))(params)
+        np.testing.assert_allclose(float(loss), float(direct_loss), rtol=1e-12)
+        np.testing.assert_allclose(_flat(grad), _flat(direct_grad), rtol=1e-12)
 
 
 def test_two_epochs_one_batch_is_the_papers_second_order_formula():

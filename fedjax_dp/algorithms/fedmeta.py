@@ -14,6 +14,7 @@ server holds, e.g. volunteered), which the privacy report states.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 import optax
 
 from fedjax_dp.core import rng, tree
-from fedjax_dp.core.local_training import make_data_loss
+from fedjax_dp.core.local_training import make_data_value_and_grad
 
 META_DATA_NOTE = ("FedMeta's server meta step uses only the server-held set D_meta: post-processing of the "
                   "private aggregate, no client privacy spent; D_meta itself is not covered by the guarantee.")
@@ -70,10 +71,10 @@ class FedMeta:
         if not 0 < self.meta_lr_decay <= 1:
             raise ValueError(f"meta learning-rate decay must lie in (0, 1], got {self.meta_lr_decay}")
         batches, mask = meta_batches(self.meta_x, self.meta_y, self.meta_batch_size)
-        data_loss = make_data_loss(self.per_example_loss)
+        value_and_grad = make_data_value_and_grad(self.per_example_loss)
         object.__setattr__(self, "_meta_data", (jax.device_put(batches), jax.device_put(mask)))
         object.__setattr__(self, "_meta_update", jax.jit(lambda p, b, m, r, k: meta_update(
-            data_loss, p, b, m, r, k, self.meta_learning_rate, self.meta_lr_decay, self.meta_steps)))
+            value_and_grad, p, b, m, r, k, self.meta_learning_rate, self.meta_lr_decay, self.meta_steps)))
 
     @property
     def needs_evaluation_pass(self) -> bool:
@@ -96,11 +97,11 @@ class FedMeta:
         return state.replace(params=params), {**metrics, "meta_loss": meta_loss, "meta_step_skipped": ~ok}
 
 
-def meta_update(data_loss, params, batches, mask, round_index, key, learning_rate, decay, steps):
+def meta_update(value_and_grad, params, batches, mask, round_index, key, learning_rate, decay, steps):
     """``steps`` SGD steps on the D_meta loss; returns ``(params, loss before, ok)``. A step whose
     gradient is not finite is not applied (``ok`` False), so the meta step cannot corrupt the model."""
     lr = learning_rate * jnp.power(jnp.float32(decay), round_index.astype(jnp.float32))
-    grad_fn = jax.value_and_grad(lambda p: data_loss(p, batches, mask, key))
+    grad_fn = functools.partial(value_and_grad, batches=batches, mask=mask, key=key)
 
     def step(carry, _):
         p, all_ok = carry

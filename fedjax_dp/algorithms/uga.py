@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core import rng, tree
-from fedjax_dp.core.local_training import make_data_loss, make_local_trainer
+from fedjax_dp.core.local_training import make_data_value_and_grad, make_local_trainer
 
 
 def make_uga_gradient(per_example_loss, client_optimizer, *, unroll=1, remat=False, first_order=False, regularizer=None):
@@ -38,7 +38,7 @@ def make_uga_gradient(per_example_loss, client_optimizer, *, unroll=1, remat=Fal
     """
     train = make_local_trainer(per_example_loss, client_optimizer, unroll=unroll, regularizer=regularizer,
                                remat=remat, first_order=first_order)
-    data_loss = make_data_loss(per_example_loss)
+    data_value_and_grad = make_data_value_and_grad(per_example_loss)
 
     def uga_gradient(params, client, lr_scale=1.0):
         for name in ("eval_batches", "eval_mask"):
@@ -47,11 +47,14 @@ def make_uga_gradient(per_example_loss, client_optimizer, *, unroll=1, remat=Fal
                                  "data.packing.pack_uga_cohort")
         eval_key = rng.purpose_key(client["key"], rng.Purpose.EVALUATION)
 
-        def meta_loss(initial):
-            trained, stats = train(initial, client["batches"], client["mask"], client["key"], lr_scale)
-            return data_loss(trained, client["eval_batches"], client["eval_mask"], eval_key), stats
+        def trajectory(initial):  # h_k: w_t -> the weights after the E-1 keep-trace epochs
+            return train(initial, client["batches"], client["mask"], client["key"], lr_scale)
 
-        (loss, stats), grad = jax.value_and_grad(meta_loss, has_aux=True)(params)
+        # g^k = (dh_k/dw_t)^T grad L(h_k(w_t); D_k): the whole-data gradient, accumulated batch by batch,
+        # pulled back through the trajectory by its VJP (Hessian-vector products through the scan).
+        trained, pull_back, stats = jax.vjp(trajectory, params, has_aux=True)
+        loss, final_grad = data_value_and_grad(trained, client["eval_batches"], client["eval_mask"], eval_key)
+        (grad,) = pull_back(final_grad)
         ok = tree.is_finite(grad) & jnp.isfinite(loss)
         return grad, stats._replace(loss=loss), ok
 

@@ -154,20 +154,31 @@ def _segmented_scan(body, init, xs, segment: int, unroll):
     return carry, jax.tree_util.tree_map(lambda y: y.reshape((total,) + y.shape[2:])[:num_steps], outputs)
 
 
-def make_data_loss(per_example_loss: PerExampleLoss):
-    """Returns ``data_loss(params, batches, mask, key) -> scalar``: the mean loss over every real
-    example of a packed client (a ``lax.scan`` over its batches, so memory stays one batch deep).
-    UGA's gradient evaluation L(w; D_k) and FedMeta's L(w; D_meta) are this function."""
+def make_data_value_and_grad(per_example_loss: PerExampleLoss):
+    """Returns ``value_and_grad(params, batches, mask, key) -> (loss, grad)``: the mean loss over every
+    real example of a packed client and its gradient in ``params``. UGA's gradient evaluation
+    grad L(w; D_k) and FedMeta's grad L(w; D_meta) are this function.
 
-    def data_loss(params, batches, mask, key):
-        def batch_sums(carry, inputs):
-            batch, batch_mask, batch_key = inputs
-            losses = per_example_loss(params, batch, batch_key)
+    A ``lax.scan`` over the batches accumulates each batch's loss sum and gradient, so memory stays one
+    batch of activations deep however much data there is. (``jax.grad`` of a scanned loss would instead
+    keep every batch's activations for the backward pass: for UGA that grew with the client's data.)
+    """
+
+    def value_and_grad(params, batches, mask, key):
+        def batch_sum(p, batch, batch_mask, batch_key):
+            losses = per_example_loss(p, batch, batch_key)
             masked_mean(losses, batch_mask)  # raises at trace time unless one loss per example
-            return carry + jnp.sum(jnp.where(batch_mask, losses, 0.0)), None
+            return jnp.sum(jnp.where(batch_mask, losses, 0.0))
+
+        def accumulate(carry, inputs):
+            total, grad_total = carry
+            value, grad = jax.value_and_grad(batch_sum)(params, *inputs)
+            return (total + value, jax.tree_util.tree_map(jnp.add, grad_total, grad)), None
 
         keys = jax.random.split(key, mask.shape[0])
-        total, _ = jax.lax.scan(batch_sums, jnp.zeros(()), (batches, mask, keys))
-        return total / jnp.maximum(jnp.sum(mask), 1)
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+        (total, grad_total), _ = jax.lax.scan(accumulate, (jnp.zeros(()), zeros), (batches, mask, keys))
+        count = jnp.maximum(jnp.sum(mask), 1)
+        return total / count, jax.tree_util.tree_map(lambda g: g / count, grad_total)
 
-    return data_loss
+    return value_and_grad

@@ -14,7 +14,9 @@ exceeds its claimed epsilon is broken (or mis-accounted); a sound one's stays be
 
 This module runs mechanism-level audits: thousands of one-round trials, vmapped. The mechanism under
 audit is any ``mechanism(key, with_canary) -> released vector``; ``dp_fedavg_round`` builds the round
-DP-FedAvg releases (the library's own clipping and noise), with deliberately broken variants for tests.
+DP-FedAvg releases (the library's own clipping and noise), with deliberately broken variants for tests;
+``cuag_round`` the CUAG-PFL aggregation of locally perturbed uploads (its ``paper`` self-norm clipping
+and its sound variant).
 """
 
 from __future__ import annotations
@@ -110,6 +112,35 @@ def dp_fedavg_round(other_updates: jax.Array, canary: jax.Array, clip_norm: floa
     def mechanism(key, with_canary):
         total = others + jnp.where(with_canary, 1.0, 0.0) * clip(canary)
         return add_gaussian_noise(total, z * clip_norm, key) - others
+
+    return mechanism
+
+
+def cuag_round(other_updates: jax.Array, canary: jax.Array, perturb: Callable,
+               replacement: jax.Array | None = None) -> Callable:
+    """One CUAG-PFL aggregation (seed 004, Alg. 4; ``adaptive_gdp``): every client perturbs its own upload
+    with ``perturb(layers, key)`` (local noise) and the server sums them. Each (d,) update is split in two
+    layers so the per-layer rules are exercised. The adversary knows the other clients' raw updates and
+    subtracts them.
+
+    Neighbouring relation: local noise protects what a client sends, not whether it sends, so the canary
+    client takes part in both worlds, uploading ``canary`` or ``replacement`` (default zero; the pair's
+    distance, not more, is what a claim for sensitivity ||canary - replacement|| covers). With
+    ``adaptive_gdp.paper_perturb`` (noise scaled by each layer's own norm) the audit exposes the missing
+    guarantee; with ``sound_perturb`` it must stay below the accounted claim.
+    """
+    half = other_updates.shape[1] // 2
+    replacement = jnp.zeros_like(canary) if replacement is None else replacement
+
+    def upload(u, key):
+        noisy = perturb({"a": u[:half], "b": u[half:]}, key)
+        return jnp.concatenate([noisy["a"], noisy["b"]])
+
+    def mechanism(key, with_canary):
+        keys = jax.random.split(key, other_updates.shape[0] + 1)
+        noisy_others = jax.vmap(upload)(other_updates, keys[1:])
+        own = upload(jnp.where(with_canary, canary, replacement), keys[0])
+        return jnp.sum(noisy_others, axis=0) + own - jnp.sum(other_updates, axis=0)
 
     return mechanism
 

@@ -1,4 +1,4 @@
-"""Algorithms from configuration: FedAvg, FedProx, FedShare, UGA, DP-FedAvg, DP-UGA, each optionally
+"""Algorithms from configuration: FedAvg, FedProx, FedShare, UGA, SCAFFOLD, DP-FedAvg, DP-UGA, each optionally
 wrapped in FedMeta (``fedmeta.enabled``). FedShare's shared set and FedMeta's D_meta come from
 ``data.builders.build_server_set``."""
 
@@ -8,12 +8,13 @@ from fedjax_dp.algorithms.dp_fedavg import DPFedAvg
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.algorithms.fedmeta import FedMeta
 from fedjax_dp.algorithms.fedprox import FedProx
+from fedjax_dp.algorithms.scaffold import Scaffold
 from fedjax_dp.algorithms.uga import UGA, as_client_delta, make_uga_gradient
 from fedjax_dp.core.cohort import client_mesh
 from fedjax_dp.core.strategy import StrategyChoice
 from fedjax_dp.training.optimizers import build_optimizer
 
-ALGORITHMS = ("fedavg", "fedprox", "fedshare", "uga", "dp_fedavg", "dp_uga")
+ALGORITHMS = ("fedavg", "fedprox", "fedshare", "uga", "scaffold", "dp_fedavg", "dp_uga")
 DP_ALGORITHMS = ("dp_fedavg", "dp_uga")
 SERVER_SET_USERS = ("fedshare",)  # plus any algorithm with fedmeta.enabled
 
@@ -54,6 +55,14 @@ def build_algorithm(cfg, model, choice: StrategyChoice, num_clients: int, server
     elif cfg.algorithm == "uga":
         algorithm = UGA(**common, client_lr_decay=cfg.client.lr_decay, remat=remat_option(uga.remat),
                         first_order=uga.first_order, compressor=compressor)
+    elif cfg.algorithm == "scaffold":
+        if cfg.client.optimizer != "sgd" or cfg.client.momentum:
+            raise ValueError("scaffold's control-variate update (option II) assumes plain SGD clients; got "
+                             f"client.optimizer={cfg.client.optimizer!r}, client.momentum={cfg.client.momentum}")
+        if compressor is not None:
+            raise ValueError("compression of SCAFFOLD's two uploads (model and control deltas) is not implemented")
+        algorithm = Scaffold(**common, local_learning_rate=cfg.client.learning_rate, num_clients=num_clients,
+                             client_lr_decay=cfg.client.lr_decay)
     elif cfg.algorithm in DP_ALGORITHMS:
         dp = cfg.dp
         extra = {}

@@ -1,7 +1,7 @@
 """Checkpoint and resume of the experiment loop, and graceful interruption.
 
-A checkpoint holds everything the next round depends on: the server state and any other pytrees
-(orbax ``StandardCheckpointer``), and a JSON record of the host RNG state, the round number, counters,
+A checkpoint holds everything the next round depends on: the server state, the per-client states
+(SCAFFOLD's c_i) and any other pytrees (orbax ``StandardCheckpointer``), and a JSON record of the host RNG state, the round number, counters,
 the best accuracy so far, traffic totals and the participation history (which clients took part in
 which round). The privacy accountant and per-client ledgers are rebuilt on resume by replaying that
 history, so the privacy ledger is never reset and never counts a round twice. Metrics rows written
@@ -59,15 +59,18 @@ class Checkpointer:
             shutil.rmtree(self._path(old), ignore_errors=True)
         return final
 
-    def restore_latest(self, target_trees: dict):
-        """``(trees, loop_state)`` of the newest complete checkpoint, or None when there is none."""
+    def restore_latest(self, target_trees):
+        """``(trees, loop_state)`` of the newest complete checkpoint, or None when there is none.
+        ``target_trees`` is the dict of restore targets, or a function of the saved loop state that
+        returns it (when the shapes depend on what was saved, e.g. how many clients hold a state)."""
         rounds = self.rounds()
         if not rounds:
             return None
         path = self._path(rounds[-1])
-        trees = self._orbax.restore(os.path.join(os.path.abspath(path), "state"), target_trees)
         with open(os.path.join(path, "loop.json")) as f:
-            return trees, json.load(f)
+            loop_state = json.load(f)
+        target = target_trees(loop_state) if callable(target_trees) else target_trees
+        return self._orbax.restore(os.path.join(os.path.abspath(path), "state"), target), loop_state
 
 
 def truncate_metrics(metrics_path: str, last_round: int) -> None:

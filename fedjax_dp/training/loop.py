@@ -19,9 +19,11 @@ from tqdm.auto import tqdm
 
 from fedjax_dp.algorithms.fedmeta import META_DATA_NOTE
 from fedjax_dp.algorithms.fedshare import share_with_clients
+from fedjax_dp.algorithms.scaffold import CLIENT_STATE_KEY
 from fedjax_dp.compression.traffic import TrafficMeter, dense_upload_bytes
 from fedjax_dp.core import rng as rng_lib
 from fedjax_dp.core import tree
+from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.core.strategy import StrategyChoice, choose_strategy
 from fedjax_dp.data import sampling
 from fedjax_dp.data.builders import build_dataset, build_server_set
@@ -106,20 +108,34 @@ class LoopState:
     participation: list = dataclasses.field(default_factory=list)  # [round, client ids] per round run
     all_dropped_streak: int = 0  # consecutive rounds in which every client update was non-finite
     meter: TrafficMeter = dataclasses.field(default_factory=TrafficMeter)
+    client_states: ClientStateStore | None = None  # per-client algorithm state (SCAFFOLD's c_i)
 
     def save(self, checkpointer: Checkpointer, state) -> None:
-        checkpointer.save(self.rounds_run, {"state": state, "rate_reference": self.rate_reference}, {
+        trees = {"state": state, "rate_reference": self.rate_reference}
+        state_ids, stacked = self.client_states.export() if self.client_states is not None else ([], None)
+        if state_ids:
+            trees["client_states"] = stacked
+        checkpointer.save(self.rounds_run, trees, {
             "host_rng": self.host_rng.bit_generator.state, "client_updates": self.client_updates,
             "best": self.best, "last_eval": self.last_eval, "participation": self.participation,
-            "uplink": self.meter.uplink, "downlink": self.meter.downlink, "all_dropped_streak": self.all_dropped_streak})
+            "uplink": self.meter.uplink, "downlink": self.meter.downlink, "all_dropped_streak": self.all_dropped_streak,
+            "client_state_ids": state_ids})
 
     def restore(self, checkpointer: Checkpointer, state, tracker, workdir: str):
         """Loads the newest checkpoint into this loop state; returns the server state. The privacy
         tracker replays the recorded participations (never reset, never counted twice)."""
-        restored = checkpointer.restore_latest({"state": state, "rate_reference": self.rate_reference})
+        def targets(saved):
+            trees = {"state": state, "rate_reference": self.rate_reference}
+            if saved.get("client_state_ids"):
+                trees["client_states"] = self.client_states.template_stack(len(saved["client_state_ids"]))
+            return trees
+
+        restored = checkpointer.restore_latest(targets)
         if restored is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {checkpointer.directory}")
         trees, saved = restored
+        if self.client_states is not None:
+            self.client_states.load(saved.get("client_state_ids", []), trees.get("client_states"))
         self.rate_reference, self.rounds_run = trees["rate_reference"], saved["round"]
         self.host_rng.bit_generator.state = saved["host_rng"]
         self.client_updates, self.best, self.last_eval = saved["client_updates"], saved["best"], saved["last_eval"]
@@ -179,6 +195,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     root = jax.random.key(cfg.seed)
     state = algorithm.init(model.init(rng_lib.purpose_key(root, rng_lib.Purpose.EVALUATION)))
     loop = LoopState(rate_reference=state.params, host_rng=np.random.default_rng(cfg.seed + 1))
+    if hasattr(algorithm, "client_state_template"):
+        loop.client_states = ClientStateStore(algorithm.client_state_template(state.params))
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
     if resume:
         state = loop.restore(checkpointer, state, tracker, workdir)
@@ -201,6 +219,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
             slots = poisson_slots(cfg.sampling.rate, dataset.num_clients, len(ids)) if cfg.sampling.method == "poisson" else None
             if len(ids) or tracker is not None:
                 cohort = pack(ids, loop.host_rng, slots)
+                if loop.client_states is not None:
+                    cohort[CLIENT_STATE_KEY] = loop.client_states.gather(ids, cohort["mask"].shape[0])
                 key = rng_lib.round_key(root, t)
                 if compression is not None:
                     algorithm = compression.algorithm_for(loop.rate_reference)
@@ -218,6 +238,9 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                     writer.log({**row, "diverged": True})
                     break
                 dropped = np.asarray(metrics.pop("client_dropped", np.zeros(len(ids), bool)))[:len(ids)]
+                new_client_states = metrics.pop(CLIENT_STATE_KEY, None)
+                if loop.client_states is not None:  # a dropped client keeps its old state
+                    loop.client_states.scatter(ids, new_client_states, ~dropped)
                 if dropped.any():  # non-finite updates: kept out of the model, counted, and named
                     row["dropped_client_ids"] = [int(i) for i in np.asarray(ids)[dropped]]
                     logging.warning("round %d: dropped non-finite updates of clients %s", t, row["dropped_client_ids"])

@@ -1,0 +1,165 @@
+"""SCAFFOLD (Karimireddy et al. 2020, Alg. 1 option II): its update against a hand-written reference,
+drift correction on a heterogeneous problem, per-client control variates through the loop's
+checkpoints, and bad input."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dp.algorithms.fedavg import FedAvg
+from fedjax_dp.algorithms.scaffold import CLIENT_STATE_KEY, Scaffold
+from fedjax_dp.core.client_states import ClientStateStore
+from fedjax_dp.data.packing import pack_cohort
+from fedjax_dp.training.default_config import default_config
+from fedjax_dp.training.loop import run_experiment
+
+from test_checkpoint_resume import _files, _interrupt_at
+
+
+def _quadratic_loss(params, batch, key=None):
+    """Client i's examples (a, b): f(w) = mean a (w - b)^2 / 2, minimised at a-weighted mean of b."""
+    a, b = batch["x"][:, 0], batch["x"][:, 1]
+    return 0.5 * a * jnp.sum(jnp.square(params["w"][None, :] - b[:, None]), axis=1)
+
+
+def _heterogeneous_clients(num_clients=4, per_client=8, seed=0):
+    rng = np.random.default_rng(seed)
+    a = np.repeat(rng.uniform(0.2, 3.0, num_clients), per_client)  # curvature differs by client
+    b = np.repeat(rng.normal(0, 3.0, num_clients), per_client) + rng.normal(0, 0.1, num_clients * per_client)
+    x = np.stack([a, b], axis=1).astype(np.float32)
+    indices = [np.arange(k * per_client, (k + 1) * per_client) for k in range(num_clients)]
+    return x, np.zeros(len(x), np.int32), indices
+
+
+def _run_rounds(algorithm, x, y, indices, rounds, batch_size=4, epochs=3, store=None):
+    params = {"w": jnp.zeros(2)}
+    state = algorithm.init(params)
+    for t in range(rounds):
+        cohort = pack_cohort(x, y, indices, batch_size, epochs, np.random.default_rng(t))
+        if store is not None:
+            cohort[CLIENT_STATE_KEY] = store.gather(range(len(indices)))
+        state, metrics = algorithm.round(state, cohort, jax.random.key(t))
+        if store is not None:
+            store.scatter(range(len(indices)), metrics[CLIENT_STATE_KEY], ~np.asarray(metrics["client_dropped"]))
+    return state
+
+
+def _reference(x, indices, rounds, lr, batch_size=4, epochs=3):
+    """Alg. 1 option II in plain numpy, full participation, server rate 1, same batches as pack_cohort."""
+    w, c = np.zeros(2), np.zeros(2)
+    ci = [np.zeros(2) for _ in indices]
+    for t in range(rounds):
+        cohort = pack_cohort(x, np.zeros(len(x), np.int32), indices, batch_size, epochs, np.random.default_rng(t))
+        deltas, control_deltas = [], []
+        for k in range(len(indices)):
+            y = w.copy()
+            steps = 0
+            for batch, mask in zip(cohort["batches"]["x"][k], cohort["mask"][k]):
+                if not mask.any():
+                    continue
+                a, b = batch[mask, 0], batch[mask, 1]
+                grad = np.mean(a[:, None] * (y[None, :] - b[:, None]), axis=0)
+                y = y - lr * (grad - ci[k] + c)
+                steps += 1
+            new_ci = ci[k] - c + (w - y) / (steps * lr)
+            deltas.append(y - w)
+            control_deltas.append(new_ci - ci[k])
+            ci[k] = new_ci
+        w = w + np.mean(deltas, axis=0)
+        c = c + np.sum(control_deltas, axis=0) / len(indices)
+    return w, c, ci
+
+
+def test_scaffold_matches_a_hand_written_reference_of_algorithm_1():
+    x, y, indices = _heterogeneous_clients()
+    lr = 0.1
+    scaffold = Scaffold(_quadratic_loss, optax.sgd(lr), local_learning_rate=lr, num_clients=len(indices))
+    store = ClientStateStore(scaffold.client_state_template({"w": jnp.zeros(2)}))
+    state = _run_rounds(scaffold, x, y, indices, rounds=3, store=store)
+    w, c, ci = _reference(x, indices, 3, lr)
+    np.testing.assert_allclose(state.params["w"], w, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(state.control["w"], c, rtol=2e-5, atol=1e-6)
+    for k in range(len(indices)):
+        np.testing.assert_allclose(store.get(k)["w"], ci[k], rtol=2e-5, atol=1e-5)
+
+
+def test_first_round_with_zero_controls_is_fedavg_on_equal_clients():
+    x, y, indices = _heterogeneous_clients()
+    scaffold = Scaffold(_quadratic_loss, optax.sgd(0.1), local_learning_rate=0.1, num_clients=4)
+    store = ClientStateStore(scaffold.client_state_template({"w": jnp.zeros(2)}))
+    one = _run_rounds(scaffold, x, y, indices, rounds=1, store=store)
+    fedavg = _run_rounds(FedAvg(_quadratic_loss, optax.sgd(0.1)), x, y, indices, rounds=1)
+    np.testing.assert_allclose(one.params["w"], fedavg.params["w"], rtol=1e-6)
+
+
+def test_scaffold_removes_client_drift_that_biases_fedavg():
+    """Many local steps on clients of different curvature: FedAvg settles away from the optimum of the
+    global objective; SCAFFOLD's corrected steps converge to it."""
+    x, y, indices = _heterogeneous_clients()
+    a, b = x[:, 0], x[:, 1]
+    optimum = np.sum(a * b) / np.sum(a)
+    lr, rounds = 0.2, 60
+    fedavg = _run_rounds(FedAvg(_quadratic_loss, optax.sgd(lr)), x, y, indices, rounds, epochs=10)
+    scaffold = Scaffold(_quadratic_loss, optax.sgd(lr), local_learning_rate=lr, num_clients=4)
+    store = ClientStateStore(scaffold.client_state_template({"w": jnp.zeros(2)}))
+    corrected = _run_rounds(scaffold, x, y, indices, rounds, epochs=10, store=store)
+    fedavg_error = float(np.max(np.abs(np.asarray(fedavg.params["w"]) - optimum)))
+    scaffold_error = float(np.max(np.abs(np.asarray(corrected.params["w"]) - optimum)))
+    assert fedavg_error > 0.1 and scaffold_error < 0.01 * fedavg_error
+
+
+def test_client_state_store_gathers_pads_and_keeps_dropped_clients_state():
+    store = ClientStateStore({"w": np.zeros(2)})
+    store.scatter([7, 3], {"w": np.array([[1.0, 1.0], [2.0, 2.0]])}, [True, False])
+    stacked = store.gather([3, 7], slots=3)
+    np.testing.assert_array_equal(stacked["w"], [[0, 0], [1, 1], [0, 0]])  # 3 dropped: still the template
+    ids, values = store.export()
+    assert ids == [7]
+    other = ClientStateStore({"w": np.zeros(2)})
+    other.load(ids, values)
+    np.testing.assert_array_equal(other.get(7)["w"], [1, 1])
+    with pytest.raises(ValueError, match="3 clients do not fit in 2 slots"):
+        store.gather([1, 2, 3], slots=2)
+
+
+def _config():
+    c = default_config()
+    c.rounds, c.eval_every, c.checkpoint_every = 6, 2, 2
+    c.algorithm = "scaffold"
+    c.data.num_clients = 20
+    c.client.update(epochs=1, batch_size=20, learning_rate=0.1)
+    c.sampling.cohort_size = 4
+    return c
+
+
+def test_scaffold_runs_in_the_loop_and_resumes_with_its_client_controls(tmp_path, monkeypatch):
+    run_experiment(_config(), str(tmp_path / "a"), progress=False)
+    want = _files(tmp_path / "a")
+    with monkeypatch.context() as m:
+        _interrupt_at(m, 3)
+        stopped = run_experiment(_config(), str(tmp_path / "b"), progress=False)
+    assert stopped.interrupted
+    saved = sorted(os.listdir(tmp_path / "b" / "checkpoints"))[-1]
+    with open(tmp_path / "b" / "checkpoints" / saved / "loop.json") as f:
+        assert len(json.load(f)["client_state_ids"]) > 4  # controls of every past participant
+    run_experiment(_config(), str(tmp_path / "b"), progress=False, resume=True)
+    assert _files(tmp_path / "b") == want  # identical only if the c_i came back from the checkpoint
+
+
+def test_scaffold_bad_input():
+    with pytest.raises(ValueError, match="eta_l must be > 0, got 0"):
+        Scaffold(_quadratic_loss, optax.sgd(0.1), local_learning_rate=0.0, num_clients=4)
+    scaffold = Scaffold(_quadratic_loss, optax.sgd(0.1), local_learning_rate=0.1, num_clients=4)
+    x, y, indices = _heterogeneous_clients()
+    cohort = pack_cohort(x, y, indices, 4, 1, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="control variates under 'client_state'"):
+        scaffold.round(scaffold.init({"w": jnp.zeros(2)}), cohort, jax.random.key(0))
+    c = _config()
+    c.client.momentum = 0.9
+    with pytest.raises(ValueError, match="plain SGD clients"):
+        run_experiment(c, "/tmp/never-written", progress=False)

@@ -12,6 +12,10 @@ Strategies, interchangeable and giving the same numbers up to float summation or
 * ``sequential``: clients one after another inside one jitted ``lax.scan``.
 * ``loop``: a jitted per-client function called from Python (no cohort-sized program at all).
 
+Faults: a client that raises is contained: ``loop`` catches it per client; a traced program that
+fails at run time (an XLA error such as running out of memory) is rerun one client at a time, so the
+failing client is found and dropped (``per_client['finite']`` False) while the others count.
+
 A ``jax.sharding.Mesh`` with a ``clients`` axis spreads the cohort over devices with ``shard_map``;
 each device runs the chosen strategy on its shard and the sums are combined with ``psum``.
 ``auto`` is resolved by :func:`fedjax_dp.core.strategy.choose_strategy`.
@@ -20,6 +24,7 @@ each device runs the chosen strategy on its shard and the sums are combined with
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Any, Callable
 
@@ -161,15 +166,46 @@ class CohortEngine:
 
     def __call__(self, shared, clients):
         if self.strategy != "loop":
-            return self._jitted(shared, clients)
+            try:  # block: a run-time error surfaces here, not later in the caller
+                return jax.block_until_ready(self._jitted(shared, clients))
+            except jax.errors.JaxRuntimeError as error:  # at run time, not tracing: find the client
+                logging.warning("the cohort program failed at run time (%s); rerunning its clients one at a "
+                                "time to contain the failure", _first_line(error))
+        return self._one_at_a_time_contained(shared, clients)
+
+    def _one_at_a_time_contained(self, shared, clients):
+        """Every client in its own call; a client that raises is dropped: it contributes zeros and its
+        ``per_client['finite']`` is False, so algorithms count it and the loop logs its id. If every
+        client raises, the fault is the program's, not a client's, and the first error is raised."""
         n = _num_clients(clients)
-        total, rows = None, []
+        total, rows, failures = None, [], []
         for i in range(n):
             client = jax.tree_util.tree_map(lambda x: x[i], clients)
-            summed, per_client = self._client_jit(shared, client)
+            try:
+                summed, per_client = jax.block_until_ready(self._client_jit(shared, client))
+            except Exception as error:  # noqa: BLE001  (contained, counted and logged; re-raised if all fail)
+                failures.append((i, error))
+                logging.warning("client at cohort position %d raised %s: %s; its update is dropped", i,
+                                type(error).__name__, _first_line(error))
+                summed, per_client = _failed_client_outputs(self.client_fn, shared, client)
             total = summed if total is None else _add(total, summed)
             rows.append(per_client)
+        if len(failures) == n:
+            raise failures[0][1]
         return total, jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *rows)
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:300]
+
+
+def _failed_client_outputs(client_fn, shared, client):
+    """Zeros in the shape of ``client_fn``'s outputs, with ``per_client['finite']`` False (dropped)."""
+    summed_shape, per_client_shape = jax.eval_shape(client_fn, shared, client)
+    if not isinstance(per_client_shape, dict) or "finite" not in per_client_shape:
+        raise TypeError("fault containment needs the client function's per-client outputs to hold 'finite'")
+    zeros = lambda tree: jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), tree)  # noqa: E731
+    return zeros(summed_shape), {**zeros(per_client_shape), "finite": jnp.zeros((), bool)}
 
 
 _add = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))

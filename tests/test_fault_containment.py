@@ -1,0 +1,78 @@
+"""A client that raises is contained: dropped, counted, and the round goes on with the others, in the
+per-client loop and when a vmapped cohort program fails at run time; a fault of every client is the
+program's and is raised."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dp.algorithms.fedavg import FedAvg
+from fedjax_dp.data.packing import pack_cohort
+from fedjax_dp.models import get_model
+
+from conftest import random_client_data
+
+CORRUPT = 999.0
+
+
+def _refuse_corrupt(x):
+    if np.any(np.asarray(x) == CORRUPT):
+        raise RuntimeError("corrupt client data")
+
+
+def _faulty_loss(model):
+    """The model's loss, plus a host check that raises at run time on a corrupt example (what a broken
+    data pipeline or a failing device call looks like from inside a jitted client)."""
+
+    def loss(params, batch, key=None):
+        jax.debug.callback(_refuse_corrupt, batch["x"])
+        return model.per_example_loss(params, batch, key)
+
+    return loss
+
+
+def _cohort(corrupt_positions, num_clients=4):
+    rng = np.random.default_rng(0)
+    data = random_client_data(rng, [6] * num_clients)
+    for k in corrupt_positions:
+        data[k][0][0, 0, 0, 0] = CORRUPT
+    x = np.concatenate([d[0] for d in data])
+    y = np.concatenate([d[1] for d in data])
+    indices = [np.arange(6 * k, 6 * k + 6) for k in range(num_clients)]
+    return x, y, indices
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap", "sequential"])
+def test_a_raising_client_is_dropped_and_the_others_aggregate(strategy, caplog):
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    x, y, indices = _cohort([2])
+    cohort = pack_cohort(x, y, indices, 3, 1, np.random.default_rng(1))
+    algorithm = FedAvg(_faulty_loss(model), optax.sgd(0.1), strategy=strategy)
+    with caplog.at_level(logging.WARNING):
+        state, metrics = algorithm.round(algorithm.init(params), cohort, jax.random.key(0))
+    np.testing.assert_array_equal(metrics["client_dropped"], [False, False, True, False])
+    assert int(metrics["dropped_clients"]) == 1
+    assert "cohort position 2 raised" in caplog.text
+    # the same as FedAvg over the three healthy clients (their keys kept: same cohort positions)
+    healthy = FedAvg(model.per_example_loss, optax.sgd(0.1), strategy="loop")
+    weights = cohort["num_examples"].copy()
+    cohort_without = {**cohort, "mask": cohort["mask"].copy(), "num_examples": weights}
+    cohort_without["mask"][2] = False
+    cohort_without["num_examples"][2] = 0
+    want, _ = healthy.round(healthy.init(params), cohort_without, jax.random.key(0))
+    for got, expected in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(want.params)):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_when_every_client_raises_the_error_is_the_programs_and_is_raised():
+    model = get_model("logistic", (4, 4, 1), 3)
+    x, y, indices = _cohort([0, 1, 2, 3])
+    cohort = pack_cohort(x, y, indices, 3, 1, np.random.default_rng(1))
+    algorithm = FedAvg(_faulty_loss(model), optax.sgd(0.1), strategy="loop")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="corrupt client data"):
+        algorithm.round(algorithm.init(model.init(jax.random.key(0))), cohort, jax.random.key(0))

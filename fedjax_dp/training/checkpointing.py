@@ -74,9 +74,20 @@ class Checkpointer:
 
 
 def truncate_metrics(metrics_path: str, last_round: int) -> None:
-    """Drops rows of rounds after ``last_round`` (written after the checkpoint a resume starts from)."""
+    """Drops rows of rounds after ``last_round`` (written after the checkpoint a resume starts from),
+    and a last line torn by a kill in mid-write (every complete row is one JSON object)."""
     with open(metrics_path) as f:
-        rows = [line for line in f if line.strip() and json.loads(line)["round"] <= last_round]
+        lines = [line for line in f if line.strip()]
+    rows = []
+    for k, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if k == len(lines) - 1:
+                break  # the torn last write of a killed run: recomputed after the resume
+            raise ValueError(f"{metrics_path}: line {k + 1} is not a JSON row (and not the last): {line[:80]!r}")
+        if row["round"] <= last_round:
+            rows.append(line if line.endswith("\n") else line + "\n")
     temporary = metrics_path + ".tmp"
     with open(temporary, "w") as f:
         f.writelines(rows)

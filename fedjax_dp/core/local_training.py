@@ -81,18 +81,27 @@ def make_local_trainer(
         return loss
 
     def step(carry, inputs, initial_params, lr_scale):
-        params, opt_state = carry
         batch, mask, key = inputs
-        loss, grads = jax.value_and_grad(step_loss)(params, initial_params, batch, mask, key)
-        if first_order:
-            grads = jax.lax.stop_gradient(grads)
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        updates = jax.tree_util.tree_map(lambda u: u * lr_scale, updates)
-        new_params = optax.apply_updates(params, updates)
+
+        def take_step(state):
+            params, opt_state = state
+            loss, grads = jax.value_and_grad(step_loss)(params, initial_params, batch, mask, key)
+            if first_order:
+                grads = jax.lax.stop_gradient(grads)
+            updates, new_opt_state = optimizer.update(grads, opt_state, params)
+            updates = jax.tree_util.tree_map(lambda u: u * lr_scale, updates)
+            return (optax.apply_updates(params, updates), new_opt_state), loss
+
+        def skip_step(state):  # an all-padding step: nothing changes, nothing is computed
+            return state, jnp.zeros(loss_shape.shape, loss_shape.dtype)
+
+        loss_shape = jax.eval_shape(take_step, carry)[1]
         real = jnp.any(mask)
-        params = tree.where(real, new_params, params)
-        opt_state = tree.where(real, new_opt_state, opt_state)
-        return (params, opt_state), (loss, jnp.sum(mask), real)
+        # lax.cond skips the padded steps of small clients where clients run one at a time (sequential,
+        # loop strategies: with natural partitions most steps of a padded cohort are padding); under vmap
+        # it becomes a select and both branches run, as the masked update did.
+        carry, loss = jax.lax.cond(real, take_step, skip_step, carry)
+        return carry, (loss, jnp.sum(mask), real)
 
     segment_of = remat_segment_length(remat)
 

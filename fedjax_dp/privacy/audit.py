@@ -78,6 +78,16 @@ class AuditResult:
         return self.epsilon_lower > self.claimed_epsilon
 
 
+def _split_half_bound(out: np.ndarray, inside: np.ndarray, claimed_epsilon: float, delta: float,
+                      confidence: float) -> AuditResult:
+    """Threshold chosen on the first half of the trials, the bound computed on the second (unbiased)."""
+    half = len(out) // 2
+    candidates = np.quantile(np.concatenate([out[:half], inside[:half]]), np.linspace(0.01, 0.99, 99))
+    chosen = max(candidates, key=lambda t: epsilon_lower_bound(out[:half], inside[:half], t, delta, confidence))
+    return AuditResult(claimed_epsilon, epsilon_lower_bound(out[half:], inside[half:], chosen, delta, confidence),
+                       delta, len(out), float(chosen), confidence)
+
+
 def audit(mechanism: Callable, canary_direction: jax.Array, claimed_epsilon: float, delta: float,
           trials: int = 20000, seed: int = 0, confidence: float = 0.95) -> AuditResult:
     """Runs ``trials`` releases with and ``trials`` without the canary and bounds epsilon from below."""
@@ -88,11 +98,7 @@ def audit(mechanism: Callable, canary_direction: jax.Array, claimed_epsilon: flo
     keys_out, keys_in = jax.random.split(jax.random.key(seed), 2)
     out = np.asarray(score(jax.random.split(keys_out, trials), False), np.float64)
     inside = np.asarray(score(jax.random.split(keys_in, trials), True), np.float64)
-    half = trials // 2
-    candidates = np.quantile(np.concatenate([out[:half], inside[:half]]), np.linspace(0.01, 0.99, 99))
-    chosen = max(candidates, key=lambda t: epsilon_lower_bound(out[:half], inside[:half], t, delta, confidence))
-    eps = epsilon_lower_bound(out[half:], inside[half:], chosen, delta, confidence)
-    return AuditResult(claimed_epsilon, eps, delta, trials, float(chosen), confidence)
+    return _split_half_bound(out, inside, claimed_epsilon, delta, confidence)
 
 
 def dp_fedavg_round(other_updates: jax.Array, canary: jax.Array, clip_norm: float, noise_multiplier: float,
@@ -178,8 +184,4 @@ def audit_training_run(algorithm, params, cohort: dict, canary_cohort: dict, rou
     keys = jax.random.split(jax.random.key(seed + 1), 2 * trials)
     out = np.array([score(keys[i], cohort) for i in range(trials)])
     inside = np.array([score(keys[trials + i], with_canary) for i in range(trials)])
-    half = trials // 2
-    candidates = np.quantile(np.concatenate([out[:half], inside[:half]]), np.linspace(0.01, 0.99, 99))
-    chosen = max(candidates, key=lambda t: epsilon_lower_bound(out[:half], inside[:half], t, delta, confidence))
-    return AuditResult(claimed_epsilon, epsilon_lower_bound(out[half:], inside[half:], chosen, delta, confidence),
-                       delta, trials, float(chosen), confidence)
+    return _split_half_bound(out, inside, claimed_epsilon, delta, confidence)

@@ -109,16 +109,21 @@ def write_outputs(out, rows, thresholds, settings, title):
     fig.savefig(os.path.join(out, "curves.png"), dpi=120)
 
 
-def _same_finished_run(workdir: str, cfg) -> bool:
-    """True when ``workdir`` holds a finished run of this config (``--reuse``): an interrupted run
-    (its summary says so) is run again. Options the stored config predates (added to the library
+def _stored_run(workdir: str, cfg) -> str:
+    """What ``--reuse`` finds in ``workdir`` for this config: ``finished`` (kept), ``interrupted``
+    (resumed from its checkpoint, identical to an uninterrupted run) or ``none`` (run from scratch:
+    nothing there, or a different config). Options the stored config predates (added to the library
     later, at their defaults) are ignored."""
     try:
         with open(os.path.join(workdir, "config.json")) as f, open(os.path.join(workdir, "summary.json")) as g:
             stored, summary = json.load(f), json.load(g)
     except FileNotFoundError:
-        return False
-    return not summary.get("interrupted", False) and _agrees(stored, json.loads(cfg.to_json_best_effort()))
+        return "none"
+    if not _agrees(stored, json.loads(cfg.to_json_best_effort())):
+        return "none"
+    if not summary.get("interrupted", False):
+        return "finished"
+    return "interrupted" if os.path.isdir(os.path.join(workdir, "checkpoints")) else "none"
 
 
 def _agrees(stored, current) -> bool:
@@ -139,7 +144,7 @@ def main():
     parser.add_argument("--overlap-sweep", action="store_true")
     parser.add_argument("--overlaps", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
     parser.add_argument("--out", default="")
-    parser.add_argument("--reuse", action="store_true", help="keep finished runs of the same config")
+    parser.add_argument("--reuse", action="store_true", help="keep finished runs of the same config; resume interrupted ones from their checkpoint")
     args = parser.parse_args()
     out = args.out or os.path.join("results", "seed002", args.dataset + ("-overlap" if args.overlap_sweep else ""))
     os.makedirs(out, exist_ok=True)
@@ -150,11 +155,17 @@ def main():
     for name, method, overlap in runs:
         cfg = method_config(args, method, overlap)
         workdir = os.path.join(out, name)
-        if args.reuse and _same_finished_run(workdir, cfg):
+        stored = _stored_run(workdir, cfg) if args.reuse else "none"
+        if stored == "finished":
             with open(os.path.join(workdir, "summary.json")) as f:
                 summary = json.load(f)
         else:
-            summary = dataclasses.asdict(run_experiment(cfg, workdir, overwrite=True, progress=False))
+            summary = dataclasses.asdict(run_experiment(cfg, workdir, overwrite=True, progress=False,
+                                                        resume=stored == "interrupted"))
+        if summary["interrupted"]:  # SIGINT / SIGTERM: checkpointed; --reuse resumes it
+            print(f"{name}: interrupted after round {summary['rounds']}; stopping the sweep "
+                  f"(run again with --reuse to resume)", flush=True)
+            break
         rows.append(summarise(LABELS[method] + (f" (overlap {overlap:.0%})" if overlap is not None else ""),
                               workdir, summary, thresholds))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "curve"}), flush=True)

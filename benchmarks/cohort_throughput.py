@@ -133,6 +133,9 @@ def main():
         print("RESULT " + json.dumps(worker(json.loads(args.worker), args.rounds, args.warmup)), flush=True)
         return
 
+    # On a GPU the parent's matmul would otherwise preallocate most of the device's memory and leave the
+    # workers (which inherit this) out of memory.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     peaks_before = {lib: matmul_peak(lib) for lib in ("jax", "numpy")}
     rows = []
     for text in args.cases:

@@ -10,8 +10,9 @@ client-updates/s; full tables in ``benchmarks/RESULTS.md``):
   vs XLA convs unrolled 8.2 (a conv inside a scan body: 1.7) and any vmap of per-client conv weights
   1.2-5.1 (grouped convolutions / batched matmuls).
 
-On accelerators the rule is the usual one (not measurable here; no GPU in CI): one vmapped program
-over chunks of clients (bounded memory) with XLA convs.
+On accelerators: one vmapped program over chunks of clients (bounded memory) with XLA convs.
+Measured on one H100 (workload W): CNN C = 100 vmap 1758 vs ``sequential`` 892 vs ``loop`` 374;
+MLP C = 1000 vmap 10628, ``chunked`` 250 10591, ``sequential`` 2889 (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -160,9 +160,11 @@ def test_every_seed_002_method_runs_through_the_loop_and_records_epsilon(tmp_pat
 
 def test_uga_and_fedmeta_config_errors_are_collected():
     c = _small_config("uga", **{"client.epochs": 0, "fedmeta.enabled": True, "fedmeta.learning_rate": -0.1,
-                                "server_data.fraction": 0.0, "uga.remat": "never"})
+                                "server_data.fraction": 0.0, "uga.remat": "never",
+                                "uga.gradient_reduction": "sum"})
     with pytest.raises(ValueError) as err:
         run_experiment(c, "/tmp/never-written", progress=False)
     text = str(err.value)
     assert "client.epochs E must be >= 1, got 0" in text and "eta_meta must be > 0, got -0.1" in text
     assert "server_data.fraction" in text and "uga.remat must be" in text
+    assert "uga.gradient_reduction must be one of ('mean', 'sum_of_batch_means'), got 'sum'" in text

@@ -100,6 +100,28 @@ def test_whole_data_loss_and_gradient_accumulated_batch_by_batch_equal_the_direc
         np.testing.assert_allclose(_flat(grad), _flat(direct_grad), rtol=1e-12)
 
 
+def test_sum_of_batch_means_reduction_sums_each_batch_mean_gradient():
+    """``sum_of_batch_means`` (the accumulated-``backward()`` reading of UGA's evaluation) is the sum of
+    the three batches' mean-loss gradients (8, 8 and a padded 5 examples); the loss stays the mean."""
+    with enable_x64():
+        params, client = _tiny_problem(n=21, batch_size=8, epochs=1)
+        batches, mask = client["eval_batches"], client["eval_mask"]
+        loss, grad = make_data_value_and_grad(_tiny_loss, "sum_of_batch_means")(params, batches, mask,
+                                                                               jax.random.key(0))
+        mean_loss, _ = make_data_value_and_grad(_tiny_loss)(params, batches, mask, jax.random.key(0))
+        want = 0.0
+        for b in range(mask.shape[0]):
+            real = {k: v[b][mask[b]] for k, v in batches.items()}
+            want = want + _flat(jax.grad(lambda p: jnp.mean(_tiny_loss(p, real)))(params))
+        assert [int(m.sum()) for m in mask] == [8, 8, 5]
+        np.testing.assert_allclose(_flat(grad), want, rtol=1e-12)
+        np.testing.assert_allclose(float(loss), float(mean_loss), rtol=1e-12)
+        uga_grad, _, _ = make_uga_gradient(_tiny_loss, optax.sgd(0.1), reduction="sum_of_batch_means")(params, client)
+        np.testing.assert_allclose(_flat(uga_grad), want, rtol=1e-12)  # E = 1: no trajectory
+        with pytest.raises(ValueError, match="'sum'"):
+            make_data_value_and_grad(_tiny_loss, "sum")
+
+
 def test_two_epochs_one_batch_is_the_papers_second_order_formula():
     """E = 2 with one batch B = D_k: g = (I - eta H(w_t)) grad L(w_t - eta grad L(w_t)) (Eqs. 15-19)."""
     with enable_x64():

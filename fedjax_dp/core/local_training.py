@@ -163,15 +163,25 @@ def _segmented_scan(body, init, xs, segment: int, unroll):
     return carry, jax.tree_util.tree_map(lambda y: y.reshape((total,) + y.shape[2:])[:num_steps], outputs)
 
 
-def make_data_value_and_grad(per_example_loss: PerExampleLoss):
+DATA_GRADIENT_REDUCTIONS = ("mean", "sum_of_batch_means")
+
+
+def make_data_value_and_grad(per_example_loss: PerExampleLoss, reduction: str = "mean"):
     """Returns ``value_and_grad(params, batches, mask, key) -> (loss, grad)``: the mean loss over every
     real example of a packed client and its gradient in ``params``. UGA's gradient evaluation
     grad L(w; D_k) and FedMeta's grad L(w; D_meta) are this function.
+
+    ``reduction`` picks the gradient: ``mean`` (the gradient of the mean loss, Eq. 13 of seed 002 as
+    written) or ``sum_of_batch_means`` (the sum over batches of each batch's mean-loss gradient: what a
+    loop of ``loss.backward()`` over a data loader accumulates when nothing divides it; for full batches
+    it is the mean gradient times the number of batches). The returned loss is the mean either way.
 
     A ``lax.scan`` over the batches accumulates each batch's loss sum and gradient, so memory stays one
     batch of activations deep however much data there is. (``jax.grad`` of a scanned loss would instead
     keep every batch's activations for the backward pass: for UGA that grew with the client's data.)
     """
+    if reduction not in DATA_GRADIENT_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {DATA_GRADIENT_REDUCTIONS}, got {reduction!r}")
 
     def value_and_grad(params, batches, mask, key):
         def batch_sum(p, batch, batch_mask, batch_key):
@@ -182,12 +192,16 @@ def make_data_value_and_grad(per_example_loss: PerExampleLoss):
         def accumulate(carry, inputs):
             total, grad_total = carry
             value, grad = jax.value_and_grad(batch_sum)(params, *inputs)
+            if reduction == "sum_of_batch_means":  # an all-padding batch adds nothing
+                grad = jax.tree_util.tree_map(lambda g: g / jnp.maximum(jnp.sum(inputs[1]), 1), grad)
             return (total + value, jax.tree_util.tree_map(jnp.add, grad_total, grad)), None
 
         keys = jax.random.split(key, mask.shape[0])
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
         (total, grad_total), _ = jax.lax.scan(accumulate, (jnp.zeros(()), zeros), (batches, mask, keys))
         count = jnp.maximum(jnp.sum(mask), 1)
+        if reduction == "sum_of_batch_means":
+            return total / count, grad_total
         return total / count, jax.tree_util.tree_map(lambda g: g / count, grad_total)
 
     return value_and_grad

@@ -54,7 +54,7 @@ def build_algorithm(cfg, model, choice: StrategyChoice, num_clients: int, server
         algorithm = FedProx(**common, client_lr_decay=cfg.client.lr_decay, mu=cfg.fedprox.mu, compressor=compressor)
     elif cfg.algorithm == "uga":
         algorithm = UGA(**common, client_lr_decay=cfg.client.lr_decay, remat=remat_option(uga.remat),
-                        first_order=uga.first_order, compressor=compressor)
+                        first_order=uga.first_order, gradient_reduction=uga.gradient_reduction, compressor=compressor)
     elif cfg.algorithm == "scaffold":
         if cfg.client.optimizer != "sgd" or cfg.client.momentum:
             raise ValueError("scaffold's control-variate update (option II) assumes plain SGD clients; got "
@@ -69,7 +69,7 @@ def build_algorithm(cfg, model, choice: StrategyChoice, num_clients: int, server
         if cfg.algorithm == "dp_uga":
             extra = dict(needs_evaluation_pass=True, client_update=as_client_delta(make_uga_gradient(
                 model.per_example_loss, client_optimizer, unroll=choice.unroll, remat=remat_option(uga.remat),
-                first_order=uga.first_order)))
+                first_order=uga.first_order, reduction=uga.gradient_reduction)))
         algorithm = DPFedAvg(**common, denominator=expected_cohort(cfg, num_clients), clip=dp.clip,
                              clip_norm=dp.clip_norm, noise_mode=dp.noise_mode, target_quantile=dp.target_quantile,
                              clip_learning_rate=dp.clip_learning_rate, **extra)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fedjax_dp.core.cohort import STRATEGIES
+from fedjax_dp.core.local_training import DATA_GRADIENT_REDUCTIONS
 from fedjax_dp.models import MODEL_NAMES
 from fedjax_dp.training.algorithm_factory import ALGORITHMS, DP_ALGORITHMS
 from fedjax_dp.models.conv import CONV_IMPLS
@@ -36,6 +37,8 @@ def validate_config(cfg) -> None:
     need(cfg.fedprox.mu >= 0, f"fedprox.mu must be >= 0, got {cfg.fedprox.mu}")
     need(str(cfg.uga.remat) in ("off", "step", "sqrt") or (str(cfg.uga.remat).isdigit() and int(cfg.uga.remat) >= 1),
          f"uga.remat must be off, step, sqrt or a segment length >= 1, got {cfg.uga.remat!r}")
+    need(cfg.uga.gradient_reduction in DATA_GRADIENT_REDUCTIONS,
+         f"uga.gradient_reduction must be one of {DATA_GRADIENT_REDUCTIONS}, got {cfg.uga.gradient_reduction!r}")
     need(cfg.uga.eval_batch_size >= 0, f"uga.eval_batch_size must be >= 0, got {cfg.uga.eval_batch_size}")
     if cfg.fedmeta.enabled:
         m = cfg.fedmeta

@@ -28,6 +28,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.uga = ml_collections.ConfigDict(dict(
         remat="off",            # off | step | sqrt | <k>: checkpoint every step / sqrt(S)-step / k-step segments
         first_order=False,      # stop gradients through inner gradients (first-order UGA)
+        gradient_reduction="mean",  # mean (Eq. 13 as written) | sum_of_batch_means (see algorithms.uga.UGA)
         eval_batch_size=0))     # batch of the whole-data gradient evaluation; 0 = client.batch_size
     c.fedmeta = ml_collections.ConfigDict(dict(
         enabled=False,          # meta step(s) on D_meta after every aggregation (wraps any algorithm)

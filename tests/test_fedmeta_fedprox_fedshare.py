@@ -61,7 +61,7 @@ def test_fedmeta_composes_with_uga_and_decays_its_rate():
     x, y, idx = _data([6, 9])
     cohort = pack_uga_cohort(x, y, idx, 4, 2, np.random.default_rng(0))
     meta_x, meta_y = random_client_data(np.random.default_rng(5), [7])[0]
-    base = UGA(model.per_example_loss, optax.sgd(0.1), optax.sgd(0.5))
+    base = UGA(model.per_example_loss, optax.sgd(0.1), server_optimizer=optax.sgd(0.5))
     meta = FedMeta(base, model.per_example_loss, meta_x, meta_y, 0.05, meta_steps=2, meta_lr_decay=0.5)
     assert meta.needs_evaluation_pass
     state = meta.init(params)

@@ -185,7 +185,7 @@ def test_uga_server_step_is_the_example_weighted_mean_gradient_and_strategies_ag
     eta_g = 0.7
     results = {}
     for strategy, chunk in (("vmap", None), ("chunked", 3), ("sequential", None), ("loop", None)):
-        algo = UGA(model.per_example_loss, optax.sgd(0.1), optax.sgd(eta_g), strategy=strategy, chunk_size=chunk)
+        algo = UGA(model.per_example_loss, optax.sgd(0.1), server_optimizer=optax.sgd(eta_g), strategy=strategy, chunk_size=chunk)
         state, metrics = algo.round(algo.init(params), cohort, jax.random.key(1))
         results[strategy] = _flat(state.params)
     grad_fn = make_uga_gradient(model.per_example_loss, optax.sgd(0.1))
@@ -218,7 +218,7 @@ def test_dp_uga_without_noise_or_clipping_is_uga_and_clips_the_meta_gradient():
     params = model.init(jax.random.key(0))
     sizes = [5, 11, 3]
     cohort = _uga_cohort(sizes)
-    uga = UGA(model.per_example_loss, optax.sgd(0.1), optax.sgd(0.5))
+    uga = UGA(model.per_example_loss, optax.sgd(0.1), server_optimizer=optax.sgd(0.5))
     want = _flat(uga.round(uga.init(params), cohort, jax.random.key(1))[0].params)
     grad_fn = make_uga_gradient(model.per_example_loss, optax.sgd(0.1))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax
@@ -10,7 +11,23 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dp.core import rng, tree
+from fedjax_dp.core.cohort import CohortEngine
 from fedjax_dp.core.local_training import make_local_trainer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineOptions:
+    """The options every algorithm takes by keyword: its server optimizer and how its sampled clients
+    run (``core.cohort``: strategy, chunk size, scan unroll, device mesh)."""
+
+    server_optimizer: optax.GradientTransformation = dataclasses.field(default_factory=lambda: optax.sgd(1.0))
+    strategy: str = "vmap"
+    chunk_size: int | None = None
+    unroll: int | bool = 1
+    mesh: Any = None
+
+    def cohort_engine(self, client_fn) -> CohortEngine:
+        return CohortEngine(client_fn, self.strategy, self.chunk_size, self.mesh)
 
 
 @flax.struct.dataclass

@@ -33,7 +33,6 @@ import optax
 from fedjax_dp.algorithms import base
 from fedjax_dp.compression import traffic
 from fedjax_dp.core import rng, tree
-from fedjax_dp.core.cohort import CohortEngine
 from fedjax_dp.core.local_training import PerExampleLoss
 from fedjax_dp.privacy import clipping
 from fedjax_dp.privacy.mechanisms import NoiseMode, add_gaussian_noise, gaussian_noise_like
@@ -50,7 +49,7 @@ class DPServerState:
 
 
 @dataclasses.dataclass(frozen=True)
-class DPFedAvg:
+class DPFedAvg(base.EngineOptions):
     """DP-FedAvg. ``round(state, cohort, key, noise_multiplier)`` takes z_t per round (schedules).
 
     Attributes:
@@ -69,7 +68,6 @@ class DPFedAvg:
     per_example_loss: PerExampleLoss
     client_optimizer: optax.GradientTransformation
     denominator: float
-    server_optimizer: optax.GradientTransformation = dataclasses.field(default_factory=lambda: optax.sgd(1.0))
     clip: str = "fixed"
     clip_norm: float = 1.0
     layer_clip_norms: Any = None
@@ -78,10 +76,6 @@ class DPFedAvg:
     clip_learning_rate: float = 0.2
     count_noise_std: float | None = None
     track_variance: bool = True
-    strategy: str = "vmap"
-    chunk_size: int | None = None
-    unroll: int | bool = 1
-    mesh: Any = None
     client_update: Any = None
     needs_evaluation_pass: bool = False
 
@@ -99,7 +93,7 @@ class DPFedAvg:
                                                                     self.unroll)
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
         set_("_client_delta", client_delta)
-        set_("_engine", CohortEngine(self._client_fn, self.strategy, self.chunk_size, self.mesh))
+        set_("_engine", self.cohort_engine(self._client_fn))
         set_("_server_step", jax.jit(self._server_step_impl))
 
     @property

@@ -23,12 +23,11 @@ import optax
 from fedjax_dp.algorithms import base
 from fedjax_dp.compression import traffic
 from fedjax_dp.core import tree
-from fedjax_dp.core.cohort import CohortEngine
 from fedjax_dp.core.local_training import PerExampleLoss
 
 
 @dataclasses.dataclass(frozen=True)
-class FedAvg:
+class FedAvg(base.EngineOptions):
     """FedAvg over packed cohorts ``{'batches': {...}, 'mask': (C, S, B), 'num_examples': (C,)}``.
 
     The family of weighted-mean algorithms shares this class: a client returns a pseudo-gradient
@@ -40,11 +39,6 @@ class FedAvg:
 
     per_example_loss: PerExampleLoss
     client_optimizer: optax.GradientTransformation
-    server_optimizer: optax.GradientTransformation = dataclasses.field(default_factory=lambda: optax.sgd(1.0))
-    strategy: str = "vmap"
-    chunk_size: int | None = None
-    unroll: int | bool = 1
-    mesh: Any = None
     client_lr_decay: float = 1.0
     compressor: Any = None  # compression.pytree.LayerwiseCompressor: uploads are measurements
 
@@ -66,7 +60,7 @@ class FedAvg:
             per_client = {"loss": stats.loss, "finite": ok, "update_norm": tree.l2_norm(pseudo_grad)}
             return (weighted, weight, jnp.where(ok, stats.loss * weight, 0.0)), per_client
 
-        engine = CohortEngine(client_fn, self.strategy, self.chunk_size, self.mesh)
+        engine = self.cohort_engine(client_fn)
         object.__setattr__(self, "_engine", engine)
         object.__setattr__(self, "_server_step", jax.jit(self._server_step_impl))
 

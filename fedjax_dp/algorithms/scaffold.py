@@ -26,7 +26,6 @@ import optax
 from fedjax_dp.algorithms import base
 from fedjax_dp.compression import traffic
 from fedjax_dp.core import tree
-from fedjax_dp.core.cohort import CohortEngine
 from fedjax_dp.core.local_training import PerExampleLoss, make_local_trainer
 
 CLIENT_STATE_KEY = "client_state"
@@ -51,16 +50,11 @@ def _tree_vdot(a, b):
 
 
 @dataclasses.dataclass(frozen=True)
-class Scaffold:
+class Scaffold(base.EngineOptions):
     per_example_loss: PerExampleLoss
     client_optimizer: optax.GradientTransformation
     local_learning_rate: float  # eta_l of the control update (the client optimizer's SGD rate)
     num_clients: int  # N, the population
-    server_optimizer: optax.GradientTransformation = dataclasses.field(default_factory=lambda: optax.sgd(1.0))
-    strategy: str = "vmap"
-    chunk_size: int | None = None
-    unroll: int | bool = 1
-    mesh: Any = None
     client_lr_decay: float = 1.0
 
     needs_evaluation_pass = False
@@ -72,7 +66,7 @@ class Scaffold:
             raise ValueError(f"SCAFFOLD needs the population size N >= 1, got {self.num_clients}")
         if not 0 < self.client_lr_decay <= 1:
             raise ValueError(f"client learning-rate decay must lie in (0, 1], got {self.client_lr_decay}")
-        engine = CohortEngine(self._client_fn, self.strategy, self.chunk_size, self.mesh)
+        engine = self.cohort_engine(self._client_fn)
         object.__setattr__(self, "_engine", engine)
         object.__setattr__(self, "_server_step", jax.jit(self._server_step_impl))
 

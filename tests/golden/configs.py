@@ -1,0 +1,77 @@
+"""Short seeded runs of every configuration the library had before the algorithm-protocol refactor
+(issue 15), whose ``metrics.jsonl`` and ``privacy.json`` are committed beside this file.
+
+``test_golden.py`` re-runs each and compares; ``python -m tests.golden.record`` rewrites the files
+(only when a change of numbers is intended, and then say why in the commit). Every run is tiny: the
+embedded MNIST subset, 12 clients, logistic regression, 3 rounds of 4 clients.
+"""
+
+from __future__ import annotations
+
+from fedjax_dp.training.default_config import default_config
+
+
+def _base():
+    c = default_config()
+    c.seed, c.rounds, c.eval_every = 3, 3, 2
+    c.data.num_clients = 12
+    c.model.name = "logistic"
+    c.client.update(epochs=1, batch_size=32, learning_rate=0.1)
+    c.sampling.cohort_size = 4
+    c.engine.strategy = "vmap"
+    c.engine.unroll = "1"
+    return c
+
+
+def _dp(clip="fixed", noise_mode="central", **dp):
+    c = _base()
+    c.algorithm = "dp_fedavg"
+    c.dp.update({"clip": clip, "noise_mode": noise_mode, "clip_norm": 0.5, "noise_multiplier": 0.8, **dp})
+    return c
+
+
+def _with(c, **fields):
+    for path, value in fields.items():
+        section, _, key = path.rpartition("__")
+        (c[section] if section else c)[key] = value
+    return c
+
+
+def configs() -> dict:
+    """name -> config; each one a configuration that existed before the refactor."""
+    out = {
+        "fedavg": _base(),
+        "fedavg_poisson": _with(_base(), sampling__method="poisson", sampling__rate=0.3),
+        "fedavg_server_momentum": _with(_base(), server__momentum=0.9, server__learning_rate=0.5,
+                                        client__lr_decay=0.9),
+        "fedprox": _with(_base(), algorithm="fedprox", fedprox__mu=0.5),
+        "fedshare": _with(_base(), algorithm="fedshare", server_data__fraction=0.02),
+        "uga": _with(_base(), algorithm="uga", client__epochs=2, server__learning_rate=0.5),
+        "uga_remat_first_order": _with(_base(), algorithm="uga", client__epochs=2, uga__remat="step",
+                                       uga__first_order=True, uga__gradient_reduction="sum_of_batch_means"),
+        "fedmeta": _with(_base(), fedmeta__enabled=True, fedmeta__learning_rate=0.05, fedmeta__steps=2,
+                         server_data__fraction=0.02),
+        "fedmeta_uga": _with(_base(), algorithm="uga", client__epochs=2, fedmeta__enabled=True,
+                             fedmeta__learning_rate=0.05, server_data__fraction=0.02),
+        "scaffold": _with(_base(), algorithm="scaffold", rounds=4),
+        "dp_central_fixed": _dp(),
+        "dp_central_per_layer": _dp("per_layer"),
+        "dp_central_adaptive": _dp("adaptive", target_quantile=0.7, clip_learning_rate=0.3),
+        "dp_central_median": _dp("median"),
+        "dp_local_fixed": _dp(noise_mode="local"),
+        "dp_local_per_layer": _dp("per_layer", noise_mode="local"),
+        "dp_local_adaptive": _dp("adaptive", noise_mode="local"),
+        "dp_poisson_pld": _with(_dp(accountant="pld"), sampling__method="poisson", sampling__rate=0.3),
+        "dp_schedule_budget": _dp(noise_schedule="1:0.8,2:1.2", max_epsilon=30.0),
+        "dp_geyer_stop": _with(_dp(target_epsilon=6.0, max_delta=1e-5, noise_multiplier=2.5), rounds=8),
+        "dp_client_budget": _with(_dp(client_epsilon_budget=6.0, noise_multiplier=2.0), rounds=6),
+        "dp_calibrated": _dp(calibrate_epsilon=5.0),
+        "dp_uga": _with(_dp(), algorithm="dp_uga", client__epochs=2),
+        "dp_fedmeta": _with(_dp(), fedmeta__enabled=True, fedmeta__learning_rate=0.05, server_data__fraction=0.02),
+        "compression_dynamic": _with(_base(), compression__enabled=True),
+        "compression_gaussian_fixed": _with(_base(), compression__enabled=True, compression__kind="gaussian",
+                                            compression__rates="0.4"),
+        "compression_uga_ista": _with(_base(), algorithm="uga", client__epochs=2, compression__enabled=True,
+                                      compression__rates="0.5", compression__method="ista_dct"),
+    }
+    return out

@@ -1,0 +1,72 @@
+"""Golden runs: every configuration that existed before the algorithm-protocol refactor (issue 15)
+reproduces the metrics and the privacy numbers recorded before it (``tests/golden/data``).
+
+Each golden row's every key must be present with the same value: exactly equal, or within
+``TOLERANCE`` (relative) for the floats of configurations listed there, where the summation order
+legitimately changed. New keys may appear. ``privacy.json`` is compared on its numbers
+(epsilon per accountant, rounds, noise multipliers, delta) and its ``formal`` flag.
+``INTENDED`` lists numbers changed on purpose (a privacy fix), each with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from tests.golden.configs import configs
+from tests.golden.record import HERE, run
+
+TOLERANCE: dict[str, float] = {}
+"""config name -> relative float tolerance (default: exact)."""
+
+INTENDED: dict[tuple[str, str], str] = {}
+"""(config name, key) -> why that number changed on purpose."""
+
+PRIVACY_KEYS = ("epsilon", "epsilons", "rounds", "noise_multipliers", "delta", "formal")
+
+
+def _equal(want, got, rtol: float) -> bool:
+    if isinstance(want, dict):
+        return isinstance(got, dict) and all(k in got and _equal(v, got[k], rtol) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(got, list) and len(want) == len(got) and all(_equal(a, b, rtol) for a, b in zip(want, got))
+    if isinstance(want, float) and isinstance(got, (int, float)):
+        return want == got or (rtol > 0 and math.isclose(want, got, rel_tol=rtol, abs_tol=rtol * 1e-3))
+    return want == got
+
+
+def _load(name: str):
+    folder = os.path.join(HERE, "data", name)
+    with open(os.path.join(folder, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f if line.strip()]
+    with open(os.path.join(folder, "privacy.json")) as f:
+        return metrics, json.load(f)
+
+
+@pytest.mark.parametrize("name", sorted(configs()))
+def test_run_reproduces_its_golden_numbers(name, tmp_path):
+    want_metrics, want_privacy = _load(name)
+    got = run(name, configs()[name], str(tmp_path / name))
+    rtol = TOLERANCE.get(name, 0.0)
+    got_metrics = got["metrics.jsonl"]
+    assert len(got_metrics) == len(want_metrics), f"{name}: {len(got_metrics)} metrics rows, golden {len(want_metrics)}"
+    for want_row, got_row in zip(want_metrics, got_metrics):
+        for key, value in want_row.items():
+            if (name, key) in INTENDED:
+                continue
+            assert key in got_row, f"{name} round {want_row['round']}: metric {key!r} missing"
+            assert _equal(value, got_row[key], rtol), (
+                f"{name} round {want_row['round']}: {key} = {got_row[key]!r}, golden {value!r}")
+    for key in PRIVACY_KEYS:
+        if key in want_privacy and (name, key) not in INTENDED:
+            assert _equal(want_privacy[key], got["privacy.json"].get(key), rtol), (
+                f"{name}: privacy.json {key} = {got['privacy.json'].get(key)!r}, golden {want_privacy[key]!r}")
+
+
+def test_the_comparison_can_fail():
+    assert not _equal({"a": [1.0, 2.0]}, {"a": [1.0, 2.0000001]}, 0.0)
+    assert _equal({"a": [1.0, 2.0]}, {"a": [1.0, 2.0000001], "b": 3}, 1e-6)
+    assert not _equal({"a": 1.0}, {}, 1e-3)

@@ -1,6 +1,8 @@
 """The ``fedjax-dp`` command: run an experiment config, with ml_collections overrides.
 
-    fedjax-dp --config experiments/configs/fedavg_mnist.py --config.rounds=20 --workdir results/run1
+    fedjax-dp --config experiments/configs/<config>.py --config.rounds=20 --workdir results/run1
+
+Without ``--config`` it runs ``training/default_config.py`` (the embedded-MNIST main job), from any folder.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from ml_collections import config_flags
 
 from fedjax_dp.training.loop import format_summary, run_experiment
 
-DEFAULT_CONFIG = os.path.join("experiments", "configs", "fedavg_mnist.py")
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "training", "default_config.py")
 
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Experiment config file (ml_collections).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Results directory (default: results/<config>-<time>).")

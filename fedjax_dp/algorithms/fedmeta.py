@@ -5,10 +5,11 @@ server-held set D_meta (about 1 % of the data; ``data.server_sets``):
 
     w^meta_{t+1} = w_{t+1} - eta_meta grad_w L(w_{t+1}; D_meta)                                  (20)
 
-FedMeta wraps the base (FedAvg, FedProx, UGA: "FedMeta w/ UGA", DP-FedAvg) by composition. The meta
-step reads only server-held data, so under DP it is post-processing of the privatised aggregate and
-costs no client privacy; D_meta itself is not protected by the client-level guarantee (it is data the
-server holds, e.g. volunteered), which the privacy report states.
+``FedMeta`` wraps any algorithm of the protocol (FedAvg, FedProx, UGA: "FedMeta w/ UGA", SCAFFOLD, and
+the DP variants through their upload chains): clients are the base's, the meta step follows the base's
+server step. D_meta is server-held data: the meta step reads no client upload, but D_meta is NOT covered
+by the client-level guarantee, and if it was drawn from the clients' own examples the privacy report
+must say so (``data.server_sets``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_dp.algorithms import registry
 from fedjax_dp.core import rng, tree
+from fedjax_dp.core.algorithm import ClientOut, Requirements, ServerState
 from fedjax_dp.core.local_training import make_data_value_and_grad
-
-META_DATA_NOTE = ("FedMeta's server meta step uses only the server-held set D_meta: post-processing of the "
-                  "private aggregate, no client privacy spent; D_meta itself is not covered by the guarantee.")
 
 
 def meta_batches(x: np.ndarray, y: np.ndarray, batch_size: int = 0) -> tuple[dict, np.ndarray]:
@@ -70,30 +70,34 @@ class FedMeta:
             raise ValueError(f"FedMeta needs meta_steps >= 1, got {self.meta_steps}")
         if not 0 < self.meta_lr_decay <= 1:
             raise ValueError(f"meta learning-rate decay must lie in (0, 1], got {self.meta_lr_decay}")
-        batches, mask = meta_batches(self.meta_x, self.meta_y, self.meta_batch_size)
-        value_and_grad = make_data_value_and_grad(self.per_example_loss)
-        object.__setattr__(self, "_meta_data", (jax.device_put(batches), jax.device_put(mask)))
-        object.__setattr__(self, "_meta_update", jax.jit(lambda p, b, m, r, k: meta_update(
-            value_and_grad, p, b, m, r, k, self.meta_learning_rate, self.meta_lr_decay, self.meta_steps)))
+        meta_batches(self.meta_x, self.meta_y, self.meta_batch_size)  # validates D_meta now
 
     @property
-    def needs_evaluation_pass(self) -> bool:
-        return self.base.needs_evaluation_pass
+    def requirements(self) -> Requirements:
+        return dataclasses.replace(self.base.requirements, server_set=True)
 
-    def __getattr__(self, name):  # private, sensitivity, update_noise_multiplier, ... of the base
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.base, name)
+    def init(self, params, key=None) -> ServerState:
+        return self.base.init(params, key)
 
-    def init(self, params):
-        return self.base.init(params)
+    def upload_template(self, params):
+        return self.base.upload_template(params)
 
-    def round(self, state, cohort, key: jax.Array, *args):
-        """The base round, then the meta step(s); metrics gain ``meta_loss`` (D_meta loss before)."""
-        state, metrics = self.base.round(state, cohort, key, *args)
-        batches, mask = self._meta_data
-        params, meta_loss, ok = self._meta_update(state.params, batches, mask, state.round - 1,
-                                                  rng.purpose_key(key, rng.Purpose.SERVER_META))
+    def client_state_init(self, params):
+        return self.base.client_state_init(params)
+
+    def broadcast(self, state: ServerState):
+        return self.base.broadcast(state)
+
+    def client_update(self, shared, client, client_state, key) -> ClientOut:
+        return self.base.client_update(shared, client, client_state, key)
+
+    def server_update(self, state: ServerState, aggregate, key):
+        """The base's server step, then the meta step(s); metrics gain ``meta_loss`` (D_meta loss before)."""
+        state, metrics = self.base.server_update(state, aggregate, key)
+        batches, mask = meta_batches(self.meta_x, self.meta_y, self.meta_batch_size)
+        params, meta_loss, ok = meta_update(make_data_value_and_grad(self.per_example_loss), state.params, batches,
+                                            mask, state.round - 1, rng.purpose_key(key, rng.Purpose.SERVER_META),
+                                            self.meta_learning_rate, self.meta_lr_decay, self.meta_steps)
         return state.replace(params=params), {**metrics, "meta_loss": meta_loss, "meta_step_skipped": ~ok}
 
 
@@ -112,3 +116,28 @@ def meta_update(value_and_grad, params, batches, mask, round_index, key, learnin
 
     (params, ok), losses = jax.lax.scan(step, (params, jnp.array(True)), None, length=steps)
     return params, losses[0], ok
+
+
+def wrap_fedmeta(ctx, algorithm, server_set) -> FedMeta:
+    if server_set is None:
+        raise ValueError("fedmeta.enabled needs a server-held set D_meta (server_data)")
+    m = ctx.cfg.fedmeta
+    return FedMeta(algorithm, ctx.model.per_example_loss, server_set.x, server_set.y, m.learning_rate, m.steps,
+                   m.lr_decay, m.batch_size)
+
+
+def check_fedmeta(cfg, need) -> None:
+    m = cfg.fedmeta
+    need(m.learning_rate > 0, f"fedmeta.learning_rate eta_meta must be > 0, got {m.learning_rate}")
+    need(m.steps >= 1, f"fedmeta.steps must be >= 1, got {m.steps}")
+    need(0 < m.lr_decay <= 1, f"fedmeta.lr_decay must lie in (0, 1], got {m.lr_decay}")
+    need(m.batch_size >= 0, f"fedmeta.batch_size must be >= 0, got {m.batch_size}")
+
+
+registry.register_wrapper(
+    "fedmeta", {"enabled": False,  # meta step(s) on D_meta after every aggregation (wraps any algorithm)
+                "learning_rate": 0.002, "steps": 1, "lr_decay": 1.0,
+                "batch_size": 0},  # batch_size 0: all of D_meta at once
+    wrap=wrap_fedmeta, validate=check_fedmeta, needs_server_set=True,
+    privacy_note="FedMeta's server meta step uses only the server-held set D_meta: it reads no client upload; "
+                 "D_meta itself is not covered by the client-level guarantee")

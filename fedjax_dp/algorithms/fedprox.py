@@ -14,6 +14,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.fedavg import FedAvg
 
 
@@ -39,3 +40,18 @@ class FedProx(FedAvg):
 
     def regularizer(self):
         return proximal_term(self.mu) if self.mu > 0 else None
+
+
+def build_fedprox(ctx) -> tuple:
+    c = ctx.cfg
+    return FedProx(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer(), c.client.lr_decay,
+                   ctx.unroll, mu=c.fedprox.mu), ()
+
+
+def check_fedprox(cfg, need) -> None:
+    need(cfg.fedprox.mu >= 0, f"fedprox.mu must be >= 0, got {cfg.fedprox.mu}")
+
+
+registry.register_section("fedprox", {"mu": 2e-4})  # the seed-002 baseline's proximal coefficient
+registry.register("fedprox", build=build_fedprox, sections=("fedprox",), validate=check_fedprox,
+                  summary="FedProx (Li et al. 2020): FedAvg with a proximal term")

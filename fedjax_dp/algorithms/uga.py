@@ -6,28 +6,27 @@ Client k in round t with E local epochs:
      B^{k(i)}) (Eq. 11) run as a differentiable function h_k of w_t (``core.local_training`` under
      ``lax.scan``; nothing is cut from the graph);
   2. gradient evaluation: in the last epoch the loss of the final weights on the whole local data,
-     differentiated through the trajectory: g^k = grad_{w_t} L(h_k(w_t); D_k) (Eqs. 15-19). ``jax.grad``
+     differentiated through the trajectory: g^k = grad_{w_t} L(h_k(w_t); D_k) (Eqs. 15-19). ``jax.vjp``
      through the scan yields the Hessian-vector products; no second derivative is written by hand.
-Server: w_{t+1} = w_t - eta_g sum_{k in S_t} (n_k / n_{S_t}) g^k, through any optax server optimizer
-(SGD with learning rate eta_g is the paper's rule).
+Server: w_{t+1} = w_t - eta_g sum_{k in S_t} (n_k / n_{S_t}) g^k: the client uploads -g^k with weight n_k
+and any optax server optimizer applies the mean (SGD with learning rate eta_g is the paper's rule).
 
 With E = 1 the trajectory is empty and g^k = grad L(w_t; D_k): FedSGD. Options: ``remat``
-rematerialises each local step in the backward pass (``jax.checkpoint``: memory stays at the carried
-parameters per step instead of every step's activations); ``first_order`` stops the gradient through
-each inner gradient (for SGD then g^k = grad L(w_final; D_k), the first-order approximation).
+rematerialises local steps in the backward pass (``jax.checkpoint``); ``first_order`` stops the gradient
+through each inner gradient (the first-order approximation).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
-
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core import rng, tree
-from fedjax_dp.core.local_training import make_data_value_and_grad, make_local_trainer
+from fedjax_dp.core.algorithm import Requirements
+from fedjax_dp.core.local_training import DATA_GRADIENT_REDUCTIONS, make_data_value_and_grad, make_local_trainer
 
 
 def make_uga_gradient(per_example_loss, client_optimizer, *, unroll=1, remat=False, first_order=False, regularizer=None,
@@ -65,35 +64,63 @@ def make_uga_gradient(per_example_loss, client_optimizer, *, unroll=1, remat=Fal
 
 @dataclasses.dataclass(frozen=True)
 class UGA(FedAvg):
-    """UGA clients in the weighted-mean server of ``FedAvg``: the pseudo-gradient is g^k itself.
+    """UGA clients in FedAvg's weighted mean: the upload is -g^k.
 
     ``gradient_reduction``: ``mean`` is Eq. 13 as written (g^k of the mean loss over D_k). Then the
     server moves eta_g times one mean gradient per round, and with the paper's eta_g = eta = 0.002 UGA
-    at E = 1 is FedSGD at 0.002: on CIFAR-10 it stays at 14-16 % after 100 rounds where FedAvg reaches
-    48-63 % (experiments/RESULTS.md). ``sum_of_batch_means`` sums each evaluation batch's mean-loss
-    gradient, as a PyTorch loop of ``loss.backward()`` over the client's batches accumulates it: the
-    step grows with the number of batches, like FedAvg's displacement from as many local steps. This is
-    a reading of an unstated implementation detail, labelled as such, not the paper's text.
+    at E = 1 is FedSGD at 0.002 (experiments/RESULTS.md). ``sum_of_batch_means`` sums each evaluation
+    batch's mean-loss gradient, as a PyTorch loop of ``loss.backward()`` over the client's batches
+    accumulates it: a labelled reading of an unstated implementation detail, not the paper's text.
     """
 
-    remat: bool = False
+    remat: bool | int | str = False
     first_order: bool = False
     gradient_reduction: str = "mean"
+    eval_batch_size: int = 0  # batch of the whole-data gradient evaluation; 0 = the client batch size
 
-    needs_evaluation_pass: ClassVar[bool] = True
+    @property
+    def requirements(self) -> Requirements:
+        return Requirements(evaluation_pass=True, evaluation_batch_size=self.eval_batch_size)
 
-    def make_client_update(self):
-        return make_uga_gradient(self.per_example_loss, self.client_optimizer, unroll=self.unroll, remat=self.remat,
-                                 first_order=self.first_order, regularizer=self.regularizer(),
-                                 reduction=self.gradient_reduction)
+    def local_upload(self, params, client, scale):
+        gradient = make_uga_gradient(self.per_example_loss, self.client_optimizer, unroll=self.unroll,
+                                     remat=self.remat, first_order=self.first_order, regularizer=self.regularizer(),
+                                     reduction=self.gradient_reduction)
+        grad, stats, ok = gradient(params, client, scale)
+        return jax.tree_util.tree_map(jnp.negative, grad), stats.loss, ok
 
 
-def as_client_delta(uga_gradient):
-    """UGA's g^k as the ``(params, client) -> (delta, stats, ok)`` DP-FedAvg clips and noises:
-    delta = -g^k, so DP-FedAvg's server step w + mean(delta) is w - mean(g^k) (DP-UGA)."""
+def remat_option(text: str):
+    """Config ``uga.remat`` -> ``make_local_trainer``'s ``remat`` (off, step, sqrt or a segment length)."""
+    text = str(text)
+    if text in ("off", "step", "sqrt"):
+        return {"off": False, "step": True, "sqrt": "sqrt"}[text]
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ValueError(f"uga.remat must be off, step, sqrt or a segment length >= 1, got {text!r}")
 
-    def client_delta(params, client, lr_scale=1.0):
-        grad, stats, ok = uga_gradient(params, client, lr_scale)
-        return jax.tree_util.tree_map(jnp.negative, grad), stats, ok
 
-    return client_delta
+def build_uga(ctx) -> tuple:
+    c, u = ctx.cfg, ctx.cfg.uga
+    return UGA(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer(), c.client.lr_decay,
+               ctx.unroll, remat=remat_option(u.remat), first_order=u.first_order,
+               gradient_reduction=u.gradient_reduction, eval_batch_size=u.eval_batch_size), ()
+
+
+def check_uga(cfg, need) -> None:
+    u = cfg.uga
+    remat = str(u.remat)
+    need(remat in ("off", "step", "sqrt") or (remat.isdigit() and int(remat) >= 1),
+         f"uga.remat must be off, step, sqrt or a segment length >= 1, got {u.remat!r}")
+    need(u.gradient_reduction in DATA_GRADIENT_REDUCTIONS,
+         f"uga.gradient_reduction must be one of {DATA_GRADIENT_REDUCTIONS}, got {u.gradient_reduction!r}")
+    need(u.eval_batch_size >= 0, f"uga.eval_batch_size must be >= 0, got {u.eval_batch_size}")
+
+
+registry.register_section("uga", {
+    "remat": "off",  # off | step | sqrt | <k>: checkpoint every step / sqrt(S)-step / k-step segments
+    "first_order": False,  # stop gradients through inner gradients (first-order UGA)
+    "gradient_reduction": "mean",  # mean (Eq. 13 as written) | sum_of_batch_means (see UGA)
+    "eval_batch_size": 0})  # batch of the whole-data gradient evaluation; 0 = client.batch_size
+registry.register("uga", build=build_uga, sections=("uga",), validate=check_uga,
+                  summary="UGA (seed 002): gradients through unrolled local training")

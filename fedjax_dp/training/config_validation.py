@@ -1,13 +1,14 @@
-"""Checks an experiment configuration before any work and reports every problem at once."""
+"""Checks an experiment configuration before any work and reports every problem at once: the generic
+sections here, each algorithm's own section through the registry."""
 
 from __future__ import annotations
 
+import fedjax_dp.algorithms  # noqa: F401  (registers every algorithm)
+from fedjax_dp.algorithms import registry
 from fedjax_dp.core.cohort import STRATEGIES
-from fedjax_dp.core.local_training import DATA_GRADIENT_REDUCTIONS
+from fedjax_dp.core.optimizers import OPTIMIZERS
 from fedjax_dp.models import MODEL_NAMES
-from fedjax_dp.training.algorithm_factory import ALGORITHMS, DP_ALGORITHMS
 from fedjax_dp.models.conv import CONV_IMPLS
-from fedjax_dp.training.optimizers import OPTIMIZERS
 
 
 def validate_config(cfg) -> None:
@@ -34,18 +35,6 @@ def validate_config(cfg) -> None:
     need(cfg.client.epochs >= 1, f"client.epochs E must be >= 1, got {cfg.client.epochs}")
     for side in ("client", "server"):
         need(0 < cfg[side].lr_decay <= 1, f"{side}.lr_decay must lie in (0, 1], got {cfg[side].lr_decay}")
-    need(cfg.fedprox.mu >= 0, f"fedprox.mu must be >= 0, got {cfg.fedprox.mu}")
-    need(str(cfg.uga.remat) in ("off", "step", "sqrt") or (str(cfg.uga.remat).isdigit() and int(cfg.uga.remat) >= 1),
-         f"uga.remat must be off, step, sqrt or a segment length >= 1, got {cfg.uga.remat!r}")
-    need(cfg.uga.gradient_reduction in DATA_GRADIENT_REDUCTIONS,
-         f"uga.gradient_reduction must be one of {DATA_GRADIENT_REDUCTIONS}, got {cfg.uga.gradient_reduction!r}")
-    need(cfg.uga.eval_batch_size >= 0, f"uga.eval_batch_size must be >= 0, got {cfg.uga.eval_batch_size}")
-    if cfg.fedmeta.enabled:
-        m = cfg.fedmeta
-        need(m.learning_rate > 0, f"fedmeta.learning_rate eta_meta must be > 0, got {m.learning_rate}")
-        need(m.steps >= 1, f"fedmeta.steps must be >= 1, got {m.steps}")
-        need(0 < m.lr_decay <= 1, f"fedmeta.lr_decay must lie in (0, 1], got {m.lr_decay}")
-        need(m.batch_size >= 0, f"fedmeta.batch_size must be >= 0, got {m.batch_size}")
     if cfg.compression.enabled:
         _validate_compression(cfg, need)
     sd = cfg.server_data
@@ -64,41 +53,15 @@ def validate_config(cfg) -> None:
          f"engine.unroll must be 'auto', 'full' or a positive integer, got {e.unroll!r}")
     need(e.conv_impl in CONV_IMPLS + ("auto",), f"engine.conv_impl {e.conv_impl!r} unknown; available: {CONV_IMPLS + ('auto',)}")
     need(e.num_devices >= 0, f"engine.num_devices must be >= 0 (0 = no mesh), got {e.num_devices}")
-    need(cfg.algorithm in ALGORITHMS, f"algorithm {cfg.algorithm!r} unknown; available: {ALGORITHMS}")
-    if cfg.algorithm in DP_ALGORITHMS:
-        _validate_dp(cfg, need)
+    registry.validate(cfg, need)  # the algorithm's own section, and sections it does not read left alone
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
-
-
-def _validate_dp(cfg, need) -> None:
-    from fedjax_dp.algorithms.dp_fedavg import CLIP_MODES
-    from fedjax_dp.privacy.accounting import ACCOUNTANTS
-    dp = cfg.dp
-    need(dp.noise_multiplier >= 0, f"dp.noise_multiplier (sigma) must be >= 0, got {dp.noise_multiplier}")
-    need(dp.clip in CLIP_MODES, f"dp.clip {dp.clip!r} unknown; available: {CLIP_MODES}")
-    need(dp.clip_norm > 0, f"dp.clip_norm S must be > 0, got {dp.clip_norm}")
-    need(dp.noise_mode in ("central", "local"), f"dp.noise_mode {dp.noise_mode!r} unknown; use central or local")
-    need(dp.accountant in ACCOUNTANTS, f"dp.accountant {dp.accountant!r} unknown; available: {ACCOUNTANTS}")
-    need(not (dp.accountant == "pld" and cfg.sampling.method == "uniform"),
-         "dp.accountant='pld' needs sampling.method='poisson' (dp_accounting's PLD has no fixed-size sampling event)")
-    need(0 < dp.delta < 1, f"dp.delta must lie in (0, 1), got {dp.delta}")
-    need(dp.target_epsilon >= 0, f"dp.target_epsilon must be >= 0 (0 = off), got {dp.target_epsilon}")
-    need(0 <= dp.max_delta < 1, f"dp.max_delta Q must lie in (0, 1) (0 = off), got {dp.max_delta}")
-    need((dp.target_epsilon > 0) == (dp.max_delta > 0), "dp.target_epsilon and dp.max_delta (Q) go together")
-    need(dp.max_epsilon >= 0, f"dp.max_epsilon must be >= 0 (0 = off), got {dp.max_epsilon}")
-    need(dp.calibrate_epsilon >= 0, f"dp.calibrate_epsilon must be >= 0 (0 = off), got {dp.calibrate_epsilon}")
-    need(dp.client_epsilon_budget >= 0, f"dp.client_epsilon_budget must be >= 0, got {dp.client_epsilon_budget}")
-    need(0 < dp.target_quantile < 1, f"dp.target_quantile must lie in (0, 1), got {dp.target_quantile}")
-    need(not (dp.clip == "median" and dp.noise_mode == "local"), "dp.clip='median' cannot run with local noise")
 
 
 def _validate_compression(cfg, need) -> None:
     from fedjax_dp.compression.operators import KINDS
     from fedjax_dp.compression.reconstruction import METHODS
     c = cfg.compression
-    need(cfg.algorithm in ("fedavg", "fedprox", "fedshare", "uga"),
-         f"compression runs with fedavg, fedprox, fedshare or uga; got algorithm {cfg.algorithm!r}")
     need(c.kind in KINDS, f"compression.kind {c.kind!r} unknown; available: {KINDS}")
     need(c.method in METHODS, f"compression.method {c.method!r} unknown; available: {METHODS}")
     need(0 < c.r_min <= 1 and 0 < c.r_max <= 1, f"compression rates must lie in (0, 1]; got r_min={c.r_min}, r_max={c.r_max}")

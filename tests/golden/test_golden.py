@@ -1,9 +1,11 @@
 """Golden runs: every configuration that existed before the algorithm-protocol refactor (issue 15)
 reproduces the metrics and the privacy numbers recorded before it (``tests/golden/data``).
 
-Each golden row's every key must be present with the same value: exactly equal, or within
-``TOLERANCE`` (relative) for the floats of configurations listed there, where the summation order
-legitimately changed. New keys may appear. ``privacy.json`` is compared on its numbers
+Each golden row's every key must be present with the same value, floats within ``RTOL``: the refactor
+changed float32 summation order (the cohort engine now reduces one dict of weighted uploads, losses and
+transform extras; the server step is one program over the aggregate), which moves results by a few ulp
+from round 2 on (measured: at most ~2e-7 relative over these 3-round runs). Round 1 is bitwise equal.
+New keys may appear. ``privacy.json`` is compared on its numbers
 (epsilon per accountant, rounds, noise multipliers, delta) and its ``formal`` flag.
 ``INTENDED`` lists numbers changed on purpose (a privacy fix), each with its reason.
 """
@@ -19,10 +21,20 @@ import pytest
 from tests.golden.configs import configs
 from tests.golden.record import HERE, run
 
-TOLERANCE: dict[str, float] = {}
-"""config name -> relative float tolerance (default: exact)."""
+RTOL = 1e-5
 
-INTENDED: dict[tuple[str, str], str] = {}
+INTENDED: dict[tuple[str, str], str] = {
+    ("fedavg_poisson", "mean_update_norm"): "the mean is over kept clients; padding slots of a Poisson cohort "
+                                            "used to be averaged in as zero norms",
+    ("scaffold", "mean_update_norm"): "the norm of the whole upload (model and control deltas), as for every "
+                                      "algorithm, not of the model delta alone",
+    ("dp_local_adaptive", "epsilon"): "the per-client ledger composes the local noise that actually ran "
+                                      "(z_Delta, raised for the adaptive count), not the nominal z",
+    ("dp_local_adaptive", "epsilons"): "as epsilon",
+    ("dp_local_adaptive", "noise_multipliers"): "as epsilon: the local release's z_Delta",
+    ("dp_local_adaptive", "formal"): "under local noise the adaptive clip's count is noised by the server after "
+                                     "seeing each client's bit: no formal local guarantee (issue 16, finding 5)",
+}
 """(config name, key) -> why that number changed on purpose."""
 
 PRIVACY_KEYS = ("epsilon", "epsilons", "rounds", "noise_multipliers", "delta", "formal")
@@ -50,7 +62,7 @@ def _load(name: str):
 def test_run_reproduces_its_golden_numbers(name, tmp_path):
     want_metrics, want_privacy = _load(name)
     got = run(name, configs()[name], str(tmp_path / name))
-    rtol = TOLERANCE.get(name, 0.0)
+    rtol = RTOL
     got_metrics = got["metrics.jsonl"]
     assert len(got_metrics) == len(want_metrics), f"{name}: {len(got_metrics)} metrics rows, golden {len(want_metrics)}"
     for want_row, got_row in zip(want_metrics, got_metrics):

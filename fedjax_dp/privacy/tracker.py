@@ -1,63 +1,70 @@
-"""The training loop's privacy bookkeeping: per-round events, budget stop, ledgers, the report.
+"""The privacy tracker: composes, round by round, the releases the upload transforms declare.
 
-Central noise: the accountant (RDP or PLD, from dp_accounting) composes one subsampled-Gaussian
-event per round, matching the sampling actually run; the other accountant and the GDP CLT are
-reported beside it. Local noise: each participation is a Gaussian release of one client's update
-(sensitivity 2S: any two clipped updates differ by at most 2S), composed per client in the ledger,
-with no amplification by sampling; the run's epsilon is the largest client's.
+Each round the transforms that ran declare their ``Release``s (``core.uploads``). Central releases
+on the same sampled cohort form one Gaussian mechanism on the concatenated outputs: whitening each
+part by its noise std, its L2 sensitivity is sqrt(sum_i z_i^-2), so the round is one subsampled
+Gaussian with z_eff = (sum_i z_i^-2)^(-1/2) (exact, not a bound), composed by the accountant (RDP or
+PLD from dp_accounting) with the sampling actually run. Local releases are per client: each
+participating client's ledger composes a Gaussian of its own z_eff, without amplification by sampling
+(sensitivity 2S: any two clipped updates differ by at most 2S), and the run's epsilon is the largest
+client's. A release with ``formal=False`` makes the whole run's guarantee informal. Before each round
+the budget rule decides whether it may run; clients whose own budget is spent are not sampled.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
+from fedjax_dp.core.uploads import Release
 from fedjax_dp.privacy import gdp
 from fedjax_dp.privacy.accounting import ACCOUNTANTS, Accountant, RoundEvent
 from fedjax_dp.privacy.budget import BudgetRule, ClientLedger
 from fedjax_dp.privacy.report import PrivacyReport
 
 
-def parse_schedule(text: str, default: float) -> list[tuple[int, float]]:
-    """'1:1.0,50:0.8' -> [(1, 1.0), (50, 0.8)] (value from that round on); '' -> constant default."""
-    if not text:
-        return [(1, default)]
-    pairs = []
-    for item in text.split(","):
-        start, value = item.split(":")
-        pairs.append((int(start), float(value)))
-    if pairs[0][0] != 1 or any(b[0] <= a[0] for a, b in zip(pairs, pairs[1:])):
-        raise ValueError(f"schedule {text!r} must start at round 1 with increasing rounds")
-    return pairs
-
-
-def value_at(schedule: list[tuple[int, float]], t: int) -> float:
-    return [v for start, v in schedule if start <= t][-1]
+def combined_multiplier(releases: list[Release]) -> float:
+    """z_eff = (sum_i z_i^-2)^(-1/2) of Gaussian releases on the same data (0 if any is noiseless)."""
+    if not releases:
+        return math.inf
+    if any(r.noise_multiplier <= 0 for r in releases):
+        return 0.0
+    return sum(r.noise_multiplier ** -2 for r in releases) ** -0.5
 
 
 class PrivacyTracker:
-    def __init__(self, dp_cfg, sampling: str, population: int, cohort_size: int, rate: float, private: bool,
-                 clip_mode: str):
-        self.cfg = dp_cfg
+    def __init__(self, releases_for: Callable[[int], list[Release]], dp_cfg, sampling: str, population: int,
+                 cohort_size: int, rate: float):
+        self.releases_for, self.cfg = releases_for, dp_cfg
         self.sampling, self.population, self.cohort_size, self.rate = sampling, population, cohort_size, rate
-        self.private, self.clip_mode = private, clip_mode
-        self.local = dp_cfg.noise_mode == "local"
-        self.noise_schedule = parse_schedule(dp_cfg.noise_schedule, dp_cfg.noise_multiplier)
-        self.accountants = {k: Accountant(k) for k in ACCOUNTANTS
-                            if not (k == "pld" and sampling == "uniform")}
+        first = releases_for(1)
+        self.local = any(r.locality == "local" for r in first)
+        self.accountants = {k: Accountant(k) for k in ACCOUNTANTS if not (k == "pld" and sampling == "uniform")}
         self.rule = BudgetRule(
             target_epsilon=dp_cfg.target_epsilon or None, max_delta=dp_cfg.max_delta or None,
             delta=dp_cfg.delta if dp_cfg.max_epsilon else None, max_epsilon=dp_cfg.max_epsilon or None)
         self.ledger = ClientLedger(population, dp_cfg.delta, dp_cfg.client_epsilon_budget or None,
                                    sensitivity_factor=2.0 if self.local else (2.0 if sampling == "uniform" else 1.0))
         self.rounds, self.noise_used, self.stopped_at = 0, [], None
+        self.mechanisms: dict[str, Release] = {}
 
-    def noise_multiplier(self, t: int) -> float:
-        return value_at(self.noise_schedule, t)
+    @property
+    def private(self) -> bool:
+        return all(r.formal for r in self.releases_for(1)) and not self._mixed(self.releases_for(1))
+
+    def _mixed(self, releases) -> bool:
+        """Local noise with a central release beside it: the server saw that part in the clear."""
+        return self.local and any(r.locality != "local" for r in releases)
+
+    def multiplier(self, t: int) -> float:
+        """The round's z_eff: of the local releases under local noise, else of the central ones."""
+        locality = "local" if self.local else "central"
+        return combined_multiplier([r for r in self.releases_for(t) if r.locality == locality and r.formal])
 
     def event(self, t: int) -> RoundEvent:
-        z = self.noise_multiplier(t)
+        z = self.multiplier(t)
         if self.sampling == "uniform":
             return RoundEvent("fixed", z, population=self.population, cohort_size=self.cohort_size)
         return RoundEvent("poisson", z, sampling_rate=self.rate)
@@ -69,7 +76,7 @@ class PrivacyTracker:
         return self.rule.allows(self.accountants[self.cfg.accountant], self.event(t))
 
     def eligible(self, t: int) -> np.ndarray:
-        return self.ledger.eligible(self.noise_multiplier(t))
+        return self.ledger.eligible(self.multiplier(t))
 
     def record(self, t: int, client_ids: np.ndarray) -> None:
         event = self.event(t)
@@ -78,6 +85,7 @@ class PrivacyTracker:
         self.ledger.record(client_ids, event.noise_multiplier)
         self.rounds += 1
         self.noise_used.append(event.noise_multiplier)
+        self.mechanisms.update({r.mechanism: r for r in self.releases_for(t)})
 
     def epsilon(self) -> float:
         if self.local:
@@ -97,23 +105,30 @@ class PrivacyTracker:
             if self.rounds and min(z) > 0 and self.sampling == "poisson":
                 mu = math.sqrt(sum(gdp.mu_clt(self.rate, zt, 1) ** 2 for zt in z))
                 epsilons["gdp_clt_approximation"] = gdp.epsilon_from_mu(mu, delta)
-        notes = []
-        if not self.private:
-            notes.append("median clipping computes S from the clients' raw updates: NO formal DP guarantee")
+        releases = list(self.mechanisms.values()) or self.releases_for(1)
+        notes = [f"{r.mechanism}: {r.note}" for r in releases if r.note]
+        notes += [f"{r.mechanism}: NO formal DP guarantee" for r in releases if not r.formal]
+        if self._mixed(releases):
+            notes.append("local noise with a central release beside it (" + ", ".join(
+                r.mechanism for r in releases if r.locality != "local") + "): the server sees that part of each "
+                "client's upload before noising it, so it is not locally private: NO formal guarantee")
         if self.sampling == "uniform" and not self.local:
             notes.append("fixed-size sampling: replace-one neighbours, sensitivity 2S; RDP with the dp_accounting "
                          "replace-one normalisation corrected (google/differential-privacy#378); PLD has no such event")
         if self.local:
             notes.append("local noise: per-client Gaussian composition of its own participations (sensitivity 2S), "
                          "no amplification by sampling")
+        if any(r.locality == "central" for r in releases if r.formal) and not self.local:
+            notes.append("central releases on the same cohort composed as one Gaussian, z_eff = (sum_i z_i^-2)^-1/2")
         if self.stopped_at is not None:
             notes.append(f"training stopped before round {self.stopped_at}: the budget would have been exceeded")
         epsilon = self.epsilon() if self.rounds else 0.0
         return PrivacyReport(
-            mechanism=f"DP-FedAvg, {self.clip_mode} clipping, {'local' if self.local else 'central'} Gaussian noise",
+            mechanism="; ".join(f"{r.mechanism} [{r.locality}, z={r.noise_multiplier:.6g}, bound {r.bound}]"
+                                for r in releases),
             unit="client", neighboring_relation="replace-one" if (self.sampling == "uniform" or self.local) else "add/remove-one",
             sampling="fixed-size without replacement" if self.sampling == "uniform" else "Poisson",
-            noise_mode=self.cfg.noise_mode, accountant="per-client GDP ledger" if self.local else self.cfg.accountant,
+            noise_mode="local" if self.local else "central", accountant="per-client GDP ledger" if self.local else self.cfg.accountant,
             delta=delta, epsilon=epsilon, epsilons=epsilons, rounds=self.rounds,
             noise_multipliers=sorted(set(self.noise_used)), sampling_rates=[self.rate], formal=self.private,
             notes=notes)

@@ -1,9 +1,7 @@
-"""FedShare (Zhao et al. 2018, "Federated Learning with Non-IID Data", §4): a small globally shared
-dataset, distributed to every client and mixed into its local training data; clients then run FedAvg.
-In seed 002's baselines the shared set has the size of FedMeta's D_meta (about 1 % of the data).
-
-FedShare changes the data, not the algorithm: ``share_with_clients`` returns the federated dataset
-whose every client trains on its own examples plus the shared ones, to be run with ``FedAvg``.
+"""A shared set mixed into every client's data: the data side of FedShare (Zhao et al. 2018, "Federated
+Learning with Non-IID Data", §4), chosen by an algorithm's registry entry (``shares_server_set``).
+In seed 002's baselines the shared set has the size of FedMeta's D_meta (about 1 % of the data); its
+examples are public to every client.
 """
 
 from __future__ import annotations

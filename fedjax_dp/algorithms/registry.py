@@ -1,0 +1,149 @@
+"""The algorithm registry: name -> (the config sections it reads, its validation, its builder).
+
+An algorithm module registers itself::
+
+    registry.register("fedprox", build=build_fedprox, sections=("fedprox",), validate=check_fedprox)
+    registry.register_section("fedprox", {"mu": 2e-4})
+
+and the training layer asks the registry, never an algorithm's name. A builder takes a ``BuildContext``
+(config, model, engine choices, population, server-held set) and returns ``(algorithm, upload
+transforms)``. Adding an algorithm = its module (imported by ``fedjax_dp.algorithms``) + its tests; a
+test file may register a toy algorithm too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import ml_collections
+
+from fedjax_dp.core.optimizers import build_optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildContext:
+    """What a builder may use. ``unroll``: local training's scan unroll (engine choice)."""
+
+    cfg: Any
+    model: Any
+    num_clients: int
+    unroll: int | bool = 1
+    params_template: Any = None  # the model's parameters (shapes), e.g. for per-layer clip norms
+
+    def client_optimizer(self):
+        c = self.cfg.client
+        return build_optimizer(c.optimizer, c.learning_rate, c.momentum)
+
+    def server_optimizer(self):
+        s = self.cfg.server
+        return build_optimizer(s.optimizer, s.learning_rate, s.momentum, s.lr_decay)
+
+    def expected_cohort(self) -> float:
+        s = self.cfg.sampling
+        return s.cohort_size if s.method == "uniform" else s.rate * self.num_clients
+
+
+Validate = Callable[[Any, Callable[[bool, str], None]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    name: str
+    build: Callable[[BuildContext], tuple]
+    sections: tuple[str, ...] = ()
+    validate: Validate | None = None
+    shares_server_set: bool = False  # data side: the server-held set is mixed into every client (FedShare)
+    summary: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Wrapper:
+    """An option that wraps any registered algorithm (FedMeta's server meta step): ``wrap(ctx,
+    algorithm, server_set)`` when its section has ``enabled`` set."""
+
+    name: str
+    wrap: Callable[[BuildContext, Any, Any], Any]
+    validate: Validate | None = None
+    needs_server_set: bool = False
+    privacy_note: str = ""
+
+    def enabled(self, cfg) -> bool:
+        return bool(cfg[self.name].enabled)
+
+
+_ENTRIES: dict[str, Entry] = {}
+_SECTIONS: dict[str, dict] = {}
+_WRAPPERS: dict[str, Wrapper] = {}
+
+
+def register(name: str, *, build, sections=(), validate=None, shares_server_set=False, summary="") -> Entry:
+    if name in _ENTRIES:
+        raise ValueError(f"algorithm {name!r} is already registered")
+    for section in sections:
+        if section not in _SECTIONS:
+            raise ValueError(f"algorithm {name!r} reads config section {section!r}, which is not registered "
+                             "(register_section first)")
+    _ENTRIES[name] = Entry(name, build, tuple(sections), validate, shares_server_set, summary)
+    return _ENTRIES[name]
+
+
+def register_wrapper(name: str, defaults: dict, *, wrap, validate=None, needs_server_set=False,
+                     privacy_note="") -> Wrapper:
+    """A wrapper with its config section ``name`` (which must hold ``enabled``)."""
+    if "enabled" not in defaults:
+        raise ValueError(f"wrapper section {name!r} needs an 'enabled' key")
+    register_section(name, defaults)
+    _WRAPPERS[name] = Wrapper(name, wrap, validate, needs_server_set, privacy_note)
+    return _WRAPPERS[name]
+
+
+def wrappers() -> tuple[Wrapper, ...]:
+    return tuple(_WRAPPERS.values())
+
+
+def unregister(name: str) -> None:
+    """Removes an entry (tests that register a toy algorithm clean up with this)."""
+    _ENTRIES.pop(name, None)
+
+
+def register_section(name: str, defaults: dict) -> None:
+    """An algorithm-owned config section and its defaults (added to every default config)."""
+    if name in _SECTIONS and _SECTIONS[name] != defaults:
+        raise ValueError(f"config section {name!r} is already registered with other defaults")
+    _SECTIONS[name] = dict(defaults)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(sorted(_ENTRIES))
+
+
+def get(name: str) -> Entry:
+    if name not in _ENTRIES:
+        raise ValueError(f"algorithm {name!r} unknown; available: {names()}")
+    return _ENTRIES[name]
+
+
+def sections() -> dict[str, ml_collections.ConfigDict]:
+    """Every registered algorithm section, with its defaults."""
+    return {name: ml_collections.ConfigDict(defaults) for name, defaults in _SECTIONS.items()}
+
+
+def validate(cfg, need) -> None:
+    """The chosen algorithm's own checks, and refusal of values set in sections it does not read."""
+    entry = _ENTRIES.get(cfg.algorithm)
+    if entry is None:
+        need(False, f"algorithm {cfg.algorithm!r} unknown; available: {names()}")
+        return
+    for wrapper in _WRAPPERS.values():
+        if wrapper.enabled(cfg) and wrapper.validate is not None:
+            wrapper.validate(cfg, need)
+    for section, defaults in _SECTIONS.items():
+        if section in entry.sections or section in _WRAPPERS or section not in cfg:
+            continue
+        for key, default in defaults.items():
+            value = cfg[section].get(key, default)
+            need(value == default, f"{section}.{key}={value!r} is set, but algorithm {entry.name!r} does not read "
+                                   f"section {section!r} (it reads: {', '.join(entry.sections) or 'none'})")
+    if entry.validate is not None:
+        entry.validate(cfg, need)

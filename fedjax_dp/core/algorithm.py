@@ -1,0 +1,138 @@
+"""The algorithm protocol: what every federated algorithm provides to the generic round.
+
+In the spirit of fedjax's ``FederatedAlgorithm`` (init / apply over dataclass state) and pfl-research's
+hooks, an algorithm is a small frozen object with four pure functions:
+
+* ``init(params, key) -> ServerState``;
+* ``broadcast(state) -> shared``: what every sampled client receives (the global model, the round
+  index for learning-rate decay, SCAFFOLD's server control variate...);
+* ``client_update(shared, client, client_state, key) -> ClientOut``: one client's work, run by the
+  cohort engine under vmap / scan; ``client_state`` is that client's stored state (SCAFFOLD's c_i) or
+  None;
+* ``server_update(state, aggregate, key) -> (ServerState, metrics)``: applies the round's aggregate.
+
+Uploads follow one sign convention: the direction the server adds (FedAvg's Delta w^k = w^k - w_t;
+UGA's -g^k), so the mean of the uploads is applied through the server optimizer as the
+pseudo-gradient ``-mean`` (Reddi et al. 2021). Weighting, the non-finite drop, upload transforms
+(clipping, noise, compression) and the round's metrics belong to ``core.round``, written once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple, Protocol
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dp.core import tree
+
+
+@flax.struct.dataclass
+class ServerState:
+    """Global parameters, server optimizer state, rounds applied, the algorithm's own server-side
+    state (``extra``: SCAFFOLD's control variate c) and the upload transforms' state (``uploads``:
+    the adaptive clip norm, the compression reference)."""
+
+    params: Any
+    opt_state: Any
+    round: jax.Array
+    extra: Any = None
+    uploads: Any = None
+
+
+class ClientOut(NamedTuple):
+    """What ``client_update`` returns for one client."""
+
+    upload: Any  # a pytree in the direction the server adds (Delta w^k, or -g^k)
+    weight: jax.Array  # aggregation weight: n_k for example-weighted means, 1 for uniform ones
+    client_state: Any  # the client's new state (None for stateless algorithms)
+    loss: jax.Array  # the client's training loss (reported, never used by the server step)
+    ok: jax.Array  # upload, state and loss are finite: a client that is not is dropped
+
+
+@dataclasses.dataclass(frozen=True)
+class Requirements:
+    """What an algorithm needs from the data side and the loop.
+
+    server_set: a server-held set (FedMeta's D_meta).
+    client_state: per-client state kept between rounds (``client_state_init`` gives the initial one).
+    evaluation_pass: cohorts also carry each client's whole data once (UGA's gradient evaluation), in
+      batches of ``evaluation_batch_size`` (0: the client batch size).
+    """
+
+    server_set: bool = False
+    client_state: bool = False
+    evaluation_pass: bool = False
+    evaluation_batch_size: int = 0
+
+
+@flax.struct.dataclass
+class Aggregate:
+    """The cohort's uploads after the server side of the upload transforms.
+
+    ``sum`` is the (possibly noised, reconstructed) sum of the weighted uploads and ``denominator``
+    what it is divided by: the total weight of the kept clients, or a fixed D (DP-FedAvg's m or qK).
+    ``kept`` counts the clients whose uploads entered the sum; ``fixed`` says the denominator does not
+    depend on them (then even a round without kept clients is applied: its noise is the release).
+    """
+
+    sum: Any
+    denominator: jax.Array
+    kept: jax.Array
+    fixed: bool = flax.struct.field(pytree_node=False, default=False)
+
+    @property
+    def mean(self):
+        return jax.tree_util.tree_map(lambda s: s / self.denominator, self.sum)
+
+    @property
+    def applies(self) -> jax.Array:
+        """Whether a server step should follow (a data-dependent mean of nothing is skipped)."""
+        return jnp.asarray(True) if self.fixed else self.kept > 0
+
+
+class Algorithm(Protocol):
+    requirements: Requirements
+
+    def init(self, params, key: jax.Array | None = None) -> ServerState: ...
+
+    def broadcast(self, state: ServerState) -> Any: ...
+
+    def client_update(self, shared, client, client_state, key: jax.Array) -> ClientOut: ...
+
+    def server_update(self, state: ServerState, aggregate: Aggregate, key: jax.Array) -> tuple[ServerState, dict]: ...
+
+    def upload_template(self, params) -> Any: ...
+
+
+def init_server_state(params, server_optimizer: optax.GradientTransformation, extra=None) -> ServerState:
+    return ServerState(params=params, opt_state=server_optimizer.init(params), round=jnp.zeros((), jnp.int32),
+                       extra=extra)
+
+
+def apply_server_gradient(state: ServerState, gradient, server_optimizer: optax.GradientTransformation) -> ServerState:
+    """One server-optimizer step on an aggregated pseudo-gradient; the round counter advances."""
+    updates, opt_state = server_optimizer.update(gradient, state.opt_state, state.params)
+    return state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state, round=state.round + 1)
+
+
+def apply_mean_upload(state: ServerState, mean_upload, applies, server_optimizer: optax.GradientTransformation):
+    """``-mean_upload`` as the server's pseudo-gradient (FedOpt; plain SGD at rate 1 gives
+    w_{t+1} = w_t + mean Delta w). Where ``applies`` is False the parameters and optimizer state stay
+    and only the round counter advances."""
+    stepped = apply_server_gradient(state, jax.tree_util.tree_map(jnp.negative, mean_upload), server_optimizer)
+    return stepped.replace(params=tree.where(applies, stepped.params, state.params),
+                           opt_state=tree.where(applies, stepped.opt_state, state.opt_state))
+
+
+def lr_scale(decay: float, round_index: jax.Array) -> jax.Array:
+    """Client learning-rate factor ``decay ** t`` in round t (seed 002 decays 0.992 per round)."""
+    return jnp.power(jnp.float32(decay), round_index.astype(jnp.float32))
+
+
+def check_decay(decay: float, name: str = "client learning-rate decay") -> None:
+    if not 0 < decay <= 1:
+        raise ValueError(f"{name} must lie in (0, 1], got {decay}")

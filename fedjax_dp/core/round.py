@@ -1,0 +1,201 @@
+"""The generic federated round: one algorithm, one upload chain, one cohort engine.
+
+Per round (written once for every algorithm):
+1. every sampled client runs ``algorithm.client_update`` inside the cohort engine (vmap / chunked /
+   sequential / loop, optionally over a device mesh);
+2. a client whose upload, state or loss is not finite is dropped: its upload is zeroed before any
+   transform, its weight is 0, and it is counted and named (``RoundResult.dropped``);
+3. the upload transforms' client sides run (clip, local noise, compress), the upload is weighted (n_k,
+   or 1 under ``UniformWeights``) and summed inside the engine, so a large cohort never holds every
+   update at once (a cohort-level transform, Geyer's median clip, gets the stacked uploads instead);
+4. the transforms' server sides run in reverse order (central noise, reconstruction) and the sum is
+   divided by its denominator into an ``Aggregate`` for ``algorithm.server_update``.
+
+Compression rates are static shapes: the chain is specialised from its state on the host each round
+and one compiled program is kept per distinct specialisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.core import rng, tree
+from fedjax_dp.core.algorithm import Aggregate, Algorithm
+from fedjax_dp.core.cohort import CohortEngine
+from fedjax_dp.core.uploads import UNBOUNDED, Chain, ClientContext, ServerContext, chain
+
+EVALUATION_PASS_KEYS = ("eval_batches", "eval_mask")
+"""A cohort packed for UGA also holds each client's whole local data (``packing.pack_uga_cohort``)."""
+
+CLIENT_STATE = "client_state"
+
+
+def client_inputs(cohort, key: jax.Array) -> dict:
+    """The per-client arrays the engine maps over, with one training key and one noise key per client."""
+    n = cohort["mask"].shape[0]
+    inputs = {"batches": cohort["batches"], "mask": cohort["mask"], "num_examples": cohort["num_examples"],
+              "key": rng.client_keys(rng.purpose_key(key, rng.Purpose.CLIENT_TRAINING), n),
+              "noise_key": rng.client_keys(rng.purpose_key(key, rng.Purpose.CLIENT_NOISE), n)}
+    inputs.update({k: cohort[k] for k in EVALUATION_PASS_KEYS if k in cohort})
+    return inputs
+
+
+@dataclasses.dataclass
+class RoundResult:
+    state: Any
+    metrics: dict
+    dropped: np.ndarray  # per cohort slot: a real client whose update was not finite (or raised)
+    client_states: Any = None  # stacked new per-client states (algorithms with client state)
+
+
+class FederatedRound:
+    """``round(state, cohort, key, round_index, client_states) -> RoundResult`` for one algorithm and
+    upload chain. ``init(params, key)`` gives the server state with the chain's state in it."""
+
+    def __init__(self, algorithm: Algorithm, uploads: Chain | tuple = (), strategy: str = "vmap",
+                 chunk_size: int | None = None, mesh=None):
+        self.algorithm = algorithm
+        self.uploads = uploads if isinstance(uploads, Chain) else chain(*uploads)
+        self._engine_options = dict(strategy=strategy, chunk_size=chunk_size, mesh=mesh)
+        CohortEngine(lambda s, c: (s, c), **self._engine_options)  # refuses a bad strategy now, not in round 1
+        self._programs: dict = {}
+
+    def init(self, params, key: jax.Array | None = None):
+        state = self.algorithm.init(params, key)
+        return state.replace(uploads=self.uploads.init(self.algorithm.upload_template(params)))
+
+    def specialized(self, state) -> Chain:
+        """The chain with its static choices made for this round (compression rates, on the host)."""
+        return self.uploads.specialize(state.uploads)
+
+    def upload_bytes(self, state, template_bytes: int) -> int:
+        return self.specialized(state).upload_bytes(template_bytes)
+
+    def __call__(self, state, cohort, key: jax.Array, round_index: int | None = None, client_states=None) -> RoundResult:
+        if self.algorithm.requirements.client_state and client_states is None:
+            raise ValueError("this algorithm keeps per-client state: pass the cohort's stacked states "
+                             "(core.client_states.ClientStateStore.gather) as client_states")
+        t = int(state.round) + 1 if round_index is None else round_index
+        uploads = self.specialized(state)
+        engine, server_step = self._program(uploads)
+        inputs = uploads.inputs(t)
+        clients = client_inputs(cohort, key)
+        if client_states is not None:
+            clients[CLIENT_STATE] = client_states
+        sums, per_client = engine((self.algorithm.broadcast(state), state.uploads, inputs), clients)
+        new_state, metrics = server_step(state, sums, per_client, key, inputs, clients["noise_key"])
+        present = np.asarray(cohort["num_examples"]) > 0
+        dropped = present & ~np.asarray(per_client["finite"])
+        metrics = {**metrics, "dropped_clients": int(dropped.sum())}
+        return RoundResult(new_state, metrics, dropped, per_client.get(CLIENT_STATE))
+
+    def _program(self, uploads: Chain):
+        key = uploads.static_key()
+        if key not in self._programs:
+            engine = CohortEngine(self._client_fn(uploads), **self._engine_options)
+            self._programs[key] = (engine, jax.jit(self._server_fn(uploads)))
+        return self._programs[key]
+
+    # ------------------------------------------------------------------ client side
+    def _client_fn(self, uploads: Chain):
+        algorithm, split, uniform = self.algorithm, uploads.split, uploads.weighting is not None
+
+        def client_fn(shared, client):
+            algorithm_shared, states, inputs = shared
+            out = algorithm.client_update(algorithm_shared, client, client.get(CLIENT_STATE), client["key"])
+            present = client["num_examples"] > 0
+            keep = out.ok & present
+            upload = tree.where(keep, out.upload, jax.tree_util.tree_map(jnp.zeros_like, out.upload))
+            bound, extras, stats = jnp.float32(UNBOUNDED), [], []
+            for i, t in enumerate(uploads[:split]):
+                flow = t.client(upload, ClientContext(states[i], inputs[i], bound, client["noise_key"], present, keep))
+                upload, bound = flow.upload, flow.bound
+                extras.append(flow.extras)
+                stats.append(flow.stats)
+            weight = keep.astype(jnp.float32) if uniform else jnp.where(keep, out.weight.astype(jnp.float32), 0.0)
+            summed = {"weight": weight, "loss": jnp.where(keep, out.loss * weight, 0.0), "extras": extras}
+            per_client = {"finite": out.ok | ~present, "kept": keep, "present": present, "stats": stats,
+                          "update_norm": tree.l2_norm(upload)}
+            if split == len(uploads):
+                summed["upload"] = jax.tree_util.tree_map(lambda u: u * weight, upload)
+            else:
+                per_client["upload"] = upload
+            if out.client_state is not None:
+                per_client[CLIENT_STATE] = out.client_state
+            return summed, per_client
+
+        return client_fn
+
+    # ------------------------------------------------------------------ server side
+    def _server_fn(self, uploads: Chain):
+        algorithm, split, weighting = self.algorithm, uploads.split, uploads.weighting
+
+        def server_fn(state, sums, per_client, key, inputs, noise_keys):
+            states = state.uploads
+            kept = per_client["kept"]
+            present = per_client["present"]
+            stats, extras = list(per_client["stats"]), list(sums["extras"])
+            bounds, bound = [], jnp.float32(UNBOUNDED)
+            for i, t in enumerate(uploads[:split]):
+                bounds.append(bound)
+                bound = t.bound_after(bound, states[i], inputs[i])
+            total = sums.get("upload")
+            if split < len(uploads):
+                total, bound, tail_stats = _cohort_level(uploads, split, states, inputs, bound, key, kept, per_client,
+                                                         noise_keys, bounds)
+                stats += tail_stats
+                extras += [{}] * (len(uploads) - split)
+            new_states, metrics = list(states), {}
+            for i in reversed(range(len(uploads))):
+                ctx = ServerContext(states[i], inputs[i], bounds[i], key, extras[i], stats[i], present, kept)
+                total, new_states[i], transform_metrics = uploads[i].server(total, ctx)
+                metrics.update(transform_metrics)
+            weight = sums["weight"]
+            fixed = weighting is not None and weighting.denominator > 0
+            denominator = jnp.float32(weighting.denominator) if fixed else jnp.maximum(weight, 1e-12)
+            aggregate = Aggregate(total, denominator, jnp.sum(kept), fixed)
+            new_state, algorithm_metrics = algorithm.server_update(state.replace(uploads=tuple(new_states)), aggregate,
+                                                                   key)
+            metrics.update(algorithm_metrics)
+            metrics["train_loss"] = sums["loss"] / jnp.maximum(weight, 1e-12)
+            if not uploads.releases_anything:
+                metrics["mean_update_norm"] = _masked_mean(per_client["update_norm"], kept)
+            return new_state, metrics
+
+        return server_fn
+
+
+def _masked_mean(values, mask):
+    return jnp.sum(jnp.where(mask, values, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+
+
+def _cohort_level(uploads: Chain, split: int, states, inputs, bound, key, kept, per_client, noise_keys, bounds):
+    """A cohort-level transform (server-side clip) on the stacked uploads, then the client sides of the
+    transforms after it (vmapped over the cohort) and the sum. Weights are uniform here (``chain``
+    requires them with any clip), so the sum is over kept clients."""
+    t = uploads[split]
+    ctx = ServerContext(states[split], inputs[split], bound, key, {}, {}, kept, kept)
+    stacked, bound, cohort_stats = t.cohort(per_client["upload"], ctx)
+    bounds.append(ctx.bound)
+    stats = [cohort_stats]
+    for i in range(split + 1, len(uploads)):
+        bounds.append(bound)
+
+        def one(upload, noise_key, keep, i=i, bound=bound):
+            flow = uploads[i].client(upload, ClientContext(states[i], inputs[i], bound, noise_key, keep, keep))
+            return flow.upload, flow.stats
+
+        stacked, transform_stats = jax.vmap(one)(stacked, noise_keys, kept)
+        bound = uploads[i].bound_after(bound, states[i], inputs[i])
+        stats.append(transform_stats)
+    total = jax.tree_util.tree_map(lambda u: jnp.sum(jnp.where(_rows(kept, u), u, 0.0), axis=0), stacked)
+    return total, bound, stats
+
+
+def _rows(mask, x):
+    return mask.reshape(mask.shape + (1,) * (x.ndim - 1))

@@ -1,0 +1,217 @@
+"""Upload transforms: what happens to a client's upload between ``client_update`` and the server step,
+composed like ``optax.chain``, each declaring what it releases.
+
+A transform has a client side (inside the cohort map: clip, local noise, compress) run in chain order,
+an optional cohort side (on the stacked uploads at the server before summing: Geyer's median clip,
+which needs every norm) and a server side (on the summed uploads: central noise, reconstruction) run in
+REVERSE chain order, as a decoder undoes the last encoding first: ``chain(clip, compress, gaussian)``
+clips x, measures y = Phi x, noises y, and the server noises the sum of y before reconstructing it.
+
+Each transform declares ``releases``: the mechanisms it runs in a round (``Release``: central or
+local Gaussian noise relative to the per-client L2 bound, formal or not). The privacy tracker composes
+the releases of the transforms that actually ran; nothing re-derives them from the configuration.
+
+The per-client L2 bound flows forward through the chain: it starts unbounded, a clip sets it, a noise
+transform calibrates its standard deviation to it (std = z * bound), a transform that changes norms
+maps it (``bound_after``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar, NamedTuple
+
+import jax.numpy as jnp
+
+UNBOUNDED = math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """One mechanism a transform runs per round.
+
+    locality: ``central`` (one noise draw on the cohort's sum: the accountant composes a subsampled
+      Gaussian per round) or ``local`` (one draw per client before sending: each participating client's
+      own ledger composes a Gaussian, without amplification by sampling).
+    noise_multiplier: noise std / the per-client L2 bound of what is noised (0: nothing private).
+    bound: a description of the per-client bound (unit and value).
+    formal: False when no DP proof covers the step (a clip threshold computed from raw data, say).
+    """
+
+    mechanism: str
+    locality: str
+    noise_multiplier: float
+    bound: str
+    formal: bool = True
+    note: str = ""
+
+
+class ClientContext(NamedTuple):
+    state: Any  # this transform's state (broadcast)
+    inputs: dict  # this transform's per-round values (e.g. z_t)
+    bound: Any  # the per-client L2 bound of the incoming upload (a traced scalar; inf = unbounded)
+    noise_key: Any  # this client's noise key
+    present: Any  # a real client (not a padding slot)
+    keep: Any  # present and finite: its upload enters the sum
+
+
+class ServerContext(NamedTuple):
+    state: Any
+    inputs: dict
+    bound: Any  # the per-client bound of what this transform's client side emitted
+    key: Any  # the round's key (a transform derives its purpose key from it)
+    extras: dict  # this transform's summed extras
+    stats: dict  # this transform's per-client stats, stacked over the cohort
+    present: Any  # stacked: real clients
+    kept: Any  # stacked: uploads that entered the sum
+
+
+class Flow(NamedTuple):
+    """A client-side result: the upload, its bound, summed extras and per-client stats."""
+
+    upload: Any
+    bound: Any
+    extras: dict = {}
+    stats: dict = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class UploadTransform:
+    """Base of every upload transform: the identity, releasing nothing."""
+
+    kind: ClassVar[str] = "identity"  # clip | noise | compress | weighting | diagnostic
+    cohort_level: ClassVar[bool] = False  # runs on the stacked uploads at the server (median clip)
+
+    def init(self, upload_template) -> Any:
+        return ()
+
+    def inputs(self, round_index: int) -> dict:
+        """Host-side per-round values passed to both sides (traced, so a schedule does not recompile)."""
+        return {}
+
+    def specialize(self, state) -> "UploadTransform":
+        """The transform with its static choices made from its state on the host (compression rates)."""
+        return self
+
+    def static_key(self) -> tuple:
+        return ()
+
+    def bound_after(self, bound, state, inputs):
+        return bound
+
+    def client(self, upload, ctx: ClientContext) -> Flow:
+        return Flow(upload, ctx.bound)
+
+    def cohort(self, uploads, ctx: ServerContext):
+        """``(uploads, bound, stats)`` from the stacked, zeroed uploads (cohort-level transforms)."""
+        raise NotImplementedError
+
+    def server(self, total, ctx: ServerContext):
+        """``(total, new_state, metrics)`` from the summed uploads."""
+        return total, ctx.state, {}
+
+    def releases(self, inputs: dict) -> tuple[Release, ...]:
+        return ()
+
+    def upload_bytes(self, template_bytes: int) -> int:
+        """Bytes one client sends, given the bytes of the upload this transform receives."""
+        return template_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class UniformWeights(UploadTransform):
+    """Every kept client weighs 1 and the sum is divided by ``denominator`` when it is > 0, else by
+    the count of kept clients. Bounded-sensitivity mechanisms need it: an example-weighted upload n_k
+    Delta_k is not bounded by a clip of Delta_k."""
+
+    kind: ClassVar[str] = "weighting"
+    denominator: float = 0.0  # > 0: fixed (DP-FedAvg's m or qK, never the realised count)
+
+    def __post_init__(self):
+        if not self.denominator >= 0:
+            raise ValueError(f"fixed denominator must be > 0 (0 = count of kept clients), got {self.denominator}")
+
+
+def fixed_denominator(denominator: float) -> UniformWeights:
+    """Geyer et al. / McMahan et al. 2018: divide the clipped sum by a FIXED D (m for fixed-size
+    sampling, qK for Poisson sampling), so the realised cohort size is never released."""
+    if not denominator > 0:
+        raise ValueError(f"fixed denominator must be > 0, got {denominator}")
+    return UniformWeights(float(denominator))
+
+
+class Chain(tuple):
+    """An ordered tuple of upload transforms, validated on construction (``chain(...)``)."""
+
+    @property
+    def weighting(self) -> UniformWeights | None:
+        found = [t for t in self if isinstance(t, UniformWeights)]
+        return found[0] if found else None
+
+    def init(self, upload_template) -> tuple:
+        return tuple(t.init(upload_template) for t in self)
+
+    def inputs(self, round_index: int) -> tuple:
+        return tuple({k: jnp.float32(v) for k, v in t.inputs(round_index).items()} for t in self)
+
+    def specialize(self, states) -> "Chain":
+        return Chain(t.specialize(s) for t, s in zip(self, states))
+
+    def static_key(self) -> tuple:
+        return tuple((type(t).__name__, t.static_key()) for t in self)
+
+    def releases(self, round_index: int) -> list[Release]:
+        return [r for t in self for r in t.releases(t.inputs(round_index))]
+
+    def upload_bytes(self, template_bytes: int) -> int:
+        for t in self:
+            template_bytes = t.upload_bytes(template_bytes)
+        return template_bytes
+
+    @property
+    def releases_anything(self) -> bool:
+        """Whether a clip or noise transform is in the chain (a private run)."""
+        return any(t.kind in ("clip", "noise") for t in self)
+
+    @property
+    def split(self) -> int:
+        """Index of the cohort-level transform (len(self) if none): client sides before it run per client."""
+        return next((i for i, t in enumerate(self) if t.cohort_level), len(self))
+
+
+def chain(*transforms: UploadTransform) -> Chain:
+    """Composes upload transforms; refuses compositions that make no sense for privacy.
+
+    Refused: a noise transform without a clip before it (its std would be relative to no bound), two
+    noise transforms, a clip or noise without uniform weights, local noise after a cohort-level
+    (server-side) clip, and more than one weighting, compressor or cohort-level transform.
+    """
+    for t in transforms:
+        if not isinstance(t, UploadTransform):
+            raise TypeError(f"chain() takes upload transforms, got {type(t).__name__}: {t!r}")
+    kinds = [t.kind for t in transforms]
+    for kind in ("noise", "weighting", "compress"):
+        if kinds.count(kind) > 1:
+            raise ValueError(f"upload chain {_names(transforms)} has {kinds.count(kind)} {kind} transforms; at most one")
+    if sum(t.cohort_level for t in transforms) > 1:
+        raise ValueError(f"upload chain {_names(transforms)} has more than one server-side clip")
+    if "noise" in kinds:
+        noise = kinds.index("noise")
+        if "clip" not in kinds[:noise]:
+            raise ValueError(f"upload chain {_names(transforms)}: noise before any clip (its scale would be relative "
+                             "to no sensitivity bound); put a clip transform first")
+        last_clip = max(i for i, kind in enumerate(kinds[:noise]) if kind == "clip")
+        if "compress" in kinds[last_clip:noise]:
+            raise ValueError(f"upload chain {_names(transforms)}: compression between the clip and the noise changes "
+                             "the bound the noise is calibrated to; clip the measurements (compress, then clip)")
+        if getattr(transforms[noise], "local", False) and any(t.cohort_level for t in transforms[:noise]):
+            raise ValueError(f"upload chain {_names(transforms)}: local noise after a server-side clip cannot be local")
+    if ("clip" in kinds or "noise" in kinds) and "weighting" not in kinds:
+        raise ValueError(f"upload chain {_names(transforms)}: clipping and noise need uniform weights "
+                         "(add fixed_denominator(D) or UniformWeights()): example-weighted uploads are not bounded")
+    return Chain(transforms)
+
+
+def _names(transforms) -> str:
+    return "chain(" + ", ".join(type(t).__name__ for t in transforms) + ")"

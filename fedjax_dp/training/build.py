@@ -1,0 +1,70 @@
+"""From a configuration to a ``FederatedRound``: the registered algorithm and its upload chain, the
+FedMeta wrapper, compressed uploads, and the cohort engine. Names no algorithm: it asks the registry."""
+
+from __future__ import annotations
+
+import jax
+
+from fedjax_dp.algorithms import registry
+from fedjax_dp.compression.upload_transform import CompressedSensing
+from fedjax_dp.core.cohort import client_mesh
+from fedjax_dp.core.round import FederatedRound
+from fedjax_dp.core.strategy import StrategyChoice, choose_strategy
+from fedjax_dp.core.uploads import Chain, chain
+
+
+def resolve_engine(cfg, has_conv: bool, cohort_size: int) -> StrategyChoice:
+    """``auto`` fields replaced by the measured choice (``core.strategy``); explicit values kept."""
+    auto = choose_strategy(has_conv, cohort_size)
+    e = cfg.engine
+    return StrategyChoice(
+        strategy=auto.strategy if e.strategy == "auto" else e.strategy,
+        chunk_size=(auto.chunk_size if e.strategy == "auto" else (e.chunk_size or None)),
+        unroll=auto.unroll if e.unroll == "auto" else (True if e.unroll == "full" else int(e.unroll)),
+        conv_impl=auto.conv_impl if e.conv_impl == "auto" else e.conv_impl,
+    )
+
+
+def with_compression(uploads: Chain, c) -> Chain:
+    """Compressed-sensing uploads (``compression`` section) added to a chain. Without DP the server
+    reconstructs each upload (exact for non-linear Rec); with a clip in the chain the client measures
+    first, the clip bounds the measurements, the noise covers them, and the server reconstructs the
+    noised sum (the only thing it sees under central DP)."""
+    options = dict(rates=c.rates, r_min=c.r_min, r_max=c.r_max, operator=c.kind, method=c.method, seed=c.seed)
+    clips = [i for i, t in enumerate(uploads) if t.kind == "clip"]
+    if not clips:
+        return chain(*uploads, CompressedSensing(**options, reconstruct="each"))
+    first = clips[0]
+    return chain(*uploads[:first], CompressedSensing(**options, reconstruct="aggregate"), *uploads[first:])
+
+
+def build_round(cfg, model, choice: StrategyChoice, num_clients: int, server_set=None) -> FederatedRound:
+    """The configured algorithm, wrapped by each enabled wrapper (FedMeta), with its uploads."""
+    params_template = jax.eval_shape(model.init, jax.random.key(0))
+    context = registry.BuildContext(cfg, model, num_clients, choice.unroll, params_template)
+    algorithm, uploads = registry.get(cfg.algorithm).build(context)
+    uploads = uploads if isinstance(uploads, Chain) else chain(*uploads)
+    for wrapper in registry.wrappers():
+        if wrapper.enabled(cfg):
+            algorithm = wrapper.wrap(context, algorithm, server_set)
+    if cfg.compression.enabled:
+        uploads = with_compression(uploads, cfg.compression)
+    mesh = client_mesh(cfg.engine.num_devices) if cfg.engine.num_devices else None
+    return FederatedRound(algorithm, uploads, choice.strategy, choice.chunk_size, mesh)
+
+
+def shares_server_set(cfg) -> bool:
+    """The algorithm's data side mixes the server-held set into every client (FedShare)."""
+    return registry.get(cfg.algorithm).shares_server_set
+
+
+def needs_server_set(cfg) -> bool:
+    return shares_server_set(cfg) or any(w.needs_server_set and w.enabled(cfg) for w in registry.wrappers())
+
+
+def server_set_notes(cfg) -> list[str]:
+    """What ``privacy.json`` says about a server-held set the run used."""
+    notes = [w.privacy_note for w in registry.wrappers() if w.enabled(cfg) and w.privacy_note]
+    if registry.get(cfg.algorithm).shares_server_set:
+        notes.append("the shared set is distributed to every client: those examples are public to all clients")
+    return notes

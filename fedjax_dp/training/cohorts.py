@@ -1,0 +1,47 @@
+"""Which clients take part in a round and how their data is packed for the cohort engine."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedjax_dp.data import sampling
+from fedjax_dp.data.packing import num_steps, pack_cohort, pack_uga_cohort
+
+
+def expected_cohort(cfg, num_clients: int) -> float:
+    return cfg.sampling.cohort_size if cfg.sampling.method == "uniform" else cfg.sampling.rate * num_clients
+
+
+def sample_cohort(cfg, num_clients: int, generator: np.random.Generator, eligible=None) -> np.ndarray:
+    if cfg.sampling.method == "uniform":
+        return sampling.uniform(num_clients, cfg.sampling.cohort_size, generator, eligible)
+    return sampling.poisson(num_clients, cfg.sampling.rate, generator, eligible)
+
+
+def poisson_slots(rate: float, num_clients: int, drawn: int) -> int:
+    """Fixed cohort capacity for Poisson rounds: mean + 4 sd, rounded up to a multiple of 8."""
+    base = rate * num_clients + 4 * math.sqrt(num_clients * rate * (1 - rate))
+    return max(8, 8 * math.ceil(max(base, drawn) / 8))
+
+
+def cohort_slots(cfg, num_clients: int, drawn: int) -> int | None:
+    if cfg.sampling.method == "poisson":
+        return poisson_slots(cfg.sampling.rate, num_clients, drawn)
+    return None
+
+
+def make_packer(cfg, dataset, requirements):
+    """``pack(ids, rng, slots) -> cohort`` with step counts fixed for the whole run (one compiled
+    program); with ``requirements.evaluation_pass`` cohorts also carry each client's whole data."""
+    largest, batch, epochs = int(dataset.train_sizes().max()), cfg.client.batch_size, cfg.client.epochs
+    indices = lambda ids: [dataset.client_train[i] for i in ids]  # noqa: E731
+    if not requirements.evaluation_pass:
+        max_steps = num_steps(largest, batch, epochs)
+        return lambda ids, rng, slots: pack_cohort(dataset.x, dataset.y, indices(ids), batch, epochs, rng,
+                                                   max_steps, slots)
+    eval_batch = requirements.evaluation_batch_size or batch
+    max_steps, max_eval = max(1, num_steps(largest, batch, epochs - 1)), num_steps(largest, eval_batch, 1)
+    return lambda ids, rng, slots: pack_uga_cohort(dataset.x, dataset.y, indices(ids), batch, epochs, rng,
+                                                   max_steps, slots, eval_batch, max_eval)

@@ -1,0 +1,72 @@
+"""What the loop carries from round to round besides the server state, and its checkpoint.
+
+A checkpoint holds the server state (with the upload transforms' state: adaptive clip norm,
+compression reference), the per-client states of the clients that have one, and a JSON record of the
+host RNG, counters, the best accuracy, traffic totals and the participation history. The privacy
+tracker is rebuilt on resume by replaying the participations: never reset, never counted twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from fedjax_dp.compression.traffic import TrafficMeter
+from fedjax_dp.core.client_states import ClientStateStore
+from fedjax_dp.training.checkpointing import Checkpointer, truncate_metrics
+
+
+@dataclasses.dataclass
+class LoopState:
+    host_rng: np.random.Generator
+    client_states: ClientStateStore | None = None  # per-client algorithm state (SCAFFOLD's c_i)
+    client_updates: int = 0
+    rounds_run: int = 0
+    best: list = dataclasses.field(default_factory=lambda: [-1.0, -1])
+    last_eval: dict = dataclasses.field(default_factory=dict)
+    participation: list = dataclasses.field(default_factory=list)  # [round, client ids] per round run
+    all_dropped_streak: int = 0  # consecutive rounds in which every client update was non-finite
+    meter: TrafficMeter = dataclasses.field(default_factory=TrafficMeter)
+
+    def save(self, checkpointer: Checkpointer, state) -> None:
+        trees = {"state": state}
+        state_ids, stacked = self.client_states.export() if self.client_states is not None else ([], None)
+        if state_ids:
+            trees["client_states"] = stacked
+        checkpointer.save(self.rounds_run, trees, {
+            "host_rng": self.host_rng.bit_generator.state, "client_updates": self.client_updates,
+            "best": self.best, "last_eval": self.last_eval, "participation": self.participation,
+            "uplink": self.meter.uplink, "downlink": self.meter.downlink, "all_dropped_streak": self.all_dropped_streak,
+            "client_state_ids": state_ids})
+
+    def restore(self, checkpointer: Checkpointer, state, tracker, workdir: str):
+        """Loads the newest checkpoint into this loop state; returns the server state."""
+        def targets(saved):
+            trees = {"state": state}
+            if saved.get("client_state_ids"):
+                trees["client_states"] = self.client_states.template_stack(len(saved["client_state_ids"]))
+            return trees
+
+        restored = checkpointer.restore_latest(targets)
+        if restored is None:
+            raise FileNotFoundError(f"--resume: no checkpoint under {checkpointer.directory}")
+        trees, saved = restored
+        if self.client_states is not None:
+            self.client_states.load(saved.get("client_state_ids", []), trees.get("client_states"))
+        self.rounds_run = saved["round"]
+        self.host_rng.bit_generator.state = saved["host_rng"]
+        self.client_updates, self.best, self.last_eval = saved["client_updates"], saved["best"], saved["last_eval"]
+        self.participation, self.all_dropped_streak = saved["participation"], saved["all_dropped_streak"]
+        self.meter = TrafficMeter(saved["uplink"], saved["downlink"])
+        if tracker is not None:
+            for t, ids in self.participation:
+                tracker.record(t, np.asarray(ids, dtype=np.int64))
+        truncate_metrics(os.path.join(workdir, "metrics.jsonl"), self.rounds_run)
+        return trees["state"]
+
+    def evaluated(self, t: int, metrics: dict) -> None:
+        self.last_eval = metrics
+        if metrics["test_accuracy"] > self.best[0]:
+            self.best = [metrics["test_accuracy"], t]

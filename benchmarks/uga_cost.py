@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from xla_cost import compiled_cost, write_result  # noqa: E402
 
-from fedjax_dp.algorithms.base import make_client_delta  # noqa: E402
+from fedjax_dp.algorithms.fedavg import FedAvg  # noqa: E402
 from fedjax_dp.algorithms.uga import make_uga_gradient  # noqa: E402
 from fedjax_dp.core import tree  # noqa: E402
 from fedjax_dp.data.packing import pack_cohort, pack_uga_cohort  # noqa: E402
@@ -55,7 +55,7 @@ def run(model_name: str, step_counts, conv_impl: str) -> list[dict]:
     model = get_model(model_name, shape, 10, conv_impl=conv_impl)
     params = model.init(jax.random.key(0))
     opt = optax.sgd(0.05)
-    fedavg = make_client_delta(model.per_example_loss, opt)
+    fedavg = FedAvg(model.per_example_loss, opt).local_upload  # (params, client, lr_scale) -> (delta, loss, ok)
     variants = {
         "uga": make_uga_gradient(model.per_example_loss, opt),
         "uga_remat_step": make_uga_gradient(model.per_example_loss, opt, remat=True),
@@ -65,7 +65,7 @@ def run(model_name: str, step_counts, conv_impl: str) -> list[dict]:
     rows = []
     for steps in step_counts:
         row = {"model": model_name, "steps": steps, "param_bytes": 4 * tree.num_params(params)}
-        row["fedavg"] = compiled_cost(lambda p, c: fedavg(p, c)[0], params, client_arrays(steps, shape, 10, False))
+        row["fedavg"] = compiled_cost(lambda p, c: fedavg(p, c, 1.0)[0], params, client_arrays(steps, shape, 10, False))
         uga_client = client_arrays(steps, shape, 10, True)
         for name, fn in variants.items():
             row[name] = compiled_cost(lambda p, c, fn=fn: fn(p, c)[0], params, uga_client)

@@ -25,6 +25,7 @@ import geyer_mnist  # noqa: E402
 
 from fedjax_dp.privacy.accounting import Accountant, RoundEvent  # noqa: E402
 from fedjax_dp.training import results  # noqa: E402
+from fedjax_dp.training.default_config import default_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
 
 EPSILON = 8.0
@@ -55,7 +56,7 @@ def variants(k: int):
             ("DP, fixed m, z=2, RDP (same effective noise as Poisson z=1)", {"dp.noise_multiplier": 2.0}),
             ("DP, Poisson q=m/K, PLD", {"sampling.method": "poisson", "dp.accountant": "pld"})]
     if k == 100:
-        rows.append(("non-DP FedAvg (reference)", {"algorithm": "fedavg", "rounds": 100}))
+        rows.append(("non-DP FedAvg (reference)", {"algorithm": "fedavg", "rounds": 100, "dp": default_config().dp}))
     return rows
 
 

@@ -22,3 +22,19 @@ def random_client_data(rng: np.random.Generator, sizes, shape=(4, 4, 1), num_cla
     """Per-client (x, y) arrays with the given example counts."""
     return [(rng.standard_normal((n,) + shape).astype(np.float32), rng.integers(0, num_classes, n).astype(np.int32))
             for n in sizes]
+
+
+def make_round(model, algorithm="fedavg", num_clients=100, strategy="vmap", chunk_size=None, **overrides):
+    """A ``FederatedRound`` built as the experiment loop builds it (registry, wrappers, upload chain),
+    from ``default_config()`` with ``overrides`` given as ``{"dp.clip": "median", ...}``."""
+    from fedjax_dp.core.strategy import StrategyChoice
+    from fedjax_dp.training.build import build_round
+    from fedjax_dp.training.default_config import default_config
+
+    cfg = default_config()
+    cfg.algorithm = algorithm
+    for path, value in overrides.items():
+        section, _, key = path.rpartition(".")
+        (cfg[section] if section else cfg)[key] = value
+    choice = StrategyChoice(strategy=strategy, chunk_size=chunk_size, unroll=1, conv_impl="xla")
+    return build_round(cfg, model, choice, num_clients)

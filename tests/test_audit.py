@@ -59,7 +59,11 @@ def test_clopper_pearson_and_bound_arithmetic():
 def test_end_to_end_audit_of_a_short_training_run():
     import jax
     import optax
-    from fedjax_dp.algorithms.dp_fedavg import DPFedAvg
+    from fedjax_dp.algorithms.fedavg import FedAvg
+    from fedjax_dp.core.round import FederatedRound
+    from fedjax_dp.core.uploads import fixed_denominator
+    from fedjax_dp.privacy.upload_clipping import FlatClip
+    from fedjax_dp.privacy.upload_noise import GaussianNoise
     from fedjax_dp.data.packing import pack_cohort
     from fedjax_dp.models import get_model
     from fedjax_dp.privacy.audit import audit_training_run
@@ -72,9 +76,11 @@ def test_end_to_end_audit_of_a_short_training_run():
     canary = pack_cohort(np.full((10, 4, 4, 1), 5.0, np.float32), np.zeros(10, np.int32), [np.arange(10)], 10, 1, rng)
     z, rounds = 3.0, 3
     claim = epsilon_of([(RoundEvent("full", z), rounds)], DELTA, "pld")
-    algo = DPFedAvg(model.per_example_loss, optax.sgd(1.0), denominator=5, clip_norm=1.0, track_variance=False)
-    sound = audit_training_run(algo, params, cohort, canary, rounds, z, claim, DELTA, trials=600)
-    broken = audit_training_run(algo, params, cohort, canary, rounds, 0.0, claim, DELTA, trials=600)  # noise off
+    algorithm = FedAvg(model.per_example_loss, optax.sgd(1.0))
+    round_for = lambda z: FederatedRound(algorithm, [FlatClip(1.0), GaussianNoise(((1, z),)),  # noqa: E731
+                                                     fixed_denominator(5)])
+    sound = audit_training_run(round_for, params, cohort, canary, rounds, z, claim, DELTA, trials=600)
+    broken = audit_training_run(round_for, params, cohort, canary, rounds, 0.0, claim, DELTA, trials=600)  # noise off
     assert not sound.violated and broken.violated
 
 

@@ -14,14 +14,15 @@ from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
 
-def _config():
+def _config(algorithm="dp_fedavg"):
     c = default_config()
     c.rounds, c.eval_every, c.checkpoint_every = 6, 2, 2
-    c.algorithm = "dp_fedavg"
     c.data.num_clients = 20
     c.client.update(epochs=1, batch_size=20)
     c.sampling.cohort_size = 4
-    c.dp.noise_multiplier = 0.8
+    if algorithm == "dp_fedavg":
+        c.dp.noise_multiplier = 0.8
+    c.algorithm = algorithm
     return c
 
 
@@ -81,8 +82,8 @@ def test_resume_needs_a_checkpoint_and_the_same_config(tmp_path):
 
 
 def test_a_diverged_model_stops_the_run_with_a_clear_reason(tmp_path):
-    c = _config()
-    c.algorithm, c.rounds = "fedavg", 8
+    c = _config("fedavg")
+    c.rounds = 8
     c.server.learning_rate = 1e39  # the first server step overflows float32: the parameters become inf
     summary = run_experiment(c, str(tmp_path), progress=False)
     assert summary.stop_reason == "the global model diverged in round 1 (non-finite parameters)"
@@ -104,8 +105,7 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loop_module, "tree_module", loop_module.tree, raising=False)
     monkeypatch.setattr(loop_module, "tree", DivergesInRound3())
-    c = _config()
-    c.algorithm = "fedavg"
+    c = _config("fedavg")
     summary = run_experiment(c, str(tmp_path), progress=False)
     assert summary.rounds == 2 and "round 3" in summary.stop_reason
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["round_000002"]
@@ -126,8 +126,8 @@ def test_a_non_finite_client_update_is_dropped_and_named_with_its_client_id(tmp_
 
     poison = [1]
     monkeypatch.setattr(loop_module, "make_packer", poisoning_packer)
-    c = _config()
-    c.algorithm, c.rounds = "fedavg", 2
+    c = _config("fedavg")
+    c.rounds = 2
     summary = run_experiment(c, str(tmp_path), progress=False)
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert all(r["dropped_clients"] == 1 and len(r["dropped_client_ids"]) == 1 for r in rows)

@@ -12,6 +12,8 @@ import pytest
 from jax.scipy.fft import idct
 
 from fedjax_dp.algorithms.fedavg import FedAvg
+from fedjax_dp.compression.upload_transform import CompressedSensing
+from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.compression import traffic
 from fedjax_dp.compression.coherence import basis, coherence
 from fedjax_dp.compression.operators import BlockSum, RandomMatrix, make_operator
@@ -160,15 +162,18 @@ def test_fedavg_with_rate_one_block_compression_is_fedavg():
     data = random_client_data(np.random.default_rng(0), [6, 9])
     x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
     cohort = pack_cohort(x, y, [np.arange(6), np.arange(6, 15)], 4, 1, np.random.default_rng(0))
-    plain = FedAvg(model.per_example_loss, optax.sgd(0.1))
-    identity = FedAvg(model.per_example_loss, optax.sgd(0.1), compressor=LayerwiseCompressor(params, fixed_rates(params, 1.0)))
+    fedavg = FedAvg(model.per_example_loss, optax.sgd(0.1))
+    plain = FederatedRound(fedavg)
+    identity = FederatedRound(fedavg, [CompressedSensing(rates="1.0")])
     a = plain.round(plain.init(params), cohort, jax.random.key(1))[0].params
     b = identity.round(identity.init(params), cohort, jax.random.key(1))[0].params
     for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7)
-    half = FedAvg(model.per_example_loss, optax.sgd(0.1), compressor=LayerwiseCompressor(params, fixed_rates(params, 0.5)))
-    assert plain.upload_bytes(params) == 4 * 51  # 48 weights + 3 biases
-    assert half.upload_bytes(params) == 4 * (1 + 24) + 4 * 2  # floor(0.5 * 3), floor(0.5 * 48), one rate per layer
+    half = FederatedRound(fedavg, [CompressedSensing(rates="0.5")])
+    dense = traffic.dense_upload_bytes(params)
+    assert plain.upload_bytes(plain.init(params), dense) == dense == 4 * 51  # 48 weights + 3 biases
+    # floor(0.5 * 3), floor(0.5 * 48), one rate per layer
+    assert half.upload_bytes(half.init(params), dense) == 4 * (1 + 24) + 4 * 2
 
 
 def test_loop_records_traffic_and_dynamic_rates(tmp_path):

@@ -9,12 +9,16 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_dp.algorithms.dp_fedavg import DPFedAvg
+from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.data.packing import pack_cohort
 from fedjax_dp.models import get_model
+from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, FlatClip
+from fedjax_dp.privacy.upload_noise import GaussianNoise
+from fedjax_dp.training.config_validation import validate_config
+from fedjax_dp.training.default_config import default_config
 
-from conftest import random_client_data
+from conftest import make_round, random_client_data
 
 SIZES = [8, 8, 8, 8, 8, 8]
 
@@ -30,6 +34,18 @@ def setup(sizes=SIZES, seed=0):
     return model, params, cohort
 
 
+def dp_round(model, d=len(SIZES), z=0.0, clip="fixed", clip_norm=1.0, mode="central", lr=0.1, **dp):
+    """DP-FedAvg as the loop builds it: FedAvg + chain(statistics, clip, gaussian, fixed denominator)."""
+    return make_round(model, "dp_fedavg", num_clients=max(d, len(SIZES)), **{
+        "sampling.cohort_size": d, "client.learning_rate": lr, "dp.noise_multiplier": z, "dp.clip": clip,
+        "dp.clip_norm": clip_norm, "dp.noise_mode": mode, **{f"dp.{k}": v for k, v in dp.items()}})
+
+
+def run(runner, params, cohort, key):
+    result = runner(runner.init(params), cohort, key)
+    return result.state, result.metrics
+
+
 def leaves(t):
     return jax.tree_util.tree_leaves(t)
 
@@ -40,10 +56,8 @@ def flat(t):
 
 def test_no_noise_no_clipping_equals_fedavg():
     model, params, cohort = setup()
-    fedavg = FedAvg(model.per_example_loss, optax.sgd(0.1))
-    dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=len(SIZES), clip_norm=1e6)
-    want, _ = fedavg.round(fedavg.init(params), cohort, jax.random.key(1))
-    got, metrics = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=0.0)
+    want, _ = run(FederatedRound(FedAvg(model.per_example_loss, optax.sgd(0.1))), params, cohort, jax.random.key(1))
+    got, metrics = run(dp_round(model, clip_norm=1e6), params, cohort, jax.random.key(1))
     for a, b in zip(leaves(got.params), leaves(want.params)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     assert float(metrics["clipped_fraction"]) == 0.0
@@ -52,10 +66,9 @@ def test_no_noise_no_clipping_equals_fedavg():
 @pytest.mark.parametrize("mode", ["central", "local"])
 def test_noise_has_the_calibrated_scale(mode):
     model, params, cohort = setup()
-    z, clip, d = 2.0, 0.05, 4.0
-    dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=d, clip_norm=clip, noise_mode=mode)
-    clean, _ = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=0.0)
-    noisy, _ = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=z)
+    z, clip, d = 2.0, 0.05, 4
+    clean, _ = run(dp_round(model, d, 0.0, clip_norm=clip, mode=mode), params, cohort, jax.random.key(1))
+    noisy, _ = run(dp_round(model, d, z, clip_norm=clip, mode=mode), params, cohort, jax.random.key(1))
     noise = flat(noisy.params) - flat(clean.params)
     # central: one N(0, (zS)^2) draw on the sum; local: one per client (6 of them); both divided by D
     std = z * clip / d * (math.sqrt(len(SIZES)) if mode == "local" else 1.0)
@@ -65,8 +78,7 @@ def test_noise_has_the_calibrated_scale(mode):
 
 def test_clipped_updates_respect_the_bound():
     model, params, cohort = setup()
-    dp = DPFedAvg(model.per_example_loss, optax.sgd(1.0), denominator=len(SIZES), clip_norm=1e-3)
-    state, metrics = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=0.0)
+    state, metrics = run(dp_round(model, clip_norm=1e-3, lr=1.0), params, cohort, jax.random.key(1))
     shift = np.linalg.norm(flat(state.params) - flat(params))
     assert shift <= 1e-3 * (1 + 1e-4) and float(metrics["clipped_fraction"]) == 1.0
 
@@ -76,43 +88,43 @@ def test_nan_client_is_dropped_counted_and_never_reaches_the_model():
     cohort["batches"]["x"] = cohort["batches"]["x"].copy()
     cohort["batches"]["x"][2, 0, 0] = np.nan
     for clip in ("fixed", "median", "adaptive"):
-        dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=len(SIZES), clip=clip)
-        state, metrics = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=1.0)
+        state, metrics = run(dp_round(model, z=1.0, clip=clip), params, cohort, jax.random.key(1))
         assert int(metrics["dropped_clients"]) == 1, clip
         assert np.all(np.isfinite(flat(state.params))), clip
 
 
 def test_median_clipping_is_labelled_not_private_and_uses_the_median():
     model, params, cohort = setup()
-    dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=len(SIZES), clip="median")
-    assert not dp.private
-    _, metrics = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=0.0)
+    runner = dp_round(model, clip="median")
+    assert [r.formal for r in runner.uploads.releases(1)] == [False, True]  # the threshold, the noise
+    _, metrics = run(runner, params, cohort, jax.random.key(1))
     assert float(metrics["clip_norm"]) == pytest.approx(float(metrics["median_update_norm"]))
     assert 0.3 <= float(metrics["clipped_fraction"]) <= 0.5  # half of 6 clients, ties aside
 
 
 def test_adaptive_clipping_moves_toward_the_quantile():
     model, params, cohort = setup()
-    dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=len(SIZES), clip="adaptive", clip_norm=1e-4,
-                  count_noise_std=1.0)
-    state = dp.init(params)
+    runner = dp_round(model, z=1.0, clip="adaptive", clip_norm=1e-4)
+    position = [i for i, t in enumerate(runner.uploads) if isinstance(t, AdaptiveQuantileClip)][0]
+    assert runner.uploads[position].count_noise_std == 1.0  # sigma_b = max(D / 20, 1)
+    state = runner.init(params)
     norms = []
     for t in range(8):  # every update is larger than S: the unclipped fraction is ~0 < 0.5, so S grows
-        state, metrics = dp.round(state, cohort, jax.random.key(t), noise_multiplier=1.0)
-        norms.append(float(state.clip_norm))
+        state = runner(state, cohort, jax.random.key(t)).state
+        norms.append(float(state.uploads[position]))
     assert norms[-1] > 1e-4 * math.exp(0.2 * 0.5 * 8) * 0.3
-    assert dp.update_noise_multiplier(1.0) > 1.0  # the count's privacy is paid by more update noise
+    noise = [t for t in runner.uploads if isinstance(t, GaussianNoise)][0]
+    assert noise.update_multiplier(1.0) > 1.0  # the count's privacy is paid by more update noise
 
 
 def test_variance_metrics_match_definition():
     model, params, cohort = setup()
-    dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=len(SIZES), clip_norm=1e6)
-    _, metrics = dp.round(dp.init(params), cohort, jax.random.key(1), noise_multiplier=0.0)
-    fedavg = FedAvg(model.per_example_loss, optax.sgd(0.1))
+    _, metrics = run(dp_round(model, clip_norm=1e6), params, cohort, jax.random.key(1))
+    fedavg = FederatedRound(FedAvg(model.per_example_loss, optax.sgd(0.1)))
     deltas = []
     for c in range(len(SIZES)):
         one = {k: (jax.tree_util.tree_map(lambda a: a[c:c + 1], v) if k != "example_index" else v) for k, v in cohort.items()}
-        s, _ = fedavg.round(fedavg.init(params), one, jax.random.key(1))
+        s, _ = run(fedavg, params, one, jax.random.key(1))
         deltas.append(flat(s.params) - flat(params))
     deltas = np.stack(deltas)
     mu = deltas.mean(0)
@@ -121,11 +133,12 @@ def test_variance_metrics_match_definition():
 
 
 def test_bad_arguments():
-    model, params, cohort = setup()
     with pytest.raises(ValueError, match="clip norm S must be > 0, got -1"):
-        DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=2, clip_norm=-1)
-    with pytest.raises(ValueError, match="clip mode 'huge' unknown"):
-        DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=2, clip="huge")
-    dp = DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=2)
-    with pytest.raises(ValueError, match="noise multiplier must be >= 0, got -0.5"):
-        dp.round(dp.init(params), cohort, jax.random.key(0), noise_multiplier=-0.5)
+        FlatClip(-1)
+    with pytest.raises(ValueError, match="noise multipliers must be >= 0"):
+        GaussianNoise(((1, -0.5),))
+    cfg = default_config()
+    cfg.algorithm, cfg.dp.clip, cfg.dp.noise_multiplier = "dp_fedavg", "huge", -0.5
+    with pytest.raises(ValueError) as error:
+        validate_config(cfg)
+    assert "dp.clip 'huge' unknown" in str(error.value) and "got -0.5" in str(error.value)

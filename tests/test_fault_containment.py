@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from fedjax_dp.algorithms.fedavg import FedAvg
+from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.data.packing import pack_cohort
 from fedjax_dp.models import get_model
 
@@ -52,14 +53,15 @@ def test_a_raising_client_is_dropped_and_the_others_aggregate(strategy, caplog):
     params = model.init(jax.random.key(0))
     x, y, indices = _cohort([2])
     cohort = pack_cohort(x, y, indices, 3, 1, np.random.default_rng(1))
-    algorithm = FedAvg(_faulty_loss(model), optax.sgd(0.1), strategy=strategy)
+    algorithm = FederatedRound(FedAvg(_faulty_loss(model), optax.sgd(0.1)), strategy=strategy)
     with caplog.at_level(logging.WARNING):
-        state, metrics = algorithm.round(algorithm.init(params), cohort, jax.random.key(0))
-    np.testing.assert_array_equal(metrics["client_dropped"], [False, False, True, False])
+        result = algorithm(algorithm.init(params), cohort, jax.random.key(0))
+    state, metrics = result.state, result.metrics
+    np.testing.assert_array_equal(result.dropped, [False, False, True, False])
     assert int(metrics["dropped_clients"]) == 1
     assert "cohort position 2 raised" in caplog.text
     # the same as FedAvg over the three healthy clients (their keys kept: same cohort positions)
-    healthy = FedAvg(model.per_example_loss, optax.sgd(0.1), strategy="loop")
+    healthy = FederatedRound(FedAvg(model.per_example_loss, optax.sgd(0.1)), strategy="loop")
     weights = cohort["num_examples"].copy()
     cohort_without = {**cohort, "mask": cohort["mask"].copy(), "num_examples": weights}
     cohort_without["mask"][2] = False
@@ -73,6 +75,6 @@ def test_when_every_client_raises_the_error_is_the_programs_and_is_raised():
     model = get_model("logistic", (4, 4, 1), 3)
     x, y, indices = _cohort([0, 1, 2, 3])
     cohort = pack_cohort(x, y, indices, 3, 1, np.random.default_rng(1))
-    algorithm = FedAvg(_faulty_loss(model), optax.sgd(0.1), strategy="loop")
+    algorithm = FederatedRound(FedAvg(_faulty_loss(model), optax.sgd(0.1)), strategy="loop")
     with pytest.raises(jax.errors.JaxRuntimeError, match="corrupt client data"):
         algorithm.round(algorithm.init(model.init(jax.random.key(0))), cohort, jax.random.key(0))

@@ -6,6 +6,7 @@ import numpy as np
 import optax
 
 from fedjax_dp.algorithms.fedavg import FedAvg
+from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.data.packing import pack_cohort
 from fedjax_dp.models import get_model
@@ -27,7 +28,7 @@ def test_round_is_example_weighted_mean_of_client_updates():
     params = model.init(jax.random.key(0))
     sizes = [3, 12, 7]
     _, _, cohort = _cohort(sizes)
-    algo = FedAvg(model.per_example_loss, optax.sgd(0.1))
+    algo = FederatedRound(FedAvg(model.per_example_loss, optax.sgd(0.1)))
     state, metrics = algo.round(algo.init(params), cohort, jax.random.key(1))
     train = make_local_trainer(model.per_example_loss, optax.sgd(0.1))
     deltas = []
@@ -46,7 +47,7 @@ def test_nan_client_is_dropped_and_counted():
     _, _, cohort = _cohort([5, 5, 5])
     cohort["batches"]["x"] = cohort["batches"]["x"].copy()
     cohort["batches"]["x"][1, 0, 0, 0, 0, 0] = np.nan  # one client's data is poisoned
-    algo = FedAvg(model.per_example_loss, optax.sgd(0.1))
+    algo = FederatedRound(FedAvg(model.per_example_loss, optax.sgd(0.1)))
     state, metrics = algo.round(algo.init(params), cohort, jax.random.key(1))
     assert int(metrics["dropped_clients"]) == 1
     assert all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree_util.tree_leaves(state.params))
@@ -62,7 +63,7 @@ def test_fedavg_learns_embedded_mnist():
     from fedjax_dp.data.builders import build_dataset
     ds = build_dataset(ConfigDict(dict(source="mnist_5k", partition="iid", num_clients=20, test_fraction=0.2)), seed=0)
     model = get_model("logistic")
-    algo = FedAvg(model.per_example_loss, optax.sgd(0.1), strategy="chunked", chunk_size=5)
+    algo = FederatedRound(FedAvg(model.per_example_loss, optax.sgd(0.1)), strategy="chunked", chunk_size=5)
     state = algo.init(model.init(jax.random.key(0)))
     before = evaluate(model, state.params, ds)["test_accuracy"]
     rng = np.random.default_rng(0)

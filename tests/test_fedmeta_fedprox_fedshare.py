@@ -11,9 +11,10 @@ import optax
 import pytest
 
 from fedjax_dp.algorithms.fedavg import FedAvg
+from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.algorithms.fedmeta import FedMeta, meta_batches
 from fedjax_dp.algorithms.fedprox import FedProx, proximal_term
-from fedjax_dp.algorithms.fedshare import share_with_clients
+from fedjax_dp.data.shared_set import share_with_clients
 from fedjax_dp.algorithms.uga import UGA
 from fedjax_dp.data.federated_dataset import FederatedDataset
 from fedjax_dp.data.packing import pack_cohort, pack_uga_cohort
@@ -44,7 +45,8 @@ def test_fedmeta_meta_step_is_exactly_one_sgd_step_on_d_meta():
     meta_x, meta_y = random_client_data(np.random.default_rng(5), [13])[0]
     base = FedAvg(model.per_example_loss, optax.sgd(0.1))
     eta = 0.05
-    meta = FedMeta(base, model.per_example_loss, meta_x, meta_y, eta, meta_batch_size=4)  # 4 batches, one step
+    meta = FederatedRound(FedMeta(base, model.per_example_loss, meta_x, meta_y, eta, meta_batch_size=4))  # 4 batches
+    base = FederatedRound(base)
     state, metrics = meta.round(meta.init(params), cohort, jax.random.key(1))
     after_base, _ = base.round(base.init(params), cohort, jax.random.key(1))
     d_meta = {"x": jnp.asarray(meta_x), "y": jnp.asarray(meta_y)}
@@ -62,8 +64,9 @@ def test_fedmeta_composes_with_uga_and_decays_its_rate():
     cohort = pack_uga_cohort(x, y, idx, 4, 2, np.random.default_rng(0))
     meta_x, meta_y = random_client_data(np.random.default_rng(5), [7])[0]
     base = UGA(model.per_example_loss, optax.sgd(0.1), server_optimizer=optax.sgd(0.5))
-    meta = FedMeta(base, model.per_example_loss, meta_x, meta_y, 0.05, meta_steps=2, meta_lr_decay=0.5)
-    assert meta.needs_evaluation_pass
+    meta = FederatedRound(FedMeta(base, model.per_example_loss, meta_x, meta_y, 0.05, meta_steps=2, meta_lr_decay=0.5))
+    base = FederatedRound(base)
+    assert meta.algorithm.requirements.evaluation_pass
     state = meta.init(params)
     state, _ = meta.round(state, cohort, jax.random.key(1))
     base_state, _ = base.round(state, cohort, jax.random.key(2))  # round 2 by hand: base, then 2 steps at 0.025
@@ -96,7 +99,7 @@ def test_fedprox_with_mu_zero_is_fedavg_and_mu_pulls_towards_the_global_model():
     params = model.init(jax.random.key(0))
     x, y, idx = _data([6, 9, 4])
     cohort = pack_cohort(x, y, idx, 4, 3, np.random.default_rng(0))
-    run = lambda algo: algo.round(algo.init(params), cohort, jax.random.key(1))[0].params  # noqa: E731
+    run = lambda algo: FederatedRound(algo).round(FederatedRound(algo).init(params), cohort, jax.random.key(1))[0].params  # noqa: E731
     fedavg = _flat(run(FedAvg(model.per_example_loss, optax.sgd(0.3))))
     np.testing.assert_array_equal(_flat(run(FedProx(model.per_example_loss, optax.sgd(0.3), mu=0.0))), fedavg)
     prox = _flat(run(FedProx(model.per_example_loss, optax.sgd(0.3), mu=1.0)))

@@ -12,7 +12,8 @@ import optax
 import pytest
 
 from fedjax_dp.algorithms.fedavg import FedAvg
-from fedjax_dp.algorithms.scaffold import CLIENT_STATE_KEY, Scaffold
+from fedjax_dp.algorithms.scaffold import Scaffold
+from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.data.packing import pack_cohort
 from fedjax_dp.training.default_config import default_config
@@ -36,16 +37,17 @@ def _heterogeneous_clients(num_clients=4, per_client=8, seed=0):
     return x, np.zeros(len(x), np.int32), indices
 
 
-def _run_rounds(algorithm, x, y, indices, rounds, batch_size=4, epochs=3, store=None):
+def _run_rounds(algorithm, x, y, indices, rounds, batch_size=4, epochs=3, store=None, uploads=()):
     params = {"w": jnp.zeros(2)}
-    state = algorithm.init(params)
+    runner = FederatedRound(algorithm, uploads)
+    state = runner.init(params)
     for t in range(rounds):
         cohort = pack_cohort(x, y, indices, batch_size, epochs, np.random.default_rng(t))
+        states = store.gather(range(len(indices))) if store is not None else None
+        result = runner(state, cohort, jax.random.key(t), client_states=states)
+        state = result.state
         if store is not None:
-            cohort[CLIENT_STATE_KEY] = store.gather(range(len(indices)))
-        state, metrics = algorithm.round(state, cohort, jax.random.key(t))
-        if store is not None:
-            store.scatter(range(len(indices)), metrics[CLIENT_STATE_KEY], ~np.asarray(metrics["client_dropped"]))
+            store.scatter(range(len(indices)), result.client_states, ~result.dropped)
     return state
 
 
@@ -79,11 +81,11 @@ def test_scaffold_matches_a_hand_written_reference_of_algorithm_1():
     x, y, indices = _heterogeneous_clients()
     lr = 0.1
     scaffold = Scaffold(_quadratic_loss, optax.sgd(lr), local_learning_rate=lr, num_clients=len(indices))
-    store = ClientStateStore(scaffold.client_state_template({"w": jnp.zeros(2)}))
+    store = ClientStateStore(scaffold.client_state_init({"w": jnp.zeros(2)}))
     state = _run_rounds(scaffold, x, y, indices, rounds=3, store=store)
     w, c, ci = _reference(x, indices, 3, lr)
     np.testing.assert_allclose(state.params["w"], w, rtol=2e-5, atol=1e-6)
-    np.testing.assert_allclose(state.control["w"], c, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(state.extra["w"], c, rtol=2e-5, atol=1e-6)
     for k in range(len(indices)):
         np.testing.assert_allclose(store.get(k)["w"], ci[k], rtol=2e-5, atol=1e-5)
 
@@ -91,7 +93,7 @@ def test_scaffold_matches_a_hand_written_reference_of_algorithm_1():
 def test_first_round_with_zero_controls_is_fedavg_on_equal_clients():
     x, y, indices = _heterogeneous_clients()
     scaffold = Scaffold(_quadratic_loss, optax.sgd(0.1), local_learning_rate=0.1, num_clients=4)
-    store = ClientStateStore(scaffold.client_state_template({"w": jnp.zeros(2)}))
+    store = ClientStateStore(scaffold.client_state_init({"w": jnp.zeros(2)}))
     one = _run_rounds(scaffold, x, y, indices, rounds=1, store=store)
     fedavg = _run_rounds(FedAvg(_quadratic_loss, optax.sgd(0.1)), x, y, indices, rounds=1)
     np.testing.assert_allclose(one.params["w"], fedavg.params["w"], rtol=1e-6)
@@ -106,7 +108,7 @@ def test_scaffold_removes_client_drift_that_biases_fedavg():
     lr, rounds = 0.2, 60
     fedavg = _run_rounds(FedAvg(_quadratic_loss, optax.sgd(lr)), x, y, indices, rounds, epochs=10)
     scaffold = Scaffold(_quadratic_loss, optax.sgd(lr), local_learning_rate=lr, num_clients=4)
-    store = ClientStateStore(scaffold.client_state_template({"w": jnp.zeros(2)}))
+    store = ClientStateStore(scaffold.client_state_init({"w": jnp.zeros(2)}))
     corrected = _run_rounds(scaffold, x, y, indices, rounds, epochs=10, store=store)
     fedavg_error = float(np.max(np.abs(np.asarray(fedavg.params["w"]) - optimum)))
     scaffold_error = float(np.max(np.abs(np.asarray(corrected.params["w"]) - optimum)))
@@ -154,11 +156,11 @@ def test_scaffold_runs_in_the_loop_and_resumes_with_its_client_controls(tmp_path
 def test_scaffold_bad_input():
     with pytest.raises(ValueError, match="eta_l must be > 0, got 0"):
         Scaffold(_quadratic_loss, optax.sgd(0.1), local_learning_rate=0.0, num_clients=4)
-    scaffold = Scaffold(_quadratic_loss, optax.sgd(0.1), local_learning_rate=0.1, num_clients=4)
+    scaffold = FederatedRound(Scaffold(_quadratic_loss, optax.sgd(0.1), local_learning_rate=0.1, num_clients=4))
     x, y, indices = _heterogeneous_clients()
     cohort = pack_cohort(x, y, indices, 4, 1, np.random.default_rng(0))
-    with pytest.raises(ValueError, match="control variates under 'client_state'"):
-        scaffold.round(scaffold.init({"w": jnp.zeros(2)}), cohort, jax.random.key(0))
+    with pytest.raises(ValueError, match="keeps per-client state: pass the cohort's stacked states"):
+        scaffold(scaffold.init({"w": jnp.zeros(2)}), cohort, jax.random.key(0))
     c = _config()
     c.client.momentum = 0.9
     with pytest.raises(ValueError, match="plain SGD clients"):

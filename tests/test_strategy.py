@@ -4,7 +4,7 @@ from fedjax_dp.core.cohort import STRATEGIES
 from fedjax_dp.core.strategy import choose_strategy
 from fedjax_dp.models.conv import CONV_IMPLS
 from fedjax_dp.training.default_config import default_config
-from fedjax_dp.training.loop import resolve_engine
+from fedjax_dp.training.build import resolve_engine
 
 
 def test_cpu_choices_follow_the_measurements():

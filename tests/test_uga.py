@@ -9,6 +9,7 @@ import jax.flatten_util
 
 enable_x64 = lambda: jax.enable_x64(True)  # noqa: E731
 
+from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.algorithms.uga import UGA, make_uga_gradient
 from fedjax_dp.core.local_training import make_data_value_and_grad, make_local_trainer
 from fedjax_dp.data.packing import pack_uga_cohort
@@ -185,11 +186,12 @@ def test_uga_server_step_is_the_example_weighted_mean_gradient_and_strategies_ag
     eta_g = 0.7
     results = {}
     for strategy, chunk in (("vmap", None), ("chunked", 3), ("sequential", None), ("loop", None)):
-        algo = UGA(model.per_example_loss, optax.sgd(0.1), server_optimizer=optax.sgd(eta_g), strategy=strategy, chunk_size=chunk)
+        algo = FederatedRound(UGA(model.per_example_loss, optax.sgd(0.1), server_optimizer=optax.sgd(eta_g)),
+                              strategy=strategy, chunk_size=chunk)
         state, metrics = algo.round(algo.init(params), cohort, jax.random.key(1))
         results[strategy] = _flat(state.params)
     grad_fn = make_uga_gradient(model.per_example_loss, optax.sgd(0.1))
-    from fedjax_dp.algorithms.base import client_inputs
+    from fedjax_dp.core.round import client_inputs
     inputs = client_inputs(cohort, jax.random.key(1))
     grads = [grad_fn(params, jax.tree_util.tree_map(lambda a: a[k], inputs))[0] for k in range(len(sizes))]
     mean = sum(n * _flat(g) for n, g in zip(sizes, grads)) / sum(sizes)
@@ -212,27 +214,25 @@ def test_uga_bad_input():
 
 
 def test_dp_uga_without_noise_or_clipping_is_uga_and_clips_the_meta_gradient():
-    from fedjax_dp.algorithms.dp_fedavg import DPFedAvg
-    from fedjax_dp.algorithms.uga import as_client_delta
+    from fedjax_dp.core.uploads import fixed_denominator
+    from fedjax_dp.privacy.upload_clipping import FlatClip
+    from fedjax_dp.privacy.upload_noise import GaussianNoise
     model = get_model("logistic", (4, 4, 1), 3)
     params = model.init(jax.random.key(0))
     sizes = [5, 11, 3]
     cohort = _uga_cohort(sizes)
-    uga = UGA(model.per_example_loss, optax.sgd(0.1), server_optimizer=optax.sgd(0.5))
-    want = _flat(uga.round(uga.init(params), cohort, jax.random.key(1))[0].params)
-    grad_fn = make_uga_gradient(model.per_example_loss, optax.sgd(0.1))
+    algorithm = UGA(model.per_example_loss, optax.sgd(0.1), server_optimizer=optax.sgd(0.5))
+    uga = FederatedRound(algorithm)
 
-    def dp(clip_norm):
-        return DPFedAvg(model.per_example_loss, optax.sgd(0.1), denominator=3, server_optimizer=optax.sgd(0.5),
-                        clip_norm=clip_norm, client_update=as_client_delta(grad_fn), needs_evaluation_pass=True,
-                        track_variance=False)
+    def dp(clip_norm):  # DP-UGA: UGA + DP-FedAvg's chain (algorithms.dp_uga)
+        return FederatedRound(algorithm, [FlatClip(clip_norm), GaussianNoise(((1, 0.0),)), fixed_denominator(3)])
     # DP averages uniformly over D = 3 clients; UGA weights by n_k: equal weights make them comparable
     equal = {**cohort, "num_examples": np.full(3, 7, np.int32)}
     want = _flat(uga.round(uga.init(params), equal, jax.random.key(1))[0].params)
     algo = dp(1e6)
-    got = _flat(algo.round(algo.init(params), equal, jax.random.key(1), 0.0)[0].params)
+    got = _flat(algo.round(algo.init(params), equal, jax.random.key(1))[0].params)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     algo = dp(1e-3)
-    state, metrics = algo.round(algo.init(params), equal, jax.random.key(1), 0.0)
+    state, metrics = algo.round(algo.init(params), equal, jax.random.key(1))
     assert float(metrics["clipped_fraction"]) == 1.0
     assert np.linalg.norm(_flat(state.params) - _flat(params)) <= 0.5 * 1e-3 + 1e-7

@@ -2,3 +2,5 @@
 (``algorithms.registry``)."""
 
 from fedjax_dp.algorithms import dp_fedavg, dp_uga, fedavg, fedmeta, fedprox, scaffold, uga  # noqa: F401  (registration)
+
+DEFAULT_ALGORITHM = "fedavg"

@@ -24,27 +24,9 @@ from fedjax_dp.core.uploads import Chain, chain, fixed_denominator
 from fedjax_dp.privacy.accounting import ACCOUNTANTS, calibrate_noise_multiplier
 from fedjax_dp.privacy.update_statistics import UpdateStatistics
 from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, FlatClip, MedianClip, PerLayerClip
-from fedjax_dp.privacy.upload_noise import GaussianNoise
+from fedjax_dp.privacy.upload_noise import GaussianNoise, parse_schedule
 
 CLIP_MODES = ("fixed", "per_layer", "adaptive", "median")
-
-
-def parse_schedule(text: str, default: float) -> tuple[tuple[int, float], ...]:
-    """'1:1.0,50:0.8' -> ((1, 1.0), (50, 0.8)) (value from that round on); '' -> constant default."""
-    if not text:
-        return ((1, float(default)),)
-    pairs = []
-    for item in text.split(","):
-        parts = item.split(":")
-        if len(parts) != 2:
-            raise ValueError(f"dp.noise_schedule={text!r}: each item must be 'round:z', got {item!r}")
-        try:
-            pairs.append((int(parts[0]), float(parts[1])))
-        except ValueError:
-            raise ValueError(f"dp.noise_schedule={text!r}: {item!r} is not 'round:z' (an integer and a number)") from None
-    if pairs[0][0] != 1 or any(b[0] <= a[0] for a, b in zip(pairs, pairs[1:])):
-        raise ValueError(f"dp.noise_schedule={text!r} must start at round 1 with increasing rounds")
-    return tuple(pairs)
 
 
 def noise_schedule(ctx) -> tuple[tuple[int, float], ...]:

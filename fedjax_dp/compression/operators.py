@@ -45,9 +45,13 @@ class BlockSum:
     rate: float
 
     def __post_init__(self):
+        self._layout  # noqa: B018  (validates size and rate now)
+
+    @functools.cached_property
+    def _layout(self) -> tuple[int, int, int]:
         b = num_measurements(self.size, self.rate)
         q, rem = divmod(self.size, b)
-        object.__setattr__(self, "_layout", (b, q, rem))
+        return b, q, rem
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -116,9 +120,13 @@ class RandomMatrix:
             raise ValueError(f"random matrix kind must be gaussian or bernoulli, got {self.kind!r}")
         if self.tile < 1:
             raise ValueError(f"tile must be >= 1 columns, got {self.tile}")
+        self._layout  # noqa: B018  (validates size and rate now)
+
+    @functools.cached_property
+    def _layout(self) -> tuple[int, int, int]:
         b = num_measurements(self.size, self.rate)
         tile = min(self.tile, self.size)
-        object.__setattr__(self, "_layout", (b, tile, math.ceil(self.size / tile)))
+        return b, tile, math.ceil(self.size / tile)
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -9,6 +9,7 @@ structure as the update. Random operators get a different seed per layer, derive
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -30,13 +31,22 @@ class LayerwiseCompressor:
     reconstruction_options: tuple = ()
 
     def __post_init__(self):
-        leaves, treedef = jax.tree_util.tree_flatten(self.reference)
-        rates = treedef.flatten_up_to(self.rates)
-        ops = [make_operator(self.kind, int(np.prod(x.shape)), float(r), seed=self.seed * 1_000_003 + i, tile=self.tile)
-               for i, (x, r) in enumerate(zip(leaves, rates))]
-        object.__setattr__(self, "_treedef", treedef)
-        object.__setattr__(self, "_shapes", [tuple(x.shape) for x in leaves])
-        object.__setattr__(self, "_operators", ops)
+        self._operators  # noqa: B018  (builds and validates the operators now)
+
+    @functools.cached_property
+    def _treedef(self):
+        return jax.tree_util.tree_structure(self.reference)
+
+    @functools.cached_property
+    def _shapes(self) -> list:
+        return [tuple(x.shape) for x in jax.tree_util.tree_leaves(self.reference)]
+
+    @functools.cached_property
+    def _operators(self) -> list:
+        leaves = jax.tree_util.tree_leaves(self.reference)
+        rates = self._treedef.flatten_up_to(self.rates)
+        return [make_operator(self.kind, int(np.prod(x.shape)), float(r), seed=self.seed * 1_000_003 + i, tile=self.tile)
+                for i, (x, r) in enumerate(zip(leaves, rates))]
 
     @property
     def operators(self) -> list:

@@ -24,6 +24,7 @@ each device runs the chosen strategy on its shard and the sums are combined with
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from typing import Any, Callable
@@ -140,8 +141,14 @@ class CohortEngine:
             raise ValueError("strategy 'loop' cannot be combined with a device mesh; use vmap, chunked or sequential")
         if self.mesh is not None and CLIENT_AXIS not in self.mesh.axis_names:
             raise ValueError(f"the mesh needs an axis named {CLIENT_AXIS!r}; it has {self.mesh.axis_names}")
-        object.__setattr__(self, "_jitted", jax.jit(self.trace))
-        object.__setattr__(self, "_client_jit", jax.jit(self.client_fn))
+
+    @functools.cached_property
+    def _jitted(self):
+        return jax.jit(self.trace)
+
+    @functools.cached_property
+    def _client_jit(self):
+        return jax.jit(self.client_fn)
 
     def trace(self, shared, clients):
         """The traced computation (strategies vmap, chunked, sequential)."""

@@ -94,6 +94,11 @@ class FederatedRound:
         metrics = {**metrics, "dropped_clients": int(dropped.sum())}
         return RoundResult(new_state, metrics, dropped, per_client.get(CLIENT_STATE))
 
+    def round(self, state, cohort, key: jax.Array, client_states=None):
+        """``(new_state, metrics)``: the round without per-slot details, for notebooks and short scripts."""
+        result = self(state, cohort, key, client_states=client_states)
+        return result.state, result.metrics
+
     def _program(self, uploads: Chain):
         key = uploads.static_key()
         if key not in self._programs:

@@ -184,8 +184,9 @@ def chain(*transforms: UploadTransform) -> Chain:
     """Composes upload transforms; refuses compositions that make no sense for privacy.
 
     Refused: a noise transform without a clip before it (its std would be relative to no bound), two
-    noise transforms, a clip or noise without uniform weights, local noise after a cohort-level
-    (server-side) clip, and more than one weighting, compressor or cohort-level transform.
+    noise transforms, a clip or noise without uniform weights, central noise divided by the realised
+    count, compression between the clip and the noise, local noise after a cohort-level (server-side)
+    clip, and more than one weighting, compressor or cohort-level transform.
     """
     for t in transforms:
         if not isinstance(t, UploadTransform):
@@ -205,6 +206,10 @@ def chain(*transforms: UploadTransform) -> Chain:
         if "compress" in kinds[last_clip:noise]:
             raise ValueError(f"upload chain {_names(transforms)}: compression between the clip and the noise changes "
                              "the bound the noise is calibrated to; clip the measurements (compress, then clip)")
+        weighting = [t for t in transforms if t.kind == "weighting"]
+        if not getattr(transforms[noise], "local", False) and weighting and not weighting[0].denominator > 0:
+            raise ValueError(f"upload chain {_names(transforms)}: central noise needs a fixed denominator "
+                             "(fixed_denominator(D)): dividing by the realised count would release it un-noised")
         if getattr(transforms[noise], "local", False) and any(t.cohort_level for t in transforms[:noise]):
             raise ValueError(f"upload chain {_names(transforms)}: local noise after a server-side clip cannot be local")
     if ("clip" in kinds or "noise" in kinds) and "weighting" not in kinds:

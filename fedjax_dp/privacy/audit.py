@@ -151,25 +151,27 @@ def cuag_round(other_updates: jax.Array, canary: jax.Array, perturb: Callable,
     return mechanism
 
 
-def audit_training_run(algorithm, params, cohort: dict, canary_cohort: dict, rounds: int, noise_multiplier: float,
+def audit_training_run(round_for, params, cohort: dict, canary_cohort: dict, rounds: int, noise_multiplier: float,
                        claimed_epsilon: float, delta: float, trials: int = 1000, seed: int = 0,
                        confidence: float = 0.95) -> AuditResult:
-    """End-to-end audit of a short DP-FedAvg run through the real algorithm code.
+    """End-to-end audit of a short DP-FedAvg run through the real round code.
 
-    Each trial runs ``rounds`` rounds of ``algorithm.round`` (clipping, noise, server optimizer) from
+    ``round_for(z)`` builds the ``core.round.FederatedRound`` (algorithm and upload chain) with noise
+    multiplier z. Each trial runs ``rounds`` rounds of it (clipping, noise, server optimizer) from
     ``params`` on the fixed cohort ``cohort`` (full participation), with or without the extra
     gradient-crafted canary client of ``canary_cohort`` (one packed client, concatenated to the
     cohort; its data is chosen so that its update is large and points one way). The score is the
     projection of w_R - w_0 on the canary's clipped first-round update direction. Neighbouring
     relation: add/remove the canary client; the claim to test is ``rounds`` Gaussian rounds of
-    multiplier z without sampling. ``algorithm.denominator`` must not depend on the canary.
+    multiplier z without sampling. The chain's denominator must be fixed (not depend on the canary).
     """
     import jax.flatten_util
 
     with_canary = jax.tree_util.tree_map(lambda a, b: np.concatenate([a, b]), cohort, canary_cohort)
     flat0, _ = jax.flatten_util.ravel_pytree(params)
     # the canary's own update from w_0 (no noise, alone): its direction is what the adversary looks for
-    alone = algorithm.round(algorithm.init(params), canary_cohort, jax.random.key(seed), 0.0)[0]
+    noiseless, algorithm = round_for(0.0), round_for(noise_multiplier)
+    alone = noiseless.round(noiseless.init(params), canary_cohort, jax.random.key(seed))[0]
     direction = jax.flatten_util.ravel_pytree(alone.params)[0] - flat0
     if not float(jnp.linalg.norm(direction)) > 0:
         raise ValueError("the canary client's update is zero: craft its data so that it moves the model")
@@ -178,7 +180,7 @@ def audit_training_run(algorithm, params, cohort: dict, canary_cohort: dict, rou
     def score(key, packed):
         state = algorithm.init(params)
         for r in range(rounds):
-            state, _ = algorithm.round(state, packed, jax.random.fold_in(key, r), noise_multiplier)
+            state, _ = algorithm.round(state, packed, jax.random.fold_in(key, r))
         return float(jnp.dot(jax.flatten_util.ravel_pytree(state.params)[0] - flat0, direction))
 
     keys = jax.random.split(jax.random.key(seed + 1), 2 * trials)

@@ -1,5 +1,5 @@
 """From a configuration to a ``FederatedRound``: the registered algorithm and its upload chain, the
-FedMeta wrapper, compressed uploads, and the cohort engine. Names no algorithm: it asks the registry."""
+registered wrappers, compressed uploads, and the cohort engine. Names no algorithm: it asks the registry."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def with_compression(uploads: Chain, c) -> Chain:
 
 
 def build_round(cfg, model, choice: StrategyChoice, num_clients: int, server_set=None) -> FederatedRound:
-    """The configured algorithm, wrapped by each enabled wrapper (FedMeta), with its uploads."""
+    """The configured algorithm, wrapped by each enabled wrapper, with its uploads."""
     params_template = jax.eval_shape(model.init, jax.random.key(0))
     context = registry.BuildContext(cfg, model, num_clients, choice.unroll, params_template)
     algorithm, uploads = registry.get(cfg.algorithm).build(context)
@@ -68,3 +68,9 @@ def server_set_notes(cfg) -> list[str]:
     if registry.get(cfg.algorithm).shares_server_set:
         notes.append("the shared set is distributed to every client: those examples are public to all clients")
     return notes
+
+
+def compression_rates(runner: FederatedRound, state) -> list[float] | None:
+    """The layer rates the round's compressor uses (logged per round), or None without compression."""
+    compressors = [t for t in runner.specialized(state) if t.kind == "compress"]
+    return compressors[0].layer_rates() if compressors else None

@@ -9,6 +9,7 @@ from fedjax_dp.core.cohort import STRATEGIES
 from fedjax_dp.core.optimizers import OPTIMIZERS
 from fedjax_dp.models import MODEL_NAMES
 from fedjax_dp.models.conv import CONV_IMPLS
+from fedjax_dp.training.default_config import default_config
 
 
 def validate_config(cfg) -> None:
@@ -53,9 +54,20 @@ def validate_config(cfg) -> None:
          f"engine.unroll must be 'auto', 'full' or a positive integer, got {e.unroll!r}")
     need(e.conv_impl in CONV_IMPLS + ("auto",), f"engine.conv_impl {e.conv_impl!r} unknown; available: {CONV_IMPLS + ('auto',)}")
     need(e.num_devices >= 0, f"engine.num_devices must be >= 0 (0 = no mesh), got {e.num_devices}")
+    _refuse_unknown_keys(cfg, default_config(), "", need)
     registry.validate(cfg, need)  # the algorithm's own section, and sections it does not read left alone
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
+
+
+def _refuse_unknown_keys(cfg, defaults, prefix: str, need) -> None:
+    """Every key must be one the defaults define (a misspelt key would otherwise be silently ignored)."""
+    for key in cfg.keys():
+        path = f"{prefix}{key}"
+        if key not in defaults:
+            need(False, f"unknown config key {path}={cfg[key]!r}; known keys here: {sorted(defaults.keys())}")
+        elif hasattr(cfg[key], "keys") and hasattr(defaults[key], "keys"):
+            _refuse_unknown_keys(cfg[key], defaults[key], path + ".", need)
 
 
 def _validate_compression(cfg, need) -> None:

@@ -13,7 +13,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rounds = 100
     c.eval_every = 5
     c.checkpoint_every = 0  # > 0: checkpoint every k rounds (always at exit); resume with --resume
-    c.algorithm = "fedavg"  # any registered name: fedjax_dp.algorithms.registry.names()
+    c.algorithm = fedjax_dp.algorithms.DEFAULT_ALGORITHM  # any registered name: algorithms.registry.names()
     c.data = ml_collections.ConfigDict(dict(
         source="mnist_5k",      # mnist_5k | mnist | cifar10 | femnist | shakespeare | tfds:<name>
         data_dir="",            # folder of the local files (../shared/data/<dataset> here) or TFDS data_dir

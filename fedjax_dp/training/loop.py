@@ -25,12 +25,13 @@ from fedjax_dp.data.shared_set import share_with_clients
 from fedjax_dp.models import get_model
 from fedjax_dp.privacy.tracker import PrivacyTracker
 from fedjax_dp.training import results
-from fedjax_dp.training.build import build_round, needs_server_set, resolve_engine, server_set_notes, shares_server_set
+from fedjax_dp.training.build import (build_round, compression_rates, needs_server_set, resolve_engine, server_set_notes,
+                                      shares_server_set)
 from fedjax_dp.training.checkpointing import Checkpointer, Interruption, truncate_metrics  # noqa: F401
 from fedjax_dp.training.cohorts import cohort_slots, expected_cohort, make_packer, sample_cohort
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.evaluation import evaluate
-from fedjax_dp.training.reporting import RunSummary, format_summary, privacy_record  # noqa: F401
+from fedjax_dp.training.reporting import RunSummary, format_summary, privacy_record, progress_postfix  # noqa: F401
 from fedjax_dp.training.run_state import LoopState
 
 STALL_ROUNDS = 3  # rounds in a row with every client update non-finite before the run stops
@@ -88,7 +89,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 slots = cohort["mask"].shape[0]
                 stacked = loop.client_states.gather(ids, slots) if loop.client_states is not None else None
                 upload_bytes = runner.upload_bytes(state, template_bytes)
-                rates = _compression_rates(runner, state)
+                rates = compression_rates(runner, state)
                 previous = state
                 result = runner(state, cohort, rng_lib.round_key(root, t), t, stacked)
                 state = result.state
@@ -119,7 +120,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
             if t % cfg.eval_every == 0 or t == cfg.rounds:
                 loop.evaluated(t, evaluate(model, state.params, dataset))
                 row.update(loop.last_eval)
-                bar.set_postfix(_progress(loop.last_eval, row, tracker))
+                bar.set_postfix(progress_postfix(loop.last_eval, row, tracker))
             row["client_updates"] = loop.client_updates
             writer.log(row)
             if stop_reason:
@@ -148,15 +149,3 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     results.plot_accuracy(results.read_metrics(workdir), os.path.join(workdir, "accuracy.png"),
                           f"{cfg.algorithm} on {dataset.name}")
     return summary
-
-
-def _compression_rates(runner, state) -> list[float] | None:
-    compressors = [t for t in runner.specialized(state) if t.kind == "compress"]
-    return compressors[0].layer_rates() if compressors else None
-
-
-def _progress(evaluation: dict, row: dict, tracker) -> dict:
-    postfix = {"acc": f"{evaluation['test_accuracy']:.4f}", "loss": f"{row.get('train_loss', float('nan')):.4f}"}
-    if tracker is not None:
-        postfix["eps"] = f"{row['epsilon']:.3f}"
-    return postfix

@@ -48,3 +48,11 @@ def format_summary(summary: RunSummary) -> str:
         lines.append(f"{'epsilon spent':<22}{summary.epsilon:.4f}")
     lines.append(f"{'wall time':<22}{summary.seconds:.1f} s")
     return "\n".join(lines)
+
+
+def progress_postfix(evaluation: dict, row: dict, tracker) -> dict:
+    """What the progress bar shows after an evaluation: accuracy, loss, epsilon spent."""
+    postfix = {"acc": f"{evaluation['test_accuracy']:.4f}", "loss": f"{row.get('train_loss', float('nan')):.4f}"}
+    if tracker is not None:
+        postfix["eps"] = f"{row['epsilon']:.3f}"
+    return postfix

@@ -1,0 +1,142 @@
+"""The algorithm protocol, the registry and upload chains: a toy algorithm registered from this file
+alone runs through the experiment loop with DP and compression chained; chains that make no sense
+for privacy are refused; an unknown name or key is refused before any data is loaded."""
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dp.algorithms import registry
+from fedjax_dp.compression.upload_transform import CompressedSensing
+from fedjax_dp.core import tree
+from fedjax_dp.core.algorithm import ClientOut, Requirements, apply_mean_upload, init_server_state
+from fedjax_dp.core.local_training import masked_mean
+from fedjax_dp.core.optimizers import build_optimizer
+from fedjax_dp.core.uploads import UniformWeights, chain, fixed_denominator
+from fedjax_dp.privacy.upload_clipping import FlatClip, MedianClip
+from fedjax_dp.privacy.upload_noise import GaussianNoise
+from fedjax_dp.training.default_config import default_config
+from fedjax_dp.training.loop import run_experiment
+
+
+@dataclasses.dataclass(frozen=True)
+class OneGradientStep:
+    """FedSGD: each client uploads -lr * (its mean-loss gradient at w_t over its first batch)."""
+
+    per_example_loss: object
+    learning_rate: float
+    requirements = Requirements()
+
+    def init(self, params, key=None):
+        return init_server_state(params, build_optimizer("sgd", 1.0))
+
+    def upload_template(self, params):
+        return params
+
+    def broadcast(self, state):
+        return state.params
+
+    def client_update(self, params, client, client_state, key):
+        batch = jax.tree_util.tree_map(lambda a: a[0], client["batches"])
+        loss, grad = jax.value_and_grad(lambda p: masked_mean(self.per_example_loss(p, batch, key),
+                                                              client["mask"][0]))(params)
+        upload = jax.tree_util.tree_map(lambda g: -self.learning_rate * g, grad)
+        return ClientOut(upload, jnp.float32(1.0), None, loss, tree.is_finite(upload) & jnp.isfinite(loss))
+
+    def server_update(self, state, aggregate, key):
+        return apply_mean_upload(state, aggregate.mean, aggregate.applies, build_optimizer("sgd", 1.0)), {}
+
+
+@pytest.fixture
+def toy_algorithm():
+    def build(ctx):
+        uploads = chain(FlatClip(0.5), GaussianNoise(((1, 1.5),)), fixed_denominator(ctx.expected_cohort()))
+        return OneGradientStep(ctx.model.per_example_loss, 0.5), uploads
+
+    registry.register("toy_one_step", build=build, summary="test-only FedSGD with a DP chain")
+    yield "toy_one_step"
+    registry.unregister("toy_one_step")
+
+
+def _config(algorithm):
+    c = default_config()
+    c.algorithm, c.rounds, c.eval_every = algorithm, 3, 3
+    c.data.num_clients = 12
+    c.model.name = "logistic"
+    c.client.update(epochs=1, batch_size=32)
+    c.sampling.cohort_size = 4
+    c.engine.update(strategy="vmap", unroll="1")
+    return c
+
+
+def test_a_toy_algorithm_registered_here_runs_in_the_loop_with_dp_and_compression(toy_algorithm, tmp_path):
+    c = _config(toy_algorithm)
+    c.compression.update(enabled=True, rates="0.5")
+    summary = run_experiment(c, str(tmp_path / "run"), progress=False)
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    privacy = json.load(open(tmp_path / "run" / "privacy.json"))
+    assert summary.rounds == 3 and np.isfinite(summary.final["test_loss"])
+    assert privacy["formal"] and privacy["epsilon"] == pytest.approx(summary.epsilon) and privacy["rounds"] == 3
+    assert privacy["noise_multipliers"] == [1.5]  # from the chain's declared release, not from cfg.dp
+    assert all(r["compression_rates"] == [0.5, 0.5] for r in rows)
+    dense = 4 * (784 * 10 + 10)
+    assert rows[0]["uplink_bytes"] < 4 * dense * 0.6  # 4 clients, half the measurements each
+    assert "Gaussian noise" in privacy["mechanism"]
+
+
+def test_compression_is_placed_before_the_clip_when_composed_with_dp(toy_algorithm):
+    from fedjax_dp.training.build import with_compression
+    c = default_config().compression
+    composed = with_compression(chain(FlatClip(1.0), GaussianNoise(), fixed_denominator(4)), c)
+    assert [type(t).__name__ for t in composed] == ["CompressedSensing", "FlatClip", "GaussianNoise", "UniformWeights"]
+    assert composed[0].reconstruct == "aggregate"  # the server reconstructs the noised sum it sees
+    plain = with_compression(chain(), c)
+    assert plain[0].reconstruct == "each"
+
+
+def test_scaffold_compresses_both_of_its_uploads(tmp_path):
+    c = _config("scaffold")
+    c.compression.update(enabled=True, rates="0.5")
+    run_experiment(c, str(tmp_path / "s"), progress=False)
+    rows = [json.loads(line) for line in open(tmp_path / "s" / "metrics.jsonl")]
+    assert len(rows[0]["compression_rates"]) == 4  # model and control deltas, weights and bias each
+    assert rows[0]["uplink_bytes"] < 4 * 2 * 4 * (7850) * 0.6
+
+
+@pytest.mark.parametrize("transforms, message", [
+    ((GaussianNoise(), FlatClip(1.0), fixed_denominator(4)), "noise before any clip"),
+    ((FlatClip(1.0), GaussianNoise(), GaussianNoise(local=True), fixed_denominator(4)), "2 noise transforms"),
+    ((FlatClip(1.0), GaussianNoise()), "need uniform weights"),
+    ((FlatClip(1.0), GaussianNoise(), UniformWeights()), "central noise needs a fixed denominator"),
+    ((MedianClip(), GaussianNoise(local=True), fixed_denominator(4)), "cannot be local"),
+    ((FlatClip(1.0), CompressedSensing(reconstruct="aggregate"), GaussianNoise(), fixed_denominator(4)),
+     "compression between the clip and the noise"),
+    ((FlatClip(1.0), "gaussian"), "takes upload transforms, got str"),
+])
+def test_chains_that_make_no_sense_are_refused(transforms, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        chain(*transforms)
+
+
+def _refused(c, tmp_path):
+    with pytest.raises(ValueError) as error:
+        run_experiment(c, str(tmp_path / "never"), progress=False)
+    assert not os.path.exists(tmp_path / "never")  # refused before any data is loaded or written
+    return str(error.value)
+
+
+def test_unknown_algorithm_foreign_section_and_unknown_key_are_refused_before_loading(tmp_path):
+    c = _config("fedavgg")
+    c.data.source = "/no/such/dataset"
+    assert "algorithm 'fedavgg' unknown; available: (" in _refused(c, tmp_path)
+    c = _config("fedavg")
+    c.dp.noise_multiplier = 2.0
+    assert "dp.noise_multiplier=2.0 is set, but algorithm 'fedavg' does not read section 'dp'" in _refused(c, tmp_path)
+    c = _config("fedavg")
+    c.client.learnig_rate = 0.1
+    assert "unknown config key client.learnig_rate=0.1" in _refused(c, tmp_path)

@@ -76,12 +76,14 @@ class FederatedRound:
     def upload_bytes(self, state, template_bytes: int) -> int:
         return self.specialized(state).upload_bytes(template_bytes)
 
-    def __call__(self, state, cohort, key: jax.Array, round_index: int | None = None, client_states=None) -> RoundResult:
+    def __call__(self, state, cohort, key: jax.Array, round_index: int | None = None, client_states=None,
+                 uploads: Chain | None = None) -> RoundResult:
+        """``uploads``: the chain already specialised for ``state`` (saves the host-side rate computation)."""
         if self.algorithm.requirements.client_state and client_states is None:
             raise ValueError("this algorithm keeps per-client state: pass the cohort's stacked states "
                              "(core.client_states.ClientStateStore.gather) as client_states")
         t = int(state.round) + 1 if round_index is None else round_index
-        uploads = self.specialized(state)
+        uploads = self.specialized(state) if uploads is None else uploads
         engine, server_step = self._program(uploads)
         inputs = uploads.inputs(t)
         clients = client_inputs(cohort, key)

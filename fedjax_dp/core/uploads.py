@@ -104,8 +104,9 @@ class UploadTransform:
         return Flow(upload, ctx.bound)
 
     def cohort(self, uploads, ctx: ServerContext):
-        """``(uploads, bound, stats)`` from the stacked, zeroed uploads (cohort-level transforms)."""
-        raise NotImplementedError
+        """``(uploads, bound, stats)`` from the stacked, zeroed uploads (used where ``cohort_level``;
+        the identity otherwise)."""
+        return uploads, ctx.bound, {}
 
     def server(self, total, ctx: ServerContext):
         """``(total, new_state, metrics)`` from the summed uploads."""

@@ -70,7 +70,7 @@ def server_set_notes(cfg) -> list[str]:
     return notes
 
 
-def compression_rates(runner: FederatedRound, state) -> list[float] | None:
-    """The layer rates the round's compressor uses (logged per round), or None without compression."""
-    compressors = [t for t in runner.specialized(state) if t.kind == "compress"]
+def compression_rates(uploads: Chain) -> list[float] | None:
+    """The layer rates a specialised chain's compressor uses (logged per round), or None without one."""
+    compressors = [t for t in uploads if t.kind == "compress"]
     return compressors[0].layer_rates() if compressors else None

@@ -88,10 +88,10 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 cohort = pack(ids, loop.host_rng, cohort_slots(cfg, dataset.num_clients, len(ids)))
                 slots = cohort["mask"].shape[0]
                 stacked = loop.client_states.gather(ids, slots) if loop.client_states is not None else None
-                upload_bytes = runner.upload_bytes(state, template_bytes)
-                rates = compression_rates(runner, state)
+                uploads = runner.specialized(state)  # compression rates: fixed once per round, on the host
+                upload_bytes, rates = uploads.upload_bytes(template_bytes), compression_rates(uploads)
                 previous = state
-                result = runner(state, cohort, rng_lib.round_key(root, t), t, stacked)
+                result = runner(state, cohort, rng_lib.round_key(root, t), t, stacked, uploads)
                 state = result.state
                 if tracker is not None:  # accounted even if the result is discarded below (conservative)
                     tracker.record(t, ids)

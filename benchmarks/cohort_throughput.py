@@ -21,8 +21,10 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(1, os.path.dirname(HERE))  # the repository, so a machine without `pip install -e .` runs it
 
-# model:cohort:strategy[:chunk:unroll:conv]  ('-' = none, unroll 'full' = every step unrolled)
+# model:cohort:strategy[:chunk:unroll:conv[:dtype]]  ('-' = none, unroll 'full' = every step unrolled,
+# dtype 'bf16' = bfloat16 compute with float32 parameters)
 DEFAULT_CASES = [
     "cnn:10:vmap:-:full:xla", "cnn:10:chunked:5:full:im2col", "cnn:10:loop:-:full:xla",
     "cnn:10:loop:-:1:im2col", "cnn:10:sequential:-:1:im2col", "cnn:10:auto",
@@ -38,10 +40,18 @@ def parse_case(text: str) -> dict:
     parts = text.split(":")
     case = {"model": parts[0], "cohort": int(parts[1]), "strategy": parts[2]}
     if case["strategy"] != "auto":
-        chunk, unroll, conv = (parts[3:] + ["-", "1", "xla"][len(parts) - 3:])[:3]
+        chunk, unroll, conv, dtype = (parts[3:] + ["-", "1", "xla", "f32"][len(parts) - 3:])[:4]
         case.update(chunk_size=None if chunk == "-" else int(chunk),
-                    unroll=True if unroll == "full" else int(unroll), conv_impl=conv)
+                    unroll=True if unroll == "full" else int(unroll), conv_impl=conv,
+                    compute_dtype={"f32": None, "bf16": "bfloat16"}[dtype])
     return case
+
+
+def device_peak_bytes():
+    """Peak bytes the accelerator's allocator held in this process (None on CPU, which reports none)."""
+    import jax
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
 
 
 class PeakRss:
@@ -66,7 +76,8 @@ class PeakRss:
 
 def worker(case: dict, rounds: int, warmup: int) -> dict:
     sys.path.insert(0, HERE)
-    from workload_w import FLOPS_PER_CLIENT_UPDATE, MODELS, WorkloadW
+    from workload_w import WorkloadW
+    from workload_w_data import FLOPS_PER_CLIENT_UPDATE, MODELS
 
     import jax
     from fedjax_dp.core.strategy import choose_strategy
@@ -78,7 +89,7 @@ def worker(case: dict, rounds: int, warmup: int) -> dict:
         case.update(resolved=choice.strategy, chunk_size=choice.chunk_size, unroll=choice.unroll,
                     conv_impl=choice.conv_impl)
     work = WorkloadW(case["model"], case.get("resolved", case["strategy"]), case["chunk_size"], case["unroll"],
-                     case["conv_impl"])
+                     case["conv_impl"], case.get("compute_dtype"), population=case["cohort"])
     start = time.perf_counter()
     work.round(0, case["cohort"])
     first_round = time.perf_counter() - start
@@ -95,7 +106,9 @@ def worker(case: dict, rounds: int, warmup: int) -> dict:
             "round_times_s": [round(t, 4) for t in times], "median_round_s": median,
             "client_updates_per_s": ups, "compile_s": max(0.0, first_round - median),
             "first_round_s": first_round, "achieved_gflops": ups * FLOPS_PER_CLIENT_UPDATE[case["model"]] / 1e9,
-            "peak_rss_mib": rss.stop() / 2**20, "backend": jax.default_backend()}
+            "peak_rss_mib": rss.stop() / 2**20, "backend": jax.default_backend(),
+            "device_peak_mib": None if device_peak_bytes() is None else device_peak_bytes() / 2**20,
+            "device": str(jax.local_devices()[0].device_kind)}
 
 
 def matmul_peak(library: str, n: int = 2048, reps: int = 10) -> float:

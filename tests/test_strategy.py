@@ -16,8 +16,9 @@ def test_cpu_choices_follow_the_measurements():
 
 def test_accelerator_choice_is_chunked_vmap_with_bounded_chunks():
     gpu = choose_strategy(has_conv=True, cohort_size=1000, backend="gpu")
-    assert gpu.strategy == "chunked" and gpu.chunk_size == 256 and gpu.conv_impl == "xla"
-    assert choose_strategy(False, 10, "tpu").chunk_size == 10
+    assert (gpu.strategy, gpu.chunk_size, gpu.unroll, gpu.conv_impl) == ("chunked", 256, True, "im2col")
+    tpu = choose_strategy(False, 10, "tpu")
+    assert (tpu.chunk_size, tpu.conv_impl) == (10, "xla")
     assert gpu.strategy in STRATEGIES and gpu.conv_impl in CONV_IMPLS
 
 

@@ -86,26 +86,38 @@ def _one_at_a_time(client_fn):
 
 
 def _scan(client_fn, shared, clients, valid, chunk_size: int | None):
-    """``lax.scan`` over single clients (``chunk_size=None``) or over vmapped chunks of clients."""
+    """``lax.scan`` over single clients (``chunk_size=None``) or over vmapped chunks of clients.
+
+    Each step slices its chunk out of the cohort in place (no padded copy of the cohort's data: at
+    10^4 clients that copy was as large as the data). When the cohort is not a multiple of the chunk,
+    the last chunk is the cohort's last ``chunk`` clients; those already summed in the chunk before
+    are masked out of the sum and their per-client rows dropped.
+    """
     n = valid.shape[0]
     if chunk_size is None:
         fn, group = _one_at_a_time(client_fn), 1
     else:
         fn, group = jax.vmap(client_fn, in_axes=(None, 0)), min(chunk_size, n)
-    clients, valid = _pad_clients(clients, valid, group)
-    clients, valid = jax.tree_util.tree_map(lambda x: x.reshape((-1, group) + x.shape[1:]), (clients, valid))
-    first = jax.tree_util.tree_map(lambda x: x[0], clients)
-    summed_shape, _ = jax.eval_shape(fn, shared, first)
+    steps, tail = -(-n // group), n % group
+    take = lambda x, start: jax.lax.dynamic_slice_in_dim(x, start, group)  # noqa: E731
+    summed_shape, _ = jax.eval_shape(fn, shared, jax.tree_util.tree_map(lambda x: take(x, 0), clients))
     zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape[1:], s.dtype), summed_shape)
 
-    def body(acc, inputs):
-        group_clients, group_valid = inputs
-        summed, per_client = fn(shared, group_clients)
-        return jax.tree_util.tree_map(jnp.add, acc, _sum_clients(summed, group_valid)), per_client
+    def body(acc, index):
+        start = jnp.minimum(index * group, n - group)
+        fresh = start + jnp.arange(group) >= index * group  # False: summed by the previous chunk
+        summed, per_client = fn(shared, jax.tree_util.tree_map(lambda x: take(x, start), clients))
+        acc = jax.tree_util.tree_map(jnp.add, acc, _sum_clients(summed, take(valid, start) & fresh))
+        return acc, per_client
 
-    total, per_client = jax.lax.scan(body, zeros, (clients, valid))
-    per_client = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:])[:n], per_client)
-    return total, per_client
+    total, per_client = jax.lax.scan(body, zeros, jnp.arange(steps))
+
+    def rows(x):  # (steps, group, ...) -> (n, ...): every row of the full chunks, the fresh ones of the last
+        if not tail:
+            return x.reshape((n,) + x.shape[2:])
+        return jnp.concatenate([x[:-1].reshape((-1,) + x.shape[2:]), x[-1, group - tail:]])
+
+    return total, jax.tree_util.tree_map(rows, per_client)
 
 
 def _traced_strategy(strategy: str, chunk_size: int | None):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fedjax_dp.models.base import Model
+import dataclasses
+
+from fedjax_dp.models.base import COMPUTE_DTYPES, Model
 from fedjax_dp.models.char_rnn import SequenceModel, char_gru
 from fedjax_dp.models.cnn import FedAvgCNN
 from fedjax_dp.models.logistic import Logistic
@@ -12,10 +14,31 @@ MODEL_NAMES = ("logistic", "mlp_2nn", "mlp_600_100", "cnn_fedavg", "char_gru")
 
 
 def get_model(
-    name: str, input_shape: tuple[int, ...] = (28, 28, 1), num_classes: int = 10, conv_impl: str = "xla"
+    name: str,
+    input_shape: tuple[int, ...] = (28, 28, 1),
+    num_classes: int = 10,
+    conv_impl: str = "auto",
+    compute_dtype: str | None = None,
 ) -> Model:
-    """Builds a registered model. ``conv_impl`` ('xla' or 'im2col') applies to convolutional models."""
-    input_shape = tuple(input_shape)
+    """Builds a registered model.
+
+    ``conv_impl`` ('xla', 'im2col', or 'auto': what ``core.strategy.choose_strategy`` measured fastest
+    on this backend) applies to convolutional models. ``compute_dtype`` ``'bfloat16'`` runs the
+    arithmetic in bfloat16 with float32 parameters (see ``Model``).
+    """
+    return dataclasses.replace(_build(name, tuple(input_shape), num_classes, _resolve_conv(conv_impl)),
+                               compute_dtype=compute_dtype)
+
+
+def _resolve_conv(conv_impl: str) -> str:
+    if conv_impl != "auto":
+        return conv_impl
+    from fedjax_dp.core.strategy import choose_strategy  # models stay importable without the core
+
+    return choose_strategy(has_conv=True, cohort_size=1).conv_impl
+
+
+def _build(name: str, input_shape: tuple[int, ...], num_classes: int, conv_impl: str) -> Model:
     if name == "logistic":
         return Model(name, Logistic(num_classes), input_shape, num_classes)
     if name == "mlp_2nn":
@@ -29,4 +52,4 @@ def get_model(
     raise ValueError(f"unknown model {name!r}; available: {MODEL_NAMES}")
 
 
-__all__ = ["Model", "SequenceModel", "get_model", "MODEL_NAMES"]
+__all__ = ["COMPUTE_DTYPES", "Model", "SequenceModel", "get_model", "MODEL_NAMES"]

@@ -10,6 +10,9 @@ import jax.numpy as jnp
 import optax
 
 
+COMPUTE_DTYPES = (None, "bfloat16")
+
+
 @dataclasses.dataclass(frozen=True)
 class Model:
     """A flax module for classification with softmax cross-entropy.
@@ -20,6 +23,11 @@ class Model:
       input_shape: the shape of one example.
       num_classes: number of output classes.
       has_conv: whether the model convolves (the cohort engine picks strategies by it on CPU).
+      compute_dtype: ``None`` (float32 throughout) or ``'bfloat16'``: mixed precision. Parameters,
+        gradients, optimizer state, clipping and privacy noise stay float32; only the forward and
+        backward arithmetic of ``apply`` runs in bfloat16 (parameters and inputs are cast on entry,
+        logits cast back to float32 before the loss, and the gradient of the cast accumulates into
+        float32 parameters). Matrix units take bfloat16 operands with float32 accumulation.
     """
 
     name: str
@@ -27,14 +35,24 @@ class Model:
     input_shape: tuple[int, ...]
     num_classes: int
     has_conv: bool = False
+    compute_dtype: str | None = None
+
+    def __post_init__(self):
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"model.compute_dtype {self.compute_dtype!r} unknown; choose one of {COMPUTE_DTYPES}")
 
     def init(self, key: jax.Array):
         """Fresh parameters (a pytree)."""
         return self.module.init(key, jnp.zeros((1,) + self.input_shape, jnp.float32))["params"]
 
     def apply(self, params, x: jax.Array) -> jax.Array:
-        """Logits of a batch."""
-        return self.module.apply({"params": params}, x)
+        """Logits of a batch (float32, whatever the compute dtype)."""
+        if self.compute_dtype is None:
+            return self.module.apply({"params": params}, x)
+        dtype = jnp.dtype(self.compute_dtype)
+        low = jax.tree_util.tree_map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+        x = x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+        return self.module.apply({"params": low}, x).astype(jnp.float32)
 
     def per_example_loss(self, params, batch, key=None) -> jax.Array:
         """Softmax cross-entropy of each example of ``batch = {'x': ..., 'y': ...}``."""

@@ -7,7 +7,7 @@ import fedjax_dp.algorithms  # noqa: F401  (registers every algorithm)
 from fedjax_dp.algorithms import registry
 from fedjax_dp.core.cohort import STRATEGIES
 from fedjax_dp.core.optimizers import OPTIMIZERS
-from fedjax_dp.models import MODEL_NAMES
+from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES
 from fedjax_dp.models.conv import CONV_IMPLS
 from fedjax_dp.training.default_config import default_config
 
@@ -27,6 +27,8 @@ def validate_config(cfg) -> None:
     need(0 <= cfg.data.test_fraction < 1, f"data.test_fraction must lie in [0, 1), got {cfg.data.test_fraction}")
     need(cfg.data.partition != "dirichlet" or cfg.data.alpha > 0, f"data.alpha must be > 0, got {cfg.data.alpha}")
     need(cfg.model.name in MODEL_NAMES, f"model.name {cfg.model.name!r} unknown; available: {MODEL_NAMES}")
+    need((cfg.model.compute_dtype or None) in COMPUTE_DTYPES,
+         f"model.compute_dtype {cfg.model.compute_dtype!r} unknown; use '' (float32) or 'bfloat16'")
     for side in ("client", "server"):
         opt = cfg[side]
         need(opt.optimizer in OPTIMIZERS, f"{side}.optimizer {opt.optimizer!r} unknown; available: {OPTIMIZERS}")

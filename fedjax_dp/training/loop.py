@@ -50,7 +50,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     server_set = build_server_set(cfg.data, cfg.server_data, dataset, cfg.seed) if needs_server_set(cfg) else None
     cfg = cfg.copy_and_resolve_references()
     choice = resolve_engine(cfg, get_model(cfg.model.name).has_conv, int(expected_cohort(cfg, dataset.num_clients)))
-    model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl)
+    model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl,
+                      compute_dtype=cfg.model.compute_dtype or None)
     runner = build_round(cfg, model, choice, dataset.num_clients, server_set)
     requirements = runner.algorithm.requirements
     if shares_server_set(cfg):

@@ -6,7 +6,8 @@ DP-FedAvg's."""
 from __future__ import annotations
 
 from fedjax_dp.algorithms import registry
-from fedjax_dp.algorithms.dp_fedavg import check_dp, dp_uploads
+from fedjax_dp.algorithms.dp_fedavg import dp_uploads
+from fedjax_dp.algorithms.dp_section import check_dp
 from fedjax_dp.algorithms.uga import build_uga, check_uga
 
 

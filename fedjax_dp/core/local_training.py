@@ -26,6 +26,12 @@ PerExampleLoss = Callable[..., jax.Array]
 Regularizer = Callable[[object, object], jax.Array]
 """``regularizer(params, initial_params) -> scalar`` added to every step's loss (FedProx, FedDyn)."""
 
+GradientHook = Callable[..., tuple]
+"""``hook(per_example_loss, params, batch, mask, key) -> (loss, grads)``: the step's data-term loss and
+the gradient the optimizer receives, in place of ``value_and_grad`` of the masked mean loss. It runs
+inside the scan (jittable, vmappable): per-example or per-batch clipping and noise for example-level DP
+(``privacy.step_dp``). A regularizer's gradient is added after it: it touches no data."""
+
 
 class LocalStats(NamedTuple):
     """What local training reports besides the trained parameters."""
@@ -52,6 +58,7 @@ def make_local_trainer(
     regularizer: Regularizer | None = None,
     remat: bool | int | str = False,
     first_order: bool = False,
+    gradient_hook: GradientHook | None = None,
 ):
     """Returns ``train(params, batches, mask, key, lr_scale=1.0) -> (params, LocalStats)``.
 
@@ -72,20 +79,31 @@ def make_local_trainer(
         ``"sqrt"``: k = ceil(sqrt(S)), memory O(sqrt(S)) states (Griewank's checkpointing trade-off).
       first_order: stop gradients through each step's gradient, so differentiating the trajectory
         drops the Hessian terms (first-order UGA; for SGD d w_final / d w_initial becomes I).
+      gradient_hook: computes each step's (loss, gradient) of the data term (``GradientHook``);
+        ``None`` is ``mean_loss_and_grad`` on the step key as it is (the numbers of a run without DP
+        are unchanged by the hook's existence).
     """
 
-    def step_loss(params, initial_params, batch, mask, key):
-        loss = masked_mean(per_example_loss(params, batch, key), mask)
+    def step_loss_and_grad(params, initial_params, batch, mask, key):
+        if gradient_hook is None:
+            def step_loss(params):
+                loss = masked_mean(per_example_loss(params, batch, key), mask)
+                if regularizer is not None:
+                    loss = loss + regularizer(params, initial_params)
+                return loss
+            return jax.value_and_grad(step_loss)(params)
+        loss, grads = gradient_hook(per_example_loss, params, batch, mask, key)
         if regularizer is not None:
-            loss = loss + regularizer(params, initial_params)
-        return loss
+            penalty, penalty_grads = jax.value_and_grad(regularizer)(params, initial_params)
+            loss, grads = loss + penalty, jax.tree_util.tree_map(jnp.add, grads, penalty_grads)
+        return loss, grads
 
     def step(carry, inputs, initial_params, lr_scale):
         batch, mask, key = inputs
 
         def take_step(state):
             params, opt_state = state
-            loss, grads = jax.value_and_grad(step_loss)(params, initial_params, batch, mask, key)
+            loss, grads = step_loss_and_grad(params, initial_params, batch, mask, key)
             if first_order:
                 grads = jax.lax.stop_gradient(grads)
             updates, new_opt_state = optimizer.update(grads, opt_state, params)

@@ -66,6 +66,33 @@ def test_client_ledger_heterogeneous_budgets():
     np.testing.assert_allclose(ledger.epsilons()[0], gdp.epsilon_from_mu(np.sqrt(3), 1e-5))
 
 
+def test_client_ledger_takes_each_clients_own_noise():
+    """Issue 15 item 6: per-client events. Client 0 runs at z = 1, client 1 at z = 2: after two rounds
+    their mu are sqrt(2) and sqrt(2 / 4), and eligibility is judged at each one's own z."""
+    ledger = ClientLedger(3, 1e-5, gdp.epsilon_from_mu(np.sqrt(2.2), 1e-5))
+    for _ in range(2):
+        ledger.record(np.array([0, 1]), np.array([1.0, 2.0]))
+    np.testing.assert_allclose(ledger.epsilons()[:2], [gdp.epsilon_from_mu(np.sqrt(2), 1e-5),
+                                                       gdp.epsilon_from_mu(np.sqrt(0.5), 1e-5)])
+    assert ledger.epsilons()[2] == 0
+    np.testing.assert_array_equal(ledger.eligible(np.array([1.0, 2.0, 1.0])), [False, True, True])
+
+
+def test_tracker_composes_per_client_multipliers_of_a_local_release():
+    from fedjax_dp.core.uploads import Release
+    from fedjax_dp.privacy.tracker import PrivacyTracker
+
+    cfg = default_config()
+    z = (1.0, 2.0, 4.0)
+    release = Release("noise", "local", min(z), "S", client_multipliers=z)
+    tracker = PrivacyTracker(lambda t: [release], cfg.dp, "uniform", 3, 2, 2 / 3)
+    tracker.record(1, np.array([0, 2]))
+    tracker.record(2, np.array([1, 2]))
+    mu = np.sqrt([1.0, 0.25, 2 / 16]) * 2  # replace-one under local noise: sensitivity 2S
+    np.testing.assert_allclose(tracker.ledger.epsilons(), [gdp.epsilon_from_mu(m, cfg.dp.delta) for m in mu])
+    assert tracker.epsilon() == tracker.ledger.epsilons().max()
+
+
 def test_dp_run_writes_privacy_report_and_stops_on_budget(tmp_path):
     cfg = default_config()
     cfg.algorithm, cfg.rounds, cfg.eval_every = "dp_fedavg", 40, 10

@@ -92,3 +92,21 @@ def test_noise_keys_are_never_reused():
                 assert data not in seen
                 seen.add(data)
     assert len(seen) == 5 * len(rng.Purpose) * 9
+
+
+def test_local_noise_with_per_client_multipliers_uses_each_clients_own_z():
+    """Heterogeneous DP (seed 004): client n adds N(0, (z_n S)^2); the release lists every z_n."""
+    from fedjax_dp.core.uploads import ClientContext
+    from fedjax_dp.privacy.upload_noise import GaussianNoise
+
+    noise = GaussianNoise(local=True, client_multipliers=(0.5, 3.0))
+    upload = {"w": jnp.zeros(20000)}
+    stds = []
+    for client_id in (0, 1):
+        ctx = ClientContext((), noise.inputs(1), jnp.float32(2.0), jax.random.key(client_id), True, True,
+                            jnp.int32(client_id))
+        stds.append(float(jnp.std(noise.client(upload, ctx).upload["w"])))
+    np.testing.assert_allclose(stds, [1.0, 6.0], rtol=0.03)
+    assert noise.releases(noise.inputs(1))[0].client_multipliers == (0.5, 3.0)
+    with pytest.raises(ValueError, match="need local noise"):
+        GaussianNoise(client_multipliers=(1.0,))

@@ -42,6 +42,7 @@ def client_inputs(cohort, key: jax.Array) -> dict:
               "key": rng.client_keys(rng.purpose_key(key, rng.Purpose.CLIENT_TRAINING), n),
               "noise_key": rng.client_keys(rng.purpose_key(key, rng.Purpose.CLIENT_NOISE), n)}
     inputs.update({k: cohort[k] for k in EVALUATION_PASS_KEYS if k in cohort})
+    inputs["client_id"] = cohort.get("client_id", np.zeros(n, np.int32))
     return inputs
 
 
@@ -120,7 +121,8 @@ class FederatedRound:
             upload = tree.where(keep, out.upload, jax.tree_util.tree_map(jnp.zeros_like, out.upload))
             bound, extras, stats = jnp.float32(UNBOUNDED), [], []
             for i, t in enumerate(uploads[:split]):
-                flow = t.client(upload, ClientContext(states[i], inputs[i], bound, client["noise_key"], present, keep))
+                flow = t.client(upload, ClientContext(states[i], inputs[i], bound, client["noise_key"], present, keep,
+                                                     client["client_id"]))
                 upload, bound = flow.upload, flow.bound
                 extras.append(flow.extras)
                 stats.append(flow.stats)

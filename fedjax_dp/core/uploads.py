@@ -23,6 +23,7 @@ import math
 from typing import Any, ClassVar, NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
 UNBOUNDED = math.inf
 
@@ -37,6 +38,8 @@ class Release:
     noise_multiplier: noise std / the per-client L2 bound of what is noised (0: nothing private).
     bound: a description of the per-client bound (unit and value).
     formal: False when no DP proof covers the step (a clip threshold computed from raw data, say).
+    client_multipliers: for a local release whose noise differs per client (heterogeneous DP), each
+      population client's multiplier, indexed by client id; ``noise_multiplier`` is then their minimum.
     """
 
     mechanism: str
@@ -45,6 +48,13 @@ class Release:
     bound: str
     formal: bool = True
     note: str = ""
+    client_multipliers: tuple | None = None
+
+    def multipliers_for(self, client_ids):
+        """Each listed client's noise multiplier under this release."""
+        if self.client_multipliers is None:
+            return np.full(len(client_ids), self.noise_multiplier)
+        return np.asarray(self.client_multipliers, float)[np.asarray(client_ids, dtype=np.int64)]
 
 
 class ClientContext(NamedTuple):
@@ -54,6 +64,7 @@ class ClientContext(NamedTuple):
     noise_key: Any  # this client's noise key
     present: Any  # a real client (not a padding slot)
     keep: Any  # present and finite: its upload enters the sum
+    client_id: Any = 0  # the client's population index (0 in padding slots): per-client mechanisms
 
 
 class ServerContext(NamedTuple):

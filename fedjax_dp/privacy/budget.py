@@ -73,17 +73,20 @@ class ClientLedger:
         # mu that each budget allows: epsilon_from_mu is increasing in mu, so compare in mu space.
         self.mu_budgets = np.array([np.inf if not np.isfinite(b) else gdp.mu_from_epsilon(b, delta) for b in budgets])
 
-    def _round_mu_squared(self, noise_multiplier: float) -> float:
-        if noise_multiplier <= 0:
-            return np.inf
-        return (self.sensitivity_factor / noise_multiplier) ** 2
+    def _round_mu_squared(self, noise_multipliers) -> np.ndarray:
+        z = np.asarray(noise_multipliers, float)
+        with np.errstate(divide="ignore"):
+            return np.where(z > 0, (self.sensitivity_factor / np.where(z > 0, z, 1.0)) ** 2, np.inf)
 
-    def eligible(self, noise_multiplier: float) -> np.ndarray:
-        """Clients that can take part in one more round at this noise without exceeding their budget."""
-        return self.mu_squared + self._round_mu_squared(noise_multiplier) <= self.mu_budgets**2 * (1 + 1e-12)
+    def eligible(self, noise_multipliers) -> np.ndarray:
+        """Clients that can take part in one more round without exceeding their own budget;
+        ``noise_multipliers``: one z for everybody, or each population client's own z."""
+        return self.mu_squared + self._round_mu_squared(noise_multipliers) <= self.mu_budgets**2 * (1 + 1e-12)
 
-    def record(self, client_ids: np.ndarray, noise_multiplier: float) -> None:
-        self.mu_squared[client_ids] += self._round_mu_squared(noise_multiplier)
+    def record(self, client_ids: np.ndarray, noise_multipliers) -> None:
+        """One participation of each listed client, at one z for all or at each one's own z (aligned)."""
+        client_ids = np.asarray(client_ids, dtype=np.int64)
+        self.mu_squared[client_ids] += np.broadcast_to(self._round_mu_squared(noise_multipliers), client_ids.shape)
         self.participations[client_ids] += 1
 
     def epsilons(self) -> np.ndarray:

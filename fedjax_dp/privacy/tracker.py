@@ -75,14 +75,26 @@ class PrivacyTracker:
             return True
         return self.rule.allows(self.accountants[self.cfg.accountant], self.event(t))
 
+    def client_multipliers(self, t: int, client_ids) -> np.ndarray:
+        """Each client's z_eff in round t: its own multiplier under every local release (heterogeneous
+        noise) combined as ``combined_multiplier`` does; the round's z for every client otherwise."""
+        client_ids = np.asarray(client_ids, dtype=np.int64)
+        if not self.local:
+            return np.full(len(client_ids), self.multiplier(t))
+        per_release = [r.multipliers_for(client_ids) for r in self.releases_for(t) if r.locality == "local" and r.formal]
+        if not per_release:
+            return np.full(len(client_ids), np.inf)
+        z = np.stack(per_release)
+        return np.where(np.any(z <= 0, axis=0), 0.0, np.sum(np.where(z > 0, z, 1.0) ** -2.0, axis=0) ** -0.5)
+
     def eligible(self, t: int) -> np.ndarray:
-        return self.ledger.eligible(self.multiplier(t))
+        return self.ledger.eligible(self.client_multipliers(t, np.arange(self.population)))
 
     def record(self, t: int, client_ids: np.ndarray) -> None:
         event = self.event(t)
         for acc in self.accountants.values():
             acc.compose(event)
-        self.ledger.record(client_ids, event.noise_multiplier)
+        self.ledger.record(client_ids, self.client_multipliers(t, client_ids))
         self.rounds += 1
         self.noise_used.append(event.noise_multiplier)
         self.mechanisms.update({r.mechanism: r for r in self.releases_for(t)})

@@ -52,8 +52,14 @@ class GaussianNoise(UploadTransform):
     schedule: tuple = ((1, 1.0),)  # ((first round, z), ...)
     local: bool = False
     count_noise_std: float = 0.0  # sigma_b of an adaptive clip's count released with the update (0: none)
+    client_multipliers: tuple | None = None  # local only: z_n per population client (heterogeneous DP)
 
     def __post_init__(self):
+        if self.client_multipliers is not None:
+            if not self.local or self.count_noise_std:
+                raise ValueError("per-client noise multipliers need local noise and a fixed clip")
+            if not self.client_multipliers or any(not z > 0 for z in self.client_multipliers):
+                raise ValueError(f"per-client noise multipliers must all be > 0, got {self.client_multipliers}")
         if not self.schedule or self.schedule[0][0] != 1:
             raise ValueError(f"noise schedule must start at round 1, got {self.schedule}")
         if any(b[0] <= a[0] for a, b in zip(self.schedule, self.schedule[1:])):
@@ -73,7 +79,10 @@ class GaussianNoise(UploadTransform):
     def client(self, upload, ctx: ClientContext) -> Flow:
         if not self.local:
             return Flow(upload, ctx.bound)
-        noised = add_gaussian_noise(upload, ctx.inputs["z_update"] * ctx.bound, ctx.noise_key)
+        z = ctx.inputs["z_update"]
+        if self.client_multipliers is not None:
+            z = jnp.asarray(self.client_multipliers, jnp.float32)[ctx.client_id]
+        noised = add_gaussian_noise(upload, z * ctx.bound, ctx.noise_key)
         zeros = jax.tree_util.tree_map(jnp.zeros_like, upload)
         return Flow(tree.where(ctx.present, noised, zeros), ctx.bound)
 
@@ -85,5 +94,9 @@ class GaussianNoise(UploadTransform):
 
     def releases(self, inputs: dict) -> tuple[Release, ...]:
         where = "local" if self.local else "central"
+        if self.client_multipliers is not None:
+            return (Release("Gaussian noise on the clipped update (local, z_n per client)", where,
+                            min(self.client_multipliers), "the clip before it (S, or sqrt(sum C_l^2))",
+                            client_multipliers=tuple(self.client_multipliers)),)
         return (Release(f"Gaussian noise on the clipped update ({where})", where, float(inputs["z_update"]),
                         "the clip before it (S, or sqrt(sum C_l^2))"),)

@@ -88,6 +88,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
             if len(ids) or tracker is not None:
                 cohort = pack(ids, loop.host_rng, cohort_slots(cfg, dataset.num_clients, len(ids)))
                 slots = cohort["mask"].shape[0]
+                cohort["client_id"] = np.pad(np.asarray(ids, np.int32), (0, slots - len(ids)))
                 stacked = loop.client_states.gather(ids, slots) if loop.client_states is not None else None
                 uploads = runner.specialized(state)  # compression rates: fixed once per round, on the host
                 upload_bytes, rates = uploads.upload_bytes(template_bytes), compression_rates(uploads)

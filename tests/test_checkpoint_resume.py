@@ -161,7 +161,7 @@ def test_a_process_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_p
     reference = _cli(tmp_path / "a")
     assert reference.wait(timeout=600) == 0, open(f"{tmp_path / 'a'}.log").read()[-2000:]
     victim = _cli(tmp_path / "b")
-    marker = tmp_path / "b" / "checkpoints" / "round_000003" / "loop.json"
+    marker = tmp_path / "b" / "checkpoints" / "round_000003"  # orbax renames it into place when complete
     deadline = time.time() + 600
     while not marker.exists() and victim.poll() is None and time.time() < deadline:
         time.sleep(0.01)

@@ -2,7 +2,6 @@
 drift correction on a heterogeneous problem, per-client control variates through the loop's
 checkpoints, and bad input."""
 
-import json
 import os
 
 import jax
@@ -15,6 +14,7 @@ from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.algorithms.scaffold import Scaffold
 from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.core.client_states import ClientStateStore
+from fedjax_dp.training.checkpointing import Checkpointer
 from fedjax_dp.data.packing import pack_cohort
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
@@ -146,9 +146,9 @@ def test_scaffold_runs_in_the_loop_and_resumes_with_its_client_controls(tmp_path
         _interrupt_at(m, 3)
         stopped = run_experiment(_config(), str(tmp_path / "b"), progress=False)
     assert stopped.interrupted
-    saved = sorted(os.listdir(tmp_path / "b" / "checkpoints"))[-1]
-    with open(tmp_path / "b" / "checkpoints" / saved / "loop.json") as f:
-        assert len(json.load(f)["client_state_ids"]) > 4  # controls of every past participant
+    checkpoints = Checkpointer(str(tmp_path / "b" / "checkpoints"))
+    saved = checkpoints.loop_state(checkpoints.rounds()[-1])
+    assert len(saved["client_state_ids"]) > 4  # controls of every past participant
     run_experiment(_config(), str(tmp_path / "b"), progress=False, resume=True)
     assert _files(tmp_path / "b") == want  # identical only if the c_i came back from the checkpoint
 

@@ -1,15 +1,17 @@
 """Checkpoint and resume of the experiment loop, and graceful interruption.
 
 A checkpoint holds everything the next round depends on: the server state, the per-client states
-(SCAFFOLD's c_i) and any other pytrees (orbax ``StandardCheckpointer``), and a JSON record of the host RNG state, the round number, counters,
-the best accuracy so far, traffic totals and the participation history (which clients took part in
-which round). The privacy accountant and per-client ledgers are rebuilt on resume by replaying that
-history, so the privacy ledger is never reset and never counts a round twice. Metrics rows written
-after the checkpoint (a run killed between checkpoints) are dropped on resume and recomputed.
+(SCAFFOLD's c_i) and any other pytrees (item ``state``), and a JSON record (item ``loop``) of the host
+RNG state, the round number, counters, the best accuracy so far, traffic totals and the participation
+history (which clients took part in which round). The privacy accountant and per-client ledgers are
+rebuilt on resume by replaying that history, so the privacy ledger is never reset and never counts a
+round twice. Metrics rows written after the checkpoint (a run killed between checkpoints) are dropped
+on resume and recomputed.
 
-Layout: ``<workdir>/checkpoints/round_000012/{state/, loop.json}``; a checkpoint is written under a
-temporary name and renamed into place, so a half-written one is never read. The last ``keep`` are kept.
-SIGINT / SIGTERM during a run finish the current round, write a checkpoint and stop the run.
+Storage is orbax's ``CheckpointManager``: ``<workdir>/checkpoints/round_000012/{state, loop}``,
+written under a temporary name and renamed into place when complete (a half-written checkpoint is
+never read), the last ``keep`` kept. SIGINT / SIGTERM during a run finish the current round, write a
+checkpoint and stop the run.
 """
 
 from __future__ import annotations
@@ -17,47 +19,54 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import threading
 
 import orbax.checkpoint as ocp
 
-PREFIX = "round_"
+PREFIX = "round"
 
 
 class Checkpointer:
+    """The loop's checkpoints: ``save(round, trees, loop_state)``, ``restore_latest(target)``."""
+
     def __init__(self, directory: str, keep: int = 2):
         if keep < 1:
             raise ValueError(f"keep must be >= 1 checkpoints, got {keep}")
-        self.directory, self.keep = directory, keep
-        self._orbax = ocp.StandardCheckpointer()
+        self.directory, self.keep = os.path.abspath(directory), keep
+        self._options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=False,
+            step_name_format=ocp.step.standard_name_format(step_prefix=PREFIX, step_format_fixed_length=6))
+
+    @contextlib.contextmanager
+    def _manager(self):  # opened for each use: the directory may have changed since (a resume)
+        manager = ocp.CheckpointManager(self.directory, options=self._options)
+        try:
+            yield manager
+        finally:
+            manager.close()
 
     def rounds(self) -> list[int]:
         if not os.path.isdir(self.directory):
             return []
-        return sorted(int(name[len(PREFIX):]) for name in os.listdir(self.directory)
-                      if name.startswith(PREFIX) and name[len(PREFIX):].isdigit()
-                      and os.path.exists(os.path.join(self.directory, name, "loop.json")))
+        with self._manager() as manager:
+            return sorted(manager.all_steps())
 
-    def _path(self, round_index: int) -> str:
-        return os.path.join(self.directory, f"{PREFIX}{round_index:06d}")
+    def path(self, round_index: int) -> str:
+        return os.path.join(self.directory, f"{PREFIX}_{round_index:06d}")
 
     def save(self, round_index: int, trees: dict, loop_state: dict) -> str:
-        final = self._path(round_index)
-        if os.path.exists(final):
-            return final
-        temporary = final + ".tmp"
-        shutil.rmtree(temporary, ignore_errors=True)
-        os.makedirs(temporary)
-        self._orbax.save(os.path.join(os.path.abspath(temporary), "state"), trees)
-        self._orbax.wait_until_finished()
-        with open(os.path.join(temporary, "loop.json"), "w") as f:
-            json.dump({**loop_state, "round": round_index}, f)
-        os.replace(temporary, final)
-        for old in self.rounds()[:-self.keep]:
-            shutil.rmtree(self._path(old), ignore_errors=True)
-        return final
+        with self._manager() as manager:
+            if round_index not in manager.all_steps():
+                manager.save(round_index, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(trees), loop=ocp.args.JsonSave({**loop_state, "round": round_index})))
+                manager.wait_until_finished()
+        return self.path(round_index)
+
+    def loop_state(self, round_index: int) -> dict:
+        """The JSON record of one checkpoint."""
+        with self._manager() as manager:
+            return manager.restore(round_index, args=ocp.args.Composite(loop=ocp.args.JsonRestore())).loop
 
     def restore_latest(self, target_trees):
         """``(trees, loop_state)`` of the newest complete checkpoint, or None when there is none.
@@ -66,11 +75,11 @@ class Checkpointer:
         rounds = self.rounds()
         if not rounds:
             return None
-        path = self._path(rounds[-1])
-        with open(os.path.join(path, "loop.json")) as f:
-            loop_state = json.load(f)
+        loop_state = self.loop_state(rounds[-1])
         target = target_trees(loop_state) if callable(target_trees) else target_trees
-        return self._orbax.restore(os.path.join(os.path.abspath(path), "state"), target), loop_state
+        with self._manager() as manager:
+            restored = manager.restore(rounds[-1], args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+        return restored.state, loop_state
 
 
 def truncate_metrics(metrics_path: str, last_round: int) -> None:

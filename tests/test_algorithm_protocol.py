@@ -140,3 +140,36 @@ def test_unknown_algorithm_foreign_section_and_unknown_key_are_refused_before_lo
     c = _config("fedavg")
     c.client.learnig_rate = 0.1
     assert "unknown config key client.learnig_rate=0.1" in _refused(c, tmp_path)
+
+
+@pytest.mark.parametrize("mode", ["paper", "sound"])
+def test_cuag_adaptive_gdp_noise_runs_in_the_loop_and_is_labelled(mode, tmp_path):
+    """Issue 15 item 3: CUAG-PFL's Alg. 4 noise is reachable from a run. Paper mode (as written):
+    ``formal: false`` and the epsilon is the paper's CLT claim composed over each client's rounds;
+    sound mode (fixed C_l + local Gaussian): formal, z from the chain."""
+    from fedjax_dp.algorithms.fedavg import FedAvg
+    from fedjax_dp.privacy import adaptive_gdp, gdp
+    from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, cuag_sound_noise
+
+    setting = dict(sampling_rate=1 / 3, batch_size=32, dataset_size=400, local_steps=2)
+
+    def build(ctx):
+        algorithm = FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer())
+        noise = (CuagPaperNoise(0.5, **setting),) if mode == "paper" else cuag_sound_noise((0.3, 0.1), 2.0)
+        return algorithm, chain(*noise, UniformWeights())
+
+    registry.register("toy_cuag_noise", build=build, summary="test-only FedAvg + CUAG noise")
+    try:
+        summary = run_experiment(_config("toy_cuag_noise"), str(tmp_path / "run"), progress=False)
+    finally:
+        registry.unregister("toy_cuag_noise")
+    privacy = json.load(open(tmp_path / "run" / "privacy.json"))
+    assert summary.rounds == 3 and np.isfinite(summary.final["test_loss"])
+    if mode == "sound":
+        assert privacy["formal"] and privacy["noise_mode"] == "local" and privacy["noise_multipliers"] == [2.0]
+        return
+    assert privacy["formal"] is False and "NO formal" in " ".join(privacy["notes"])
+    mu_t = [adaptive_gdp.formula_mu(adaptive_gdp.noise_scale(t, 0.5, **setting), 1, **setting) for t in (1, 2, 3)]
+    possible = {gdp.epsilon_from_mu(float(np.sqrt(sum(m * m for m, used in zip(mu_t, rounds) if used))), privacy["delta"])
+                for rounds in [(a, b, c) for a in (0, 1) for b in (0, 1) for c in (0, 1)] if any(rounds)}
+    assert min(abs(privacy["epsilon"] - e) for e in possible) < 1e-9  # the claim over the rounds a client ran

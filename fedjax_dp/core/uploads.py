@@ -211,10 +211,10 @@ def chain(*transforms: UploadTransform) -> Chain:
         raise ValueError(f"upload chain {_names(transforms)} has more than one server-side clip")
     if "noise" in kinds:
         noise = kinds.index("noise")
-        if "clip" not in kinds[:noise]:
+        if getattr(transforms[noise], "calibrated_to_bound", True) and "clip" not in kinds[:noise]:
             raise ValueError(f"upload chain {_names(transforms)}: noise before any clip (its scale would be relative "
                              "to no sensitivity bound); put a clip transform first")
-        last_clip = max(i for i, kind in enumerate(kinds[:noise]) if kind == "clip")
+        last_clip = max((i for i, kind in enumerate(kinds[:noise]) if kind == "clip"), default=noise)
         if "compress" in kinds[last_clip:noise]:
             raise ValueError(f"upload chain {_names(transforms)}: compression between the clip and the noise changes "
                              "the bound the noise is calibrated to; clip the measurements (compress, then clip)")

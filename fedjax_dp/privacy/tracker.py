@@ -34,6 +34,14 @@ def combined_multiplier(releases: list[Release]) -> float:
     return sum(r.noise_multiplier ** -2 for r in releases) ** -0.5
 
 
+def _accounted(releases: list[Release]) -> list[Release]:
+    """The releases the epsilon is composed from: the formal ones; where a locality has none, the
+    non-formal ones' own claimed figures (a paper-mode CUAG run records the paper's claim, and the run
+    is labelled ``formal: false`` because of them)."""
+    formal = [r for r in releases if r.formal]
+    return formal or [r for r in releases if r.noise_multiplier > 0]
+
+
 class PrivacyTracker:
     def __init__(self, releases_for: Callable[[int], list[Release]], dp_cfg, sampling: str, population: int,
                  cohort_size: int, rate: float):
@@ -61,7 +69,7 @@ class PrivacyTracker:
     def multiplier(self, t: int) -> float:
         """The round's z_eff: of the local releases under local noise, else of the central ones."""
         locality = "local" if self.local else "central"
-        return combined_multiplier([r for r in self.releases_for(t) if r.locality == locality and r.formal])
+        return combined_multiplier(_accounted([r for r in self.releases_for(t) if r.locality == locality]))
 
     def event(self, t: int) -> RoundEvent:
         z = self.multiplier(t)
@@ -81,7 +89,8 @@ class PrivacyTracker:
         client_ids = np.asarray(client_ids, dtype=np.int64)
         if not self.local:
             return np.full(len(client_ids), self.multiplier(t))
-        per_release = [r.multipliers_for(client_ids) for r in self.releases_for(t) if r.locality == "local" and r.formal]
+        per_release = [r.multipliers_for(client_ids)
+                       for r in _accounted([r for r in self.releases_for(t) if r.locality == "local"])]
         if not per_release:
             return np.full(len(client_ids), np.inf)
         z = np.stack(per_release)

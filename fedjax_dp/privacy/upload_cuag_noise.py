@@ -1,0 +1,75 @@
+"""CUAG-PFL's adaptive Gaussian DP noise (seed 004, Alg. 4) as upload transforms, in both modes of
+``privacy.adaptive_gdp``.
+
+``paper``: ``CuagPaperNoise``, Alg. 4 as written: each client adds N(0, (2 C_l sigma_t / B)^2) to every
+layer l of its (compressed) upload with C_l = ||layer l|| and the paper's sigma_t schedule. NO formal
+guarantee (the threshold is the layer's own norm: no finite sensitivity): its release is labelled
+``formal=False`` and carries the paper's own per-round CLT figure mu_t, which the per-client ledger
+composes in quadrature, so the recorded epsilon is the paper's claim for the schedule actually run
+(``adaptive_gdp.schedule_mu``), never presented as a guarantee.
+
+``sound``: ``cuag_sound_noise``: the same structure with fixed per-layer thresholds C_l and local
+Gaussian noise z sqrt(sum_l C_l^2) on every entry: a per-layer clip followed by local Gaussian noise,
+both already transforms, so the chain and the ledger account it like any local-DP run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dp.core.uploads import UNBOUNDED, ClientContext, Flow, Release, UploadTransform
+from fedjax_dp.privacy import adaptive_gdp
+from fedjax_dp.privacy.upload_clipping import PerLayerClip
+from fedjax_dp.privacy.upload_noise import GaussianNoise
+
+
+@dataclasses.dataclass(frozen=True)
+class CuagPaperNoise(UploadTransform):
+    """Alg. 4 as written; ``mu`` the paper's GDP target, the rest its sigma_t setting."""
+
+    kind: ClassVar[str] = "noise"
+    local: ClassVar[bool] = True
+    calibrated_to_bound: ClassVar[bool] = False  # scales to each layer's own norm: no clip before it
+    mu: float = 0.25
+    sampling_rate: float = 0.1  # lambda
+    batch_size: int = 50  # B
+    dataset_size: int = 500  # |D|, a client's local examples
+    local_steps: int = 25  # P
+
+    def __post_init__(self):
+        adaptive_gdp.noise_scale(1, self.mu, **self._setting())  # validates every field by name
+        warnings.warn(adaptive_gdp.PAPER_MODE_NOTE, stacklevel=2)
+
+    def _setting(self) -> dict:
+        return dict(sampling_rate=self.sampling_rate, batch_size=self.batch_size, dataset_size=self.dataset_size,
+                    local_steps=self.local_steps)
+
+    def inputs(self, round_index: int) -> dict:
+        return {"sigma": adaptive_gdp.noise_scale(round_index, self.mu, **self._setting())}
+
+    def bound_after(self, bound, state, inputs):
+        return jnp.float32(UNBOUNDED)  # noise proportional to the layer's own norm bounds nothing
+
+    def client(self, upload, ctx: ClientContext) -> Flow:
+        noised = adaptive_gdp.paper_perturb(upload, ctx.noise_key, ctx.inputs["sigma"], self.batch_size)
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, upload)
+        return Flow(jax.tree_util.tree_map(lambda n, z: jnp.where(ctx.present, n, z), noised, zeros),
+                    jnp.float32(UNBOUNDED))
+
+    def releases(self, inputs: dict) -> tuple[Release, ...]:
+        mu_t = adaptive_gdp.formula_mu(inputs["sigma"], 1, **self._setting())
+        # The ledger composes (2 / z)^2 per participation under local noise (replace-one): z = 2 / mu_t
+        # makes it compose the paper's own mu_t^2, so its epsilon is the paper's claim for this schedule.
+        return (Release("CUAG-PFL adaptive GDP noise, paper mode (Alg. 4)", "local", 2.0 / mu_t,
+                        "none: C_l = ||layer l|| (the layer's own norm)", formal=False,
+                        note=adaptive_gdp.PAPER_MODE_NOTE + f" Per-round CLT figure of the paper: mu_t = {mu_t:.6g}."),)
+
+
+def cuag_sound_noise(layer_norms: tuple[float, ...], noise_multiplier: float) -> tuple[UploadTransform, ...]:
+    """The sound mode: fixed per-layer thresholds C_l, then local N(0, (z sqrt(sum C_l^2))^2) per entry."""
+    return PerLayerClip(tuple(layer_norms)), GaussianNoise(((1, float(noise_multiplier)),), local=True)

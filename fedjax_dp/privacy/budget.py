@@ -44,6 +44,15 @@ class BudgetRule:
             check_delta(self.delta)
             check_epsilon(self.max_epsilon)
 
+    def allows_epsilon(self, epsilon_after: float | None, delta_after: float | None) -> bool:
+        """The rule on already-computed figures after the next round (per-client ledgers): epsilon at
+        ``delta`` for ``max_epsilon``, delta at ``target_epsilon`` for Geyer's Q."""
+        if self.max_epsilon is not None and epsilon_after > self.max_epsilon:
+            return False
+        if self.target_epsilon is not None and delta_after > self.max_delta:
+            return False
+        return True
+
     def allows(self, accountant: Accountant, next_round: RoundEvent) -> bool:
         """Whether running ``next_round`` keeps the spent privacy within the budget."""
         after = accountant.copy_with(next_round)

@@ -30,6 +30,9 @@ class PrivacyReport:
     sampling_rates: list
     formal: bool
     notes: list = dataclasses.field(default_factory=list)
+    releases: list = dataclasses.field(default_factory=list)  # every mechanism that ran, as declared
+    noise_rng: str = "seeded"  # 'seeded' (reproducible from config.json's seed) or 'secure'
+    outside_guarantee: list = dataclasses.field(default_factory=list)  # published, not covered
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2)
+        return json.dumps(dataclasses.asdict(self), indent=2, allow_nan=False)

@@ -13,6 +13,7 @@ the budget rule decides whether it may run; clients whose own budget is spent ar
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable
 
@@ -42,6 +43,13 @@ def _accounted(releases: list[Release]) -> list[Release]:
     return formal or [r for r in releases if r.noise_multiplier > 0]
 
 
+def _declared(release: Release) -> dict:
+    """A release as ``privacy.json`` lists it (per-client multipliers summarised)."""
+    z = release.client_multipliers
+    return dataclasses.asdict(release) | {
+        "client_multipliers": None if z is None else {"clients": len(z), "min": min(z), "max": max(z)}}
+
+
 class PrivacyTracker:
     def __init__(self, releases_for: Callable[[int], list[Release]], dp_cfg, sampling: str, population: int,
                  cohort_size: int, rate: float):
@@ -56,6 +64,8 @@ class PrivacyTracker:
         self.ledger = ClientLedger(population, dp_cfg.delta, dp_cfg.client_epsilon_budget or None,
                                    sensitivity_factor=2.0 if self.local else (2.0 if sampling == "uniform" else 1.0))
         self.rounds, self.noise_used, self.stopped_at = 0, [], None
+        self.eligible_count = population  # clients the next cohort is drawn from (budgets shrink it)
+        self.rates_used: list[float] = []
         self.mechanisms: dict[str, Release] = {}
 
     @property
@@ -73,15 +83,35 @@ class PrivacyTracker:
 
     def event(self, t: int) -> RoundEvent:
         z = self.multiplier(t)
-        if self.sampling == "uniform":
-            return RoundEvent("fixed", z, population=self.population, cohort_size=self.cohort_size)
+        if self.sampling == "uniform":  # m drawn from the clients still eligible, not from all K
+            return RoundEvent("fixed", z, population=max(self.eligible_count, self.cohort_size),
+                              cohort_size=self.cohort_size)
         return RoundEvent("poisson", z, sampling_rate=self.rate)
 
     def allows(self, t: int) -> bool:
-        """Checked before round t: False once the budget would be exceeded (training stops)."""
-        if self.local or not self.private:
-            return True
+        """Checked before round t, round t included: False once the budget would be exceeded. Under
+        local noise the rule is applied to the largest per-client epsilon after the round, as if every
+        client took part in it (the cohort is not drawn yet)."""
+        if self.local:
+            return self.rule.allows_epsilon(self._worst_client_epsilon_after(t), self._worst_client_delta_after(t))
         return self.rule.allows(self.accountants[self.cfg.accountant], self.event(t))
+
+    def _worst_client_mu_after(self, t: int) -> float:
+        z = self.client_multipliers(t, np.arange(self.population))
+        after = self.ledger.mu_squared + self.ledger._round_mu_squared(z)
+        return float(np.sqrt(after.max()))
+
+    def _worst_client_epsilon_after(self, t: int):
+        if self.rule.max_epsilon is None:
+            return None
+        mu = self._worst_client_mu_after(t)
+        return math.inf if not math.isfinite(mu) else gdp.epsilon_from_mu(mu, self.rule.delta)
+
+    def _worst_client_delta_after(self, t: int):
+        if self.rule.target_epsilon is None:
+            return None
+        mu = self._worst_client_mu_after(t)
+        return 1.0 if not math.isfinite(mu) else gdp.delta_from_mu(mu, self.rule.target_epsilon)
 
     def client_multipliers(self, t: int, client_ids) -> np.ndarray:
         """Each client's z_eff in round t: its own multiplier under every local release (heterogeneous
@@ -97,7 +127,9 @@ class PrivacyTracker:
         return np.where(np.any(z <= 0, axis=0), 0.0, np.sum(np.where(z > 0, z, 1.0) ** -2.0, axis=0) ** -0.5)
 
     def eligible(self, t: int) -> np.ndarray:
-        return self.ledger.eligible(self.client_multipliers(t, np.arange(self.population)))
+        eligible = self.ledger.eligible(self.client_multipliers(t, np.arange(self.population)))
+        self.eligible_count = int(eligible.sum())
+        return eligible
 
     def record(self, t: int, client_ids: np.ndarray) -> None:
         event = self.event(t)
@@ -106,6 +138,7 @@ class PrivacyTracker:
         self.ledger.record(client_ids, self.client_multipliers(t, client_ids))
         self.rounds += 1
         self.noise_used.append(event.noise_multiplier)
+        self.rates_used.append(event.cohort_size / event.population if self.sampling == "uniform" else self.rate)
         self.mechanisms.update({r.mechanism: r for r in self.releases_for(t)})
 
     def epsilon(self) -> float:
@@ -141,9 +174,17 @@ class PrivacyTracker:
                          "no amplification by sampling")
         if any(r.locality == "central" for r in releases if r.formal) and not self.local:
             notes.append("central releases on the same cohort composed as one Gaussian, z_eff = (sum_i z_i^-2)^-1/2")
+        if not self.private and (self.rule.max_epsilon is not None or self.rule.target_epsilon is not None):
+            notes.append("the budget rule was applied to the formal part of the releases only; the run as a whole "
+                         "has no formal guarantee")
         if self.stopped_at is not None:
             notes.append(f"training stopped before round {self.stopped_at}: the budget would have been exceeded")
         epsilon = self.epsilon() if self.rounds else 0.0
+        noiseless = any(z <= 0 for z in self.noise_used) or (self.rounds and not math.isfinite(epsilon))
+        if noiseless:
+            notes.append("a round ran without noise (z = 0): nothing is private")
+        rates = sorted(set(self.rates_used)) or [self.cohort_size / self.population if self.sampling == "uniform"
+                                                 else self.rate]
         return PrivacyReport(
             mechanism="; ".join(f"{r.mechanism} [{r.locality}, z={r.noise_multiplier:.6g}, bound {r.bound}]"
                                 for r in releases),
@@ -151,5 +192,6 @@ class PrivacyTracker:
             sampling="fixed-size without replacement" if self.sampling == "uniform" else "Poisson",
             noise_mode="local" if self.local else "central", accountant="per-client GDP ledger" if self.local else self.cfg.accountant,
             delta=delta, epsilon=epsilon, epsilons=epsilons, rounds=self.rounds,
-            noise_multipliers=sorted(set(self.noise_used)), sampling_rates=[self.rate], formal=self.private,
-            notes=notes)
+            noise_multipliers=sorted(set(self.noise_used)), sampling_rates=rates,
+            formal=bool(self.private and not noiseless), notes=notes,
+            releases=[_declared(r) for r in releases])

@@ -98,5 +98,10 @@ class GaussianNoise(UploadTransform):
             return (Release("Gaussian noise on the clipped update (local, z_n per client)", where,
                             min(self.client_multipliers), "the clip before it (S, or sqrt(sum C_l^2))",
                             client_multipliers=tuple(self.client_multipliers)),)
+        note = ""
+        if self.count_noise_std:
+            note = (f"z = {inputs['z']:.6g} for the round; the update noise is raised to z_Delta = "
+                    f"{inputs['z_update']:.6g} for the adaptive clip's count released beside it (sigma_b = "
+                    f"{self.count_noise_std:.6g}, count sensitivity 1/2 per client: z_count = {2 * self.count_noise_std:.6g})")
         return (Release(f"Gaussian noise on the clipped update ({where})", where, float(inputs["z_update"]),
-                        "the clip before it (S, or sqrt(sum C_l^2))"),)
+                        "the clip before it (S, or sqrt(sum C_l^2))", note=note),)

@@ -27,11 +27,22 @@ def privacy_record(tracker, notes: list[str]) -> dict:
     """What ``privacy.json`` holds: the tracker's report, or for a run that released nothing private
     an explicit epsilon of infinity (every run records what it spent)."""
     if tracker is None:
-        return {"mechanism": "none", "epsilon": math.inf, "formal": False,
+        return {"mechanism": "none", "epsilon": None, "epsilon_unbounded": True, "formal": False,
                 "notes": ["no upload transform adds noise: no differential privacy (epsilon unbounded)"] + notes}
-    record = dataclasses.asdict(tracker.report())
+    record = _strict(dataclasses.asdict(tracker.report()))
     record["notes"] = record["notes"] + notes
     return record
+
+
+def _strict(value):
+    """Strict JSON: a non-finite number (an unbounded epsilon) becomes null, flagged beside it."""
+    if isinstance(value, dict):
+        out = {k: _strict(v) for k, v in value.items()}
+        out.update({f"{k}_unbounded": True for k, v in value.items() if isinstance(v, float) and not math.isfinite(v)})
+        return out
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def format_summary(summary: RunSummary) -> str:

@@ -1,0 +1,89 @@
+"""Issue 16 (privacy truth): one test per finding, each failing on the code the review read."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dp.core.uploads import ClientContext, Release
+from fedjax_dp.privacy import gdp
+from fedjax_dp.privacy.accounting import Accountant
+from fedjax_dp.privacy.tracker import PrivacyTracker
+from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip
+from fedjax_dp.training.default_config import default_config
+
+
+def _dp_cfg(**values):
+    dp = default_config().dp
+    dp.update(values)
+    return dp
+
+
+def test_2_one_more_unclipped_client_moves_the_count_by_the_sensitivity_the_accounting_assumes():
+    clip = AdaptiveQuantileClip(initial_clip_norm=1.0, count_noise_std=3.0, denominator=10)
+    state = clip.init(None)
+
+    def count(norm, present=True):
+        ctx = ClientContext(state, {}, jnp.float32(math.inf), jax.random.key(0), jnp.bool_(present), jnp.bool_(present))
+        return float(clip.client({"w": jnp.array([norm])}, ctx).extras["count"])
+
+    release = clip.releases({})[0]
+    assumed_sensitivity = clip.count_noise_std / release.noise_multiplier  # std / z = the declared bound
+    cohort = [count(0.2), count(3.0), count(0.5)]
+    added_unclipped, added_clipped = sum(cohort) + count(0.1), sum(cohort) + count(5.0)
+    assert abs(added_unclipped - sum(cohort)) == pytest.approx(assumed_sensitivity)
+    assert abs(added_clipped - sum(cohort)) == pytest.approx(assumed_sensitivity)
+    assert count(0.1, present=False) == 0.0  # an absent slot moves nothing
+    assert assumed_sensitivity == 0.5
+
+
+def test_3_fixed_size_sampling_is_accounted_over_the_clients_still_eligible():
+    """K = 20, m = 2, z = 1, per-client budgets that only some clients keep: once clients drop out,
+    m is drawn from |E_t| < K, and the event must say so (it said K)."""
+    cfg = _dp_cfg(client_epsilon_budget=float(gdp.epsilon_from_mu(2.0 * 1.2, 1e-5)))  # one round each (2S)
+    tracker = PrivacyTracker(lambda t: [Release("g", "central", 1.0, "S")], cfg, "uniform", 20, 2, 0.1)
+    tracker.ledger.sensitivity_factor = 2.0
+    tracker.record(1, np.array([0, 1]))
+    eligible = tracker.eligible(2)
+    assert eligible.sum() == 18
+    assert tracker.event(2).population == 18
+
+
+def test_4_local_noise_obeys_max_epsilon_before_each_round():
+    cfg = _dp_cfg(max_epsilon=1.0)
+    tracker = PrivacyTracker(lambda t: [Release("g", "local", 8.0, "S")], cfg, "uniform", 5, 5, 1.0)
+    one_round = gdp.epsilon_from_mu(2.0 / 8.0, cfg.delta)  # replace-one: 2S / (z S)
+    assert one_round < 1.0 < gdp.epsilon_from_mu(math.sqrt(2) * 2.0 / 8.0, cfg.delta)
+    assert tracker.allows(1)
+    tracker.record(1, np.arange(5))
+    assert not tracker.allows(2)  # a second round would take every client past epsilon 1
+
+
+def test_11_reported_sampling_rate_is_the_one_used_and_z0_is_not_formal():
+    cfg = _dp_cfg()
+    tracker = PrivacyTracker(lambda t: [Release("g", "central", 1.0, "S")], cfg, "uniform", 12, 4, 0.1)
+    tracker.record(1, np.arange(4))
+    assert tracker.report().sampling_rates == [pytest.approx(4 / 12)]
+    noiseless = PrivacyTracker(lambda t: [Release("g", "central", 0.0, "S")], cfg, "poisson", 12, 4, 0.3)
+    noiseless.record(1, np.arange(4))
+    report = noiseless.report()
+    assert report.formal is False and math.isinf(report.epsilon)
+
+
+def test_privacy_json_is_strict_json_and_lists_each_release(tmp_path):
+    from fedjax_dp.training.reporting import privacy_record
+    from fedjax_dp.training.results import ResultsWriter
+
+    cfg = _dp_cfg()
+    tracker = PrivacyTracker(lambda t: [Release("Gaussian", "central", 1.0, "S", note="n")], cfg, "poisson", 12, 4, 0.3)
+    tracker.record(1, np.arange(4))
+    for record in (privacy_record(tracker, []), privacy_record(None, [])):
+        text = json.dumps(record, allow_nan=False)  # raises on Infinity / NaN
+        assert json.loads(text)["formal"] in (True, False)
+    record = privacy_record(tracker, [])
+    assert record["releases"][0]["mechanism"] == "Gaussian" and record["noise_rng"] == "seeded"
+    assert privacy_record(None, [])["epsilon"] is None and privacy_record(None, [])["epsilon_unbounded"]
+    del ResultsWriter

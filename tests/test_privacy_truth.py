@@ -87,3 +87,48 @@ def test_privacy_json_is_strict_json_and_lists_each_release(tmp_path):
     assert record["releases"][0]["mechanism"] == "Gaussian" and record["noise_rng"] == "seeded"
     assert privacy_record(None, [])["epsilon"] is None and privacy_record(None, [])["epsilon_unbounded"]
     del ResultsWriter
+
+
+def _refusal(**overrides):
+    from fedjax_dp.training.config_validation import validate_config
+
+    cfg = default_config()
+    cfg.algorithm = "dp_fedavg"
+    for path, value in overrides.items():
+        section, key = path.split("__")
+        cfg[section][key] = value
+    with pytest.raises(ValueError) as error:
+        validate_config(cfg)
+    return str(error.value)
+
+
+def test_5_local_noise_with_adaptive_clipping_is_refused():
+    assert "dp.clip='adaptive' with dp.noise_mode='local' is refused" in _refusal(dp__clip="adaptive",
+                                                                                   dp__noise_mode="local")
+
+
+def test_14_conflicting_or_hopeless_dp_settings_are_refused_by_name():
+    message = _refusal(dp__calibrate_epsilon=8.0, dp__noise_schedule="1:1.0,50:0.8")
+    assert "dp.calibrate_epsilon=8.0 and dp.noise_schedule='1:1.0,50:0.8' both choose z" in message
+    message = _refusal(dp__max_epsilon=0.01, dp__noise_multiplier=0.5)
+    assert "dp.max_epsilon=0.01 is spent before round 1 ends" in message
+    message = _refusal(dp__max_epsilon=0.5, dp__noise_multiplier=1.0, dp__noise_mode="local")
+    assert "dp.max_epsilon=0.5 is spent before round 1 ends" in message
+    assert "is not 'round:z'" in _refusal(dp__noise_schedule="1:x")
+
+
+def test_13_pld_discretisation_is_a_parameter_checked_against_dp_accounting():
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from fedjax_dp.privacy.accounting import RoundEvent, calibrate_noise_multiplier
+
+    event = RoundEvent("poisson", 1.1, sampling_rate=0.01)
+    ours = Accountant("pld").compose(event, 2000).epsilon(1e-5)
+    reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    reference.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)), 2000)
+    assert ours == pytest.approx(reference.get_epsilon(1e-5), rel=1e-12)
+    coarse = Accountant("pld", pld_discretization=1e-3).compose(event, 2000).epsilon(1e-5)
+    assert coarse > ours  # both pessimistic; the finer grid is tighter
+    with pytest.raises(ValueError, match="delta=0.05 >= the sampling rate q=0.01"):
+        calibrate_noise_multiplier(1.0, 0.05, 10, "poisson", sampling_rate=0.01, kind="pld")

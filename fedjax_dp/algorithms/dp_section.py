@@ -4,8 +4,11 @@ adaptive clip; the accountant and the per-client budget)."""
 
 from __future__ import annotations
 
+import math
+
 from fedjax_dp.algorithms import registry
-from fedjax_dp.privacy.accounting import ACCOUNTANTS
+from fedjax_dp.privacy import gdp
+from fedjax_dp.privacy.accounting import ACCOUNTANTS, Accountant, RoundEvent
 from fedjax_dp.privacy.upload_noise import parse_schedule
 
 CLIP_MODES = ("fixed", "per_layer", "adaptive", "median")
@@ -21,6 +24,7 @@ def check_dp(cfg, need) -> None:
     need(not (dp.accountant == "pld" and cfg.sampling.method == "uniform"),
          "dp.accountant='pld' needs sampling.method='poisson' (dp_accounting's PLD has no fixed-size sampling event)")
     need(0 < dp.delta < 1, f"dp.delta must lie in (0, 1), got {dp.delta}")
+    need(0 < dp.pld_discretization <= 0.1, f"dp.pld_discretization must lie in (0, 0.1], got {dp.pld_discretization}")
     need(dp.target_epsilon >= 0, f"dp.target_epsilon must be >= 0 (0 = off), got {dp.target_epsilon}")
     need(0 <= dp.max_delta < 1, f"dp.max_delta Q must lie in (0, 1) (0 = off), got {dp.max_delta}")
     need((dp.target_epsilon > 0) == (dp.max_delta > 0), "dp.target_epsilon and dp.max_delta (Q) go together")
@@ -29,10 +33,45 @@ def check_dp(cfg, need) -> None:
     need(dp.client_epsilon_budget >= 0, f"dp.client_epsilon_budget must be >= 0, got {dp.client_epsilon_budget}")
     need(0 < dp.target_quantile < 1, f"dp.target_quantile must lie in (0, 1), got {dp.target_quantile}")
     need(not (dp.clip == "median" and dp.noise_mode == "local"), "dp.clip='median' cannot run with local noise")
+    need(not (dp.clip == "adaptive" and dp.noise_mode == "local"),
+         "dp.clip='adaptive' with dp.noise_mode='local' is refused: each client's clip bit would reach the server "
+         "un-noised (not locally private); use dp.clip='fixed' or 'per_layer' with local noise")
+    need(not (dp.calibrate_epsilon and dp.noise_schedule),
+         f"dp.calibrate_epsilon={dp.calibrate_epsilon} and dp.noise_schedule={dp.noise_schedule!r} both choose z; set one")
     try:
-        parse_schedule(dp.noise_schedule, dp.noise_multiplier)
+        schedule = parse_schedule(dp.noise_schedule, dp.noise_multiplier)
     except ValueError as error:
         need(False, str(error))
+        return
+    if not dp.calibrate_epsilon and (dp.max_epsilon or dp.target_epsilon) and 0 < dp.delta < 1:
+        spent = first_round_spends(cfg, schedule[0][1])
+        if spent is not None:
+            key, value, limit = spent
+            need(value <= limit, f"{key}={limit} is spent before round 1 ends ({value:.4g} for one round at "
+                                 f"z={schedule[0][1]}): the run could not train; raise the budget or the noise")
+
+
+def first_round_spends(cfg, z: float):
+    """``(key, one round's figure, the budget)`` of the configured budget rule for round 1, from the
+    configuration alone (fixed-size sampling: over ``data.num_clients`` clients), or None."""
+    dp, s = cfg.dp, cfg.sampling
+    if z <= 0:
+        return ("dp.max_epsilon", math.inf, dp.max_epsilon) if dp.max_epsilon else None
+    if dp.noise_mode == "local":
+        mu = 2.0 / z  # replace-one, sensitivity 2S
+        if dp.max_epsilon:
+            return "dp.max_epsilon", gdp.epsilon_from_mu(mu, dp.delta), dp.max_epsilon
+        return "dp.max_delta", gdp.delta_from_mu(mu, dp.target_epsilon), dp.max_delta
+    if s.method == "uniform":
+        if not 0 < s.cohort_size <= cfg.data.num_clients:
+            return None
+        event = RoundEvent("fixed", z, population=cfg.data.num_clients, cohort_size=s.cohort_size)
+    else:
+        event = RoundEvent("poisson", z, sampling_rate=s.rate)
+    accountant = Accountant(dp.accountant if dp.accountant in ACCOUNTANTS else "rdp", dp.pld_discretization).compose(event)
+    if dp.max_epsilon:
+        return "dp.max_epsilon", accountant.epsilon(dp.delta), dp.max_epsilon
+    return "dp.max_delta", accountant.delta(dp.target_epsilon), dp.max_delta
 
 
 registry.register_section("dp", {
@@ -44,6 +83,7 @@ registry.register_section("dp", {
     "target_quantile": 0.5, "clip_learning_rate": 0.2,  # adaptive clipping (Andrew et al. 2021)
     "noise_mode": "central",  # central | local
     "accountant": "rdp",  # rdp | pld (pld needs Poisson sampling)
+    "pld_discretization": 1e-4,  # PLD value discretisation (pessimistic: epsilon over-reported by ~this)
     "delta": 1e-5,
     "target_epsilon": 0.0, "max_delta": 0.0,  # Geyer's stop: delta(target_epsilon) would exceed Q
     "max_epsilon": 0.0,  # stop when epsilon(delta) would exceed this

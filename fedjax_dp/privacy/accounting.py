@@ -113,14 +113,23 @@ def replace_one_scale() -> float:
     raise RuntimeError("unrecognised replace-one normalisation in dp_accounting; refusing to account")
 
 
-def make_accountant(kind: str, neighboring_relation: NeighboringRelation):
+PLD_DISCRETIZATION = 1e-4
+"""Default value discretisation of the PLD accountant (dp_accounting's ``value_discretization_interval``):
+pessimistic, so epsilon is over-reported by about this much per composition step (1e-3 over-reported
+1.4 % at 10^4 rounds and up to 4x below epsilon 0.05)."""
+
+
+def make_accountant(kind: str, neighboring_relation: NeighboringRelation, pld_discretization: float = PLD_DISCRETIZATION):
     if kind == "rdp":
         return rdp.RdpAccountant(orders=list(RDP_ORDERS), neighboring_relation=neighboring_relation)
     if kind == "pld":
         if neighboring_relation == NeighboringRelation.REPLACE_ONE:
             raise ValueError("the PLD accountant of dp_accounting has no fixed-size (without replacement) sampling "
                              "event; use accountant='rdp' or Poisson sampling")
-        return pld.PLDAccountant(neighboring_relation=neighboring_relation, value_discretization_interval=1e-3)
+        if not 0 < pld_discretization <= 0.1:
+            raise ValueError(f"PLD discretisation must lie in (0, 0.1], got {pld_discretization!r}")
+        return pld.PLDAccountant(neighboring_relation=neighboring_relation,
+                                 value_discretization_interval=pld_discretization)
     raise ValueError(f"accountant {kind!r} unknown; choose one of {ACCOUNTANTS}")
 
 
@@ -147,10 +156,10 @@ class Accountant:
     PLD: dp_accounting's ``PLDAccountant``, composing runs of equal rounds by self-composition.
     """
 
-    def __init__(self, kind: str = "rdp"):
+    def __init__(self, kind: str = "rdp", pld_discretization: float = PLD_DISCRETIZATION):
         if kind not in ACCOUNTANTS:
             raise ValueError(f"accountant {kind!r} unknown; choose one of {ACCOUNTANTS}")
-        self.kind = kind
+        self.kind, self.pld_discretization = kind, pld_discretization
         self.rounds = 0
         self.events: list[tuple[RoundEvent, int]] = []
         self._relation = None
@@ -162,7 +171,7 @@ class Accountant:
         if self._relation is None:
             self._relation = event.neighboring_relation
             if self.kind == "pld":
-                self._pld = make_accountant("pld", self._relation)
+                self._pld = make_accountant("pld", self._relation, self.pld_discretization)
         elif event.neighboring_relation != self._relation:
             raise ValueError("cannot mix Poisson/full and fixed-size sampling in one accountant (different neighbouring relations)")
         if count:
@@ -196,7 +205,7 @@ class Accountant:
 
     def copy_with(self, event: RoundEvent, count: int = 1) -> "Accountant":
         """A new accountant with this one's history plus ``count`` more rounds (nothing mutated)."""
-        other = Accountant(self.kind)
+        other = Accountant(self.kind, self.pld_discretization)
         for past, n in self.events:
             other.compose(past, n)
         return other.compose(event, count)
@@ -231,6 +240,9 @@ def calibrate_noise_multiplier(target_epsilon: float, target_delta: float, round
     check_delta(target_delta)
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if sampling == "poisson" and target_delta >= sampling_rate:
+        raise ValueError(f"delta={target_delta} >= the sampling rate q={sampling_rate}: any noise meets it (a client "
+                         "is in a round with probability q), so there is nothing to calibrate; choose delta < q")
     make_event = lambda z: RoundEvent(sampling, z, sampling_rate, population, cohort_size)  # noqa: E731
     relation = make_event(1.0).neighboring_relation
     if epsilon_of([(make_event(max_noise), rounds)], target_delta, kind) > target_epsilon:

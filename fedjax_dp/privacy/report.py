@@ -33,6 +33,7 @@ class PrivacyReport:
     releases: list = dataclasses.field(default_factory=list)  # every mechanism that ran, as declared
     noise_rng: str = "seeded"  # 'seeded' (reproducible from config.json's seed) or 'secure'
     outside_guarantee: list = dataclasses.field(default_factory=list)  # published, not covered
+    accounting: dict = dataclasses.field(default_factory=dict)  # accountant precision (discretisation, orders)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, allow_nan=False)

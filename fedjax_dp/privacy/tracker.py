@@ -57,7 +57,8 @@ class PrivacyTracker:
         self.sampling, self.population, self.cohort_size, self.rate = sampling, population, cohort_size, rate
         first = releases_for(1)
         self.local = any(r.locality == "local" for r in first)
-        self.accountants = {k: Accountant(k) for k in ACCOUNTANTS if not (k == "pld" and sampling == "uniform")}
+        self.accountants = {k: Accountant(k, dp_cfg.pld_discretization) for k in ACCOUNTANTS
+                            if not (k == "pld" and sampling == "uniform")}
         self.rule = BudgetRule(
             target_epsilon=dp_cfg.target_epsilon or None, max_delta=dp_cfg.max_delta or None,
             delta=dp_cfg.delta if dp_cfg.max_epsilon else None, max_epsilon=dp_cfg.max_epsilon or None)
@@ -194,4 +195,6 @@ class PrivacyTracker:
             delta=delta, epsilon=epsilon, epsilons=epsilons, rounds=self.rounds,
             noise_multipliers=sorted(set(self.noise_used)), sampling_rates=rates,
             formal=bool(self.private and not noiseless), notes=notes,
-            releases=[_declared(r) for r in releases])
+            releases=[_declared(r) for r in releases],
+            accounting={"pld_discretization": self.cfg.pld_discretization if "pld" in self.accountants else None,
+                        "rdp_orders": "dp_accounting's default grid (privacy.accounting.RDP_ORDERS)"})

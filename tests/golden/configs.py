@@ -60,7 +60,6 @@ def configs() -> dict:
         "dp_central_median": _dp("median"),
         "dp_local_fixed": _dp(noise_mode="local"),
         "dp_local_per_layer": _dp("per_layer", noise_mode="local"),
-        "dp_local_adaptive": _dp("adaptive", noise_mode="local"),
         "dp_poisson_pld": _with(_dp(accountant="pld"), sampling__method="poisson", sampling__rate=0.3),
         "dp_schedule_budget": _dp(noise_schedule="1:0.8,2:1.2", max_epsilon=30.0),
         "dp_geyer_stop": _with(_dp(target_epsilon=6.0, max_delta=1e-5, noise_multiplier=2.5), rounds=8),

@@ -132,3 +132,39 @@ def test_13_pld_discretisation_is_a_parameter_checked_against_dp_accounting():
     assert coarse > ours  # both pessimistic; the finer grid is tighter
     with pytest.raises(ValueError, match="delta=0.05 >= the sampling rate q=0.01"):
         calibrate_noise_multiplier(1.0, 0.05, 10, "poisson", sampling_rate=0.01, kind="pld")
+
+
+def test_6_a_non_private_run_says_formal_false_wherever_its_epsilon_appears(tmp_path):
+    from fedjax_dp.training.loop import run_experiment
+    from fedjax_dp.training.reporting import format_summary, progress_postfix
+
+    cfg = default_config()
+    cfg.algorithm, cfg.rounds, cfg.eval_every = "dp_fedavg", 2, 2
+    cfg.data.num_clients, cfg.model.name, cfg.sampling.cohort_size = 12, "logistic", 4
+    cfg.client.update(epochs=1, batch_size=32)
+    cfg.dp.update(clip="median", max_epsilon=50.0)  # a budget rule with a non-private mechanism: not silent
+    summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    saved = json.load(open(tmp_path / "run" / "summary.json"))
+    privacy = json.load(open(tmp_path / "run" / "privacy.json"))
+    assert all(row["formal"] is False for row in rows if "epsilon" in row)
+    assert saved["formal"] is False and privacy["formal"] is False
+    assert "formal: false" in format_summary(summary)
+    assert "formal: false" in progress_postfix({"test_accuracy": 0.5}, rows[-1], object())["eps"]
+    assert any("budget rule was applied to the formal part" in note for note in privacy["notes"])
+
+
+def test_9_and_12_privacy_json_lists_what_is_outside_the_guarantee_and_each_relation(tmp_path):
+    from fedjax_dp.training.loop import run_experiment
+
+    cfg = default_config()
+    cfg.algorithm, cfg.rounds, cfg.eval_every = "dp_fedavg", 2, 2
+    cfg.data.num_clients, cfg.model.name, cfg.sampling.cohort_size = 12, "logistic", 4
+    cfg.client.update(epochs=1, batch_size=32)
+    cfg.dp.noise_mode = "local"
+    run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    privacy = json.load(open(tmp_path / "run" / "privacy.json"))
+    outside = " ".join(privacy["outside_guarantee"])
+    for key in ("train_loss", "clipped_fraction", "median_update_norm", "between_client_variance", "update_scale"):
+        assert key in outside
+    assert {r["neighboring_relation"] for r in privacy["releases"]} == {"replace-one"}

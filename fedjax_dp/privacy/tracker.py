@@ -43,10 +43,11 @@ def _accounted(releases: list[Release]) -> list[Release]:
     return formal or [r for r in releases if r.noise_multiplier > 0]
 
 
-def _declared(release: Release) -> dict:
-    """A release as ``privacy.json`` lists it (per-client multipliers summarised)."""
+def _declared(release: Release, relation: str) -> dict:
+    """A release as ``privacy.json`` lists it: its neighbouring relation (so epsilons of different runs
+    can be compared), per-client multipliers summarised."""
     z = release.client_multipliers
-    return dataclasses.asdict(release) | {
+    return dataclasses.asdict(release) | {"neighboring_relation": relation,
         "client_multipliers": None if z is None else {"clients": len(z), "min": min(z), "max": max(z)}}
 
 
@@ -181,6 +182,7 @@ class PrivacyTracker:
         if self.stopped_at is not None:
             notes.append(f"training stopped before round {self.stopped_at}: the budget would have been exceeded")
         epsilon = self.epsilon() if self.rounds else 0.0
+        relation = "replace-one" if (self.sampling == "uniform" or self.local) else "add/remove-one"
         noiseless = any(z <= 0 for z in self.noise_used) or (self.rounds and not math.isfinite(epsilon))
         if noiseless:
             notes.append("a round ran without noise (z = 0): nothing is private")
@@ -189,12 +191,12 @@ class PrivacyTracker:
         return PrivacyReport(
             mechanism="; ".join(f"{r.mechanism} [{r.locality}, z={r.noise_multiplier:.6g}, bound {r.bound}]"
                                 for r in releases),
-            unit="client", neighboring_relation="replace-one" if (self.sampling == "uniform" or self.local) else "add/remove-one",
+            unit="client", neighboring_relation=relation,
             sampling="fixed-size without replacement" if self.sampling == "uniform" else "Poisson",
             noise_mode="local" if self.local else "central", accountant="per-client GDP ledger" if self.local else self.cfg.accountant,
             delta=delta, epsilon=epsilon, epsilons=epsilons, rounds=self.rounds,
             noise_multipliers=sorted(set(self.noise_used)), sampling_rates=rates,
             formal=bool(self.private and not noiseless), notes=notes,
-            releases=[_declared(r) for r in releases],
+            releases=[_declared(r, relation) for r in releases],
             accounting={"pld_discretization": self.cfg.pld_discretization if "pld" in self.accountants else None,
                         "rdp_orders": "dp_accounting's default grid (privacy.accounting.RDP_ORDERS)"})

@@ -97,7 +97,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 state = result.state
                 if tracker is not None:  # accounted even if the result is discarded below (conservative)
                     tracker.record(t, ids)
-                    row["epsilon"] = tracker.epsilon()
+                    row.update(epsilon=tracker.epsilon(), formal=tracker.private)
                 loop.participation.append([t, [int(i) for i in ids]])
                 if not bool(tree.is_finite(state.params)):
                     state, stop_reason = previous, f"the global model diverged in round {t} (non-finite parameters)"
@@ -143,9 +143,10 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                          time.perf_counter() - start, uplink_gb=loop.meter.uplink / 1e9,
                          traffic_gb=(loop.meter.uplink + loop.meter.downlink) / 1e9, stop_reason=stop_reason,
                          interrupted=bool(interruption))
-    writer.write_json("privacy.json", privacy_record(tracker, server_set_notes(cfg)))
+    writer.write_json("privacy.json", privacy_record(tracker, server_set_notes(cfg), results.read_metrics(workdir)))
     if tracker is not None:
-        summary.epsilon, summary.stopped_early = tracker.report().epsilon, tracker.stopped_at is not None
+        report = tracker.report()
+        summary.epsilon, summary.formal, summary.stopped_early = report.epsilon, report.formal, tracker.stopped_at is not None
     writer.write_json("summary.json", {**dataclasses.asdict(summary),
                                        "engine": dataclasses.asdict(choice), "backend": jax.default_backend()})
     results.plot_accuracy(results.read_metrics(workdir), os.path.join(workdir, "accuracy.png"),

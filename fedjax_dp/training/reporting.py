@@ -16,6 +16,7 @@ class RunSummary:
     client_updates: int
     seconds: float
     epsilon: float | None = None
+    formal: bool | None = None  # whether a DP proof covers that epsilon (False: a figure, no guarantee)
     stopped_early: bool = False
     uplink_gb: float = 0.0  # bytes actually sent by clients (compression.traffic), all rounds
     traffic_gb: float = 0.0  # uplink + downlink
@@ -23,14 +24,30 @@ class RunSummary:
     interrupted: bool = False  # stopped by SIGINT / SIGTERM: resume with ``resume=True`` / ``--resume``
 
 
-def privacy_record(tracker, notes: list[str]) -> dict:
-    """What ``privacy.json`` holds: the tracker's report, or for a run that released nothing private
-    an explicit epsilon of infinity (every run records what it spent)."""
+OUTSIDE_GUARANTEE = {
+    "train_loss": "mean training loss of the cohort, from raw client data",
+    "clipped_fraction": "fraction of clients clipped, from raw update norms",
+    "median_update_norm": "median of the raw update norms",
+    "mean_update_norm": "mean of the update norms",
+    "between_client_variance": "Geyer's V_c, from raw updates",
+    "update_scale": "Geyer's U_s, from raw updates",
+    "cohort_size": "the realised cohort size (under Poisson sampling it reveals participation counts)",
+    "dropped_client_ids": "ids of clients whose update was non-finite (a data-dependent event)",
+    "dropped_clients": "the number of dropped clients",
+}
+"""Statistics a run may publish beside its epsilon that no DP mechanism covers (issue 16, finding 9)."""
+
+
+def privacy_record(tracker, notes: list[str], rows: list[dict] = ()) -> dict:
+    """What ``privacy.json`` holds: the tracker's report (strict JSON; what the run published outside
+    the guarantee listed), or for a run that released nothing private an unbounded epsilon."""
     if tracker is None:
         return {"mechanism": "none", "epsilon": None, "epsilon_unbounded": True, "formal": False,
                 "notes": ["no upload transform adds noise: no differential privacy (epsilon unbounded)"] + notes}
     record = _strict(dataclasses.asdict(tracker.report()))
     record["notes"] = record["notes"] + notes
+    published = {key for row in rows for key in row}
+    record["outside_guarantee"] = [f"{key}: {why}" for key, why in OUTSIDE_GUARANTEE.items() if key in published]
     return record
 
 
@@ -56,7 +73,8 @@ def format_summary(summary: RunSummary) -> str:
     ]
     lines += [f"{'final ' + k:<22}{v:.4f}" for k, v in summary.final.items()]
     if summary.epsilon is not None:
-        lines.append(f"{'epsilon spent':<22}{summary.epsilon:.4f}")
+        lines.append(f"{'epsilon spent':<22}{summary.epsilon:.4f}" + (
+            "  (formal: false: NO differential-privacy guarantee, see privacy.json)" if summary.formal is False else ""))
     lines.append(f"{'wall time':<22}{summary.seconds:.1f} s")
     return "\n".join(lines)
 
@@ -65,5 +83,5 @@ def progress_postfix(evaluation: dict, row: dict, tracker) -> dict:
     """What the progress bar shows after an evaluation: accuracy, loss, epsilon spent."""
     postfix = {"acc": f"{evaluation['test_accuracy']:.4f}", "loss": f"{row.get('train_loss', float('nan')):.4f}"}
     if tracker is not None:
-        postfix["eps"] = f"{row['epsilon']:.3f}"
+        postfix["eps"] = f"{row['epsilon']:.3f}" + ("" if row.get("formal", True) else " (formal: false)")
     return postfix

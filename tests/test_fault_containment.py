@@ -78,3 +78,21 @@ def test_when_every_client_raises_the_error_is_the_programs_and_is_raised():
     algorithm = FederatedRound(FedAvg(_faulty_loss(model), optax.sgd(0.1)), strategy="loop")
     with pytest.raises(jax.errors.JaxRuntimeError, match="corrupt client data"):
         algorithm.round(algorithm.init(model.init(jax.random.key(0))), cohort, jax.random.key(0))
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_a_raising_client_under_dp_is_counted_as_dropped(local):
+    """Issue 16, finding 10: the contained client's outputs had ``present`` zeroed, so a DP round
+    reported 0 dropped and the loop never named it."""
+    from fedjax_dp.core.uploads import chain, fixed_denominator
+    from fedjax_dp.privacy.upload_clipping import FlatClip
+    from fedjax_dp.privacy.upload_noise import GaussianNoise
+
+    model = get_model("logistic", (4, 4, 1), 3)
+    x, y, indices = _cohort([1])
+    cohort = pack_cohort(x, y, indices, 3, 1, np.random.default_rng(1))
+    uploads = chain(FlatClip(1.0), GaussianNoise(local=local), fixed_denominator(4))
+    algorithm = FederatedRound(FedAvg(_faulty_loss(model), optax.sgd(0.1)), uploads, strategy="loop")
+    result = algorithm(algorithm.init(model.init(jax.random.key(0))), cohort, jax.random.key(0))
+    np.testing.assert_array_equal(result.dropped, [False, True, False, False])
+    assert int(result.metrics["dropped_clients"]) == 1

@@ -168,3 +168,20 @@ def test_9_and_12_privacy_json_lists_what_is_outside_the_guarantee_and_each_rela
     for key in ("train_loss", "clipped_fraction", "median_update_norm", "between_client_variance", "update_scale"):
         assert key in outside
     assert {r["neighboring_relation"] for r in privacy["releases"]} == {"replace-one"}
+
+
+def test_1_a_server_set_drawn_from_the_clients_voids_the_guarantee(tmp_path):
+    from fedjax_dp.training.build import server_set_breaches
+    from fedjax_dp.training.loop import run_experiment
+
+    cfg = default_config()
+    cfg.algorithm, cfg.rounds, cfg.eval_every = "dp_fedavg", 1, 1
+    cfg.data.num_clients, cfg.model.name, cfg.sampling.cohort_size = 12, "logistic", 4
+    cfg.client.update(epochs=1, batch_size=32)
+    cfg.fedmeta.enabled = True
+    summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    privacy = json.load(open(tmp_path / "run" / "privacy.json"))
+    assert privacy["formal"] is False and summary.formal is False
+    assert any("drawn IID from the training clients' own examples" in note for note in privacy["notes"])
+    cfg.server_data.overlap = 0.0  # held-out writers only: no breach
+    assert server_set_breaches(cfg) == []

@@ -139,5 +139,5 @@ registry.register_wrapper(
                 "learning_rate": 0.002, "steps": 1, "lr_decay": 1.0,
                 "batch_size": 0},  # batch_size 0: all of D_meta at once
     wrap=wrap_fedmeta, validate=check_fedmeta, needs_server_set=True,
-    privacy_note="FedMeta's server meta step uses only the server-held set D_meta: it reads no client upload; "
-                 "D_meta itself is not covered by the client-level guarantee")
+    privacy_note="FedMeta's server meta step uses only the server-held set D_meta, without noise: it reads no "
+                 "client upload, and the guarantee holds only if D_meta holds no protected client's data")

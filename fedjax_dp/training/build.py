@@ -70,6 +70,23 @@ def server_set_notes(cfg) -> list[str]:
     return notes
 
 
+def server_set_breaches(cfg) -> list[str]:
+    """Why a server-held set voids the client-level guarantee (issue 16, finding 1): it is drawn from the
+    protected clients' own examples (IID, ``server_data.overlap`` < 0) or partly from their writers
+    (overlap > 0), and is used without noise. Held-out writers only (overlap 0) keep the guarantee."""
+    if not needs_server_set(cfg):
+        return []
+    overlap = cfg.server_data.overlap
+    if overlap < 0:
+        return [f"the server-held set (D_meta / shared set) is drawn IID from the training clients' own examples "
+                f"(server_data.overlap={overlap}) and used without noise: those clients' data is not protected; "
+                "use server_data.overlap=0 (held-out writers, natural partitions) for a formal guarantee"]
+    if overlap > 0:
+        return [f"the server-held set comes {overlap:.0%} from training clients' writers (server_data.overlap="
+                f"{overlap}) and is used without noise: those clients' data is not protected"]
+    return []
+
+
 def compression_rates(uploads: Chain) -> list[float] | None:
     """The layer rates a specialised chain's compressor uses (logged per round), or None without one."""
     compressors = [t for t in uploads if t.kind == "compress"]

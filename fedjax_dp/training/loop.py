@@ -25,8 +25,8 @@ from fedjax_dp.data.shared_set import share_with_clients
 from fedjax_dp.models import get_model
 from fedjax_dp.privacy.tracker import PrivacyTracker
 from fedjax_dp.training import results
-from fedjax_dp.training.build import (build_round, compression_rates, needs_server_set, resolve_engine, server_set_notes,
-                                      shares_server_set)
+from fedjax_dp.training.build import (build_round, compression_rates, needs_server_set, resolve_engine,
+                                      server_set_breaches, server_set_notes, shares_server_set)
 from fedjax_dp.training.checkpointing import Checkpointer, Interruption, truncate_metrics  # noqa: F401
 from fedjax_dp.training.cohorts import cohort_slots, expected_cohort, make_packer, sample_cohort
 from fedjax_dp.training.config_validation import validate_config
@@ -143,10 +143,11 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                          time.perf_counter() - start, uplink_gb=loop.meter.uplink / 1e9,
                          traffic_gb=(loop.meter.uplink + loop.meter.downlink) / 1e9, stop_reason=stop_reason,
                          interrupted=bool(interruption))
-    writer.write_json("privacy.json", privacy_record(tracker, server_set_notes(cfg), results.read_metrics(workdir)))
+    record = privacy_record(tracker, server_set_notes(cfg), results.read_metrics(workdir), server_set_breaches(cfg))
+    writer.write_json("privacy.json", record)
     if tracker is not None:
-        report = tracker.report()
-        summary.epsilon, summary.formal, summary.stopped_early = report.epsilon, report.formal, tracker.stopped_at is not None
+        summary.epsilon, summary.formal = tracker.report().epsilon, record["formal"]
+        summary.stopped_early = tracker.stopped_at is not None
     writer.write_json("summary.json", {**dataclasses.asdict(summary),
                                        "engine": dataclasses.asdict(choice), "backend": jax.default_backend()})
     results.plot_accuracy(results.read_metrics(workdir), os.path.join(workdir, "accuracy.png"),

@@ -38,14 +38,18 @@ OUTSIDE_GUARANTEE = {
 """Statistics a run may publish beside its epsilon that no DP mechanism covers (issue 16, finding 9)."""
 
 
-def privacy_record(tracker, notes: list[str], rows: list[dict] = ()) -> dict:
+def privacy_record(tracker, notes: list[str], rows: list[dict] = (), breaches: list[str] = ()) -> dict:
     """What ``privacy.json`` holds: the tracker's report (strict JSON; what the run published outside
-    the guarantee listed), or for a run that released nothing private an unbounded epsilon."""
+    the guarantee listed; ``formal`` false with each reason in ``breaches``), or for a run that
+    released nothing private an unbounded epsilon."""
     if tracker is None:
         return {"mechanism": "none", "epsilon": None, "epsilon_unbounded": True, "formal": False,
                 "notes": ["no upload transform adds noise: no differential privacy (epsilon unbounded)"] + notes}
     record = _strict(dataclasses.asdict(tracker.report()))
     record["notes"] = record["notes"] + notes
+    if breaches:
+        record["formal"] = False
+        record["notes"] += [f"NO formal guarantee: {reason}" for reason in breaches]
     published = {key for row in rows for key in row}
     record["outside_guarantee"] = [f"{key}: {why}" for key, why in OUTSIDE_GUARANTEE.items() if key in published]
     return record

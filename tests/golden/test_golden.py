@@ -35,6 +35,8 @@ INTENDED: dict[tuple[str, str], str] = {
     ("dp_poisson_pld", "epsilon"): "the PLD accountant's discretisation is 1e-4 by default, not a hard-coded 1e-3 "
                                    "(issue 16, finding 13): a tighter pessimistic estimate",
     ("dp_poisson_pld", "epsilons"): "as epsilon",
+    ("dp_fedmeta", "formal"): "D_meta is drawn from the training clients' own examples and used without noise "
+                              "(issue 16, finding 1): no formal client-level guarantee",
 }
 """(config name, key) -> why that number changed on purpose."""
 

@@ -173,3 +173,37 @@ def test_cuag_adaptive_gdp_noise_runs_in_the_loop_and_is_labelled(mode, tmp_path
     possible = {gdp.epsilon_from_mu(float(np.sqrt(sum(m * m for m, used in zip(mu_t, rounds) if used))), privacy["delta"])
                 for rounds in [(a, b, c) for a in (0, 1) for b in (0, 1) for c in (0, 1)] if any(rounds)}
     assert min(abs(privacy["epsilon"] - e) for e in possible) < 1e-9  # the claim over the rounds a client ran
+
+
+def test_an_algorithm_with_personalize_gets_personalized_accuracy(tmp_path):
+    """Issue 15 item 1: the optional ``personalize``: evaluation reports the mean per-client accuracy
+    of each client's own model (here: the global model, or a model that predicts class 0 everywhere)."""
+    from fedjax_dp.algorithms.fedavg import FedAvg
+
+    @dataclasses.dataclass(frozen=True)
+    class Personalized(FedAvg):
+        requirements = Requirements(personalized=True)
+        zero: bool = False
+
+        def personalize(self, state, data, client_state):
+            assert data["x"].shape[0] == data["y"].shape[0] > 0
+            if self.zero:  # all-zero weights and biases: every logit ties, argmax picks class 0
+                return jax.tree_util.tree_map(jnp.zeros_like, state.params)
+            return state.params
+
+    results = {}
+    for zero in (False, True):
+        def build(ctx, zero=zero):
+            return Personalized(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer(),
+                                zero=zero), chain()
+
+        registry.register("toy_personalized", build=build, summary="test-only personalised FedAvg")
+        try:
+            c = _config("toy_personalized")
+            c.data.test_fraction = 0.2
+            run_experiment(c, str(tmp_path / str(zero)), progress=False)
+        finally:
+            registry.unregister("toy_personalized")
+        results[zero] = [json.loads(line) for line in open(tmp_path / str(zero) / "metrics.jsonl")][-1]
+    assert results[False]["personalized_accuracy"] == pytest.approx(results[False]["client_accuracy"])
+    assert results[True]["personalized_accuracy"] != pytest.approx(results[True]["client_accuracy"])

@@ -61,12 +61,16 @@ class Requirements:
     client_state: per-client state kept between rounds (``client_state_init`` gives the initial one).
     evaluation_pass: cohorts also carry each client's whole data once (UGA's gradient evaluation), in
       batches of ``evaluation_batch_size`` (0: the client batch size).
+    personalized: the algorithm defines ``personalize(state, data, client_state) -> params``, each
+      client's own model from the global state and its training data (PFLDyn's prototypes, a
+      fine-tune); evaluation then also reports the mean per-client accuracy of those models.
     """
 
     server_set: bool = False
     client_state: bool = False
     evaluation_pass: bool = False
     evaluation_batch_size: int = 0
+    personalized: bool = False
 
 
 @flax.struct.dataclass
@@ -106,6 +110,9 @@ class Algorithm(Protocol):
     def server_update(self, state: ServerState, aggregate: Aggregate, key: jax.Array) -> tuple[ServerState, dict]: ...
 
     def upload_template(self, params) -> Any: ...
+
+    # Optional, where ``requirements.personalized``:
+    # def personalize(self, state: ServerState, data: dict, client_state) -> params
 
 
 def init_server_state(params, server_optimizer: optax.GradientTransformation, extra=None) -> ServerState:

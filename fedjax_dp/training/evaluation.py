@@ -51,3 +51,21 @@ def evaluate(model: Model, params, dataset: FederatedDataset, batch_size: int = 
     if client_idx:
         metrics["client_accuracy"] = float(np.mean([corrects[pick(i)].mean() for i in client_idx]))
     return metrics
+
+
+def evaluate_state(model: Model, algorithm, state, dataset: FederatedDataset, client_states=None) -> dict:
+    """``evaluate`` of the global model, and for an algorithm with ``requirements.personalized`` the
+    unweighted mean over clients of each personalised model's accuracy on that client's own test data
+    (``personalized_accuracy``; ``client_states``: the loop's per-client state store, or None)."""
+    metrics = evaluate(model, state.params, dataset)
+    if not algorithm.requirements.personalized:
+        return metrics
+    accuracies = []
+    for k, test in enumerate(dataset.client_test):
+        if not len(test):
+            continue
+        train = dataset.client_train[k]
+        own_state = client_states.get(k) if client_states is not None else None
+        params = algorithm.personalize(state, {"x": dataset.x[train], "y": dataset.y[train]}, own_state)
+        accuracies.append(float(per_example_stats(model, params, dataset.x[test], dataset.y[test])[1].mean()))
+    return {**metrics, "personalized_accuracy": float(np.mean(accuracies))}

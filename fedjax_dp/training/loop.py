@@ -30,7 +30,7 @@ from fedjax_dp.training.build import (build_round, compression_rates, needs_serv
 from fedjax_dp.training.checkpointing import Checkpointer, Interruption, truncate_metrics  # noqa: F401
 from fedjax_dp.training.cohorts import cohort_slots, expected_cohort, make_packer, sample_cohort
 from fedjax_dp.training.config_validation import validate_config
-from fedjax_dp.training.evaluation import evaluate
+from fedjax_dp.training.evaluation import evaluate_state
 from fedjax_dp.training.reporting import RunSummary, format_summary, privacy_record, progress_postfix  # noqa: F401
 from fedjax_dp.training.run_state import LoopState
 
@@ -120,7 +120,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 loop.client_updates += len(ids)
             loop.rounds_run = t
             if t % cfg.eval_every == 0 or t == cfg.rounds:
-                loop.evaluated(t, evaluate(model, state.params, dataset))
+                loop.evaluated(t, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states))
                 row.update(loop.last_eval)
                 bar.set_postfix(progress_postfix(loop.last_eval, row, tracker))
             row["client_updates"] = loop.client_updates
@@ -136,7 +136,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     if loop.rounds_run:
         loop.save(checkpointer, state)  # at exit; a diverged model is never saved (state is the last good one)
     if not interruption and loop.rounds_run and loop.rounds_run % cfg.eval_every and loop.rounds_run != cfg.rounds:
-        loop.evaluated(loop.rounds_run, evaluate(model, state.params, dataset))  # the model training stopped at
+        loop.evaluated(loop.rounds_run, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states))
         writer.log({"round": loop.rounds_run, "final_evaluation": True, **loop.last_eval})
     writer.close()
     summary = RunSummary(workdir, loop.rounds_run, loop.last_eval, loop.best[0], loop.best[1], loop.client_updates,

@@ -54,7 +54,7 @@ def build_round(cfg, model, choice: StrategyChoice, num_clients: int, server_set
 
 
 def shares_server_set(cfg) -> bool:
-    """The algorithm's data side mixes the server-held set into every client (FedShare)."""
+    """The algorithm's data side mixes the server-held set into every client (a shared-data baseline)."""
     return registry.get(cfg.algorithm).shares_server_set
 
 

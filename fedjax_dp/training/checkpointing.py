@@ -1,7 +1,7 @@
 """Checkpoint and resume of the experiment loop, and graceful interruption.
 
 A checkpoint holds everything the next round depends on: the server state, the per-client states
-(SCAFFOLD's c_i) and any other pytrees (item ``state``), and a JSON record (item ``loop``) of the host
+(control variates, say) and any other pytrees (item ``state``), and a JSON record (item ``loop``) of the host
 RNG state, the round number, counters, the best accuracy so far, traffic totals and the participation
 history (which clients took part in which round). The privacy accountant and per-client ledgers are
 rebuilt on resume by replaying that history, so the privacy ledger is never reset and never counts a

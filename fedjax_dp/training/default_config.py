@@ -33,7 +33,7 @@ def default_config() -> ml_collections.ConfigDict:
         rates="dynamic",        # "dynamic" (Alg. 2) or a fixed rate such as "0.5"
         r_min=0.2, r_max=0.5, method="min_norm", seed=0))  # Alg. 2 bounds; min_norm | ista_dct
     c.server_data = ml_collections.ConfigDict(dict(
-        fraction=0.01,          # D_meta / FedShare's shared set: this fraction of the training examples
+        fraction=0.01,          # a server-held set (D_meta, a shared set): this fraction of the training examples
         overlap=-1.0,           # < 0: IID from the training clients; [0, 1]: writer overlap (natural partitions)
         num_writers=20))
     c.sampling = ml_collections.ConfigDict(dict(method="uniform", cohort_size=10, rate=0.1))

@@ -21,7 +21,7 @@ from fedjax_dp.training.checkpointing import Checkpointer, truncate_metrics
 @dataclasses.dataclass
 class LoopState:
     host_rng: np.random.Generator
-    client_states: ClientStateStore | None = None  # per-client algorithm state (SCAFFOLD's c_i)
+    client_states: ClientStateStore | None = None  # per-client algorithm state (control variates, say)
     client_updates: int = 0
     rounds_run: int = 0
     best: list = dataclasses.field(default_factory=lambda: [-1.0, -1])

@@ -17,6 +17,7 @@ is no longer eligible for sampling (eligibility depends only on past sampling, n
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -44,12 +45,13 @@ class BudgetRule:
             check_delta(self.delta)
             check_epsilon(self.max_epsilon)
 
-    def allows_epsilon(self, epsilon_after: float | None, delta_after: float | None) -> bool:
-        """The rule on already-computed figures after the next round (per-client ledgers): epsilon at
-        ``delta`` for ``max_epsilon``, delta at ``target_epsilon`` for Geyer's Q."""
-        if self.max_epsilon is not None and epsilon_after > self.max_epsilon:
+    def allows_gdp(self, mu_after: float) -> bool:
+        """The rule on a mu-GDP figure after the next round (per-client ledgers under local noise)."""
+        if not math.isfinite(mu_after):
             return False
-        if self.target_epsilon is not None and delta_after > self.max_delta:
+        if self.max_epsilon is not None and gdp.epsilon_from_mu(mu_after, self.delta) > self.max_epsilon:
+            return False
+        if self.target_epsilon is not None and gdp.delta_from_mu(mu_after, self.target_epsilon) > self.max_delta:
             return False
         return True
 
@@ -87,10 +89,14 @@ class ClientLedger:
         with np.errstate(divide="ignore"):
             return np.where(z > 0, (self.sensitivity_factor / np.where(z > 0, z, 1.0)) ** 2, np.inf)
 
+    def mu_squared_after(self, noise_multipliers) -> np.ndarray:
+        """Every client's mu^2 if it took part in one more round; ``noise_multipliers``: one z for
+        everybody, or each population client's own z."""
+        return self.mu_squared + self._round_mu_squared(noise_multipliers)
+
     def eligible(self, noise_multipliers) -> np.ndarray:
-        """Clients that can take part in one more round without exceeding their own budget;
-        ``noise_multipliers``: one z for everybody, or each population client's own z."""
-        return self.mu_squared + self._round_mu_squared(noise_multipliers) <= self.mu_budgets**2 * (1 + 1e-12)
+        """Clients that can take part in one more round without exceeding their own budget."""
+        return self.mu_squared_after(noise_multipliers) <= self.mu_budgets**2 * (1 + 1e-12)
 
     def record(self, client_ids: np.ndarray, noise_multipliers) -> None:
         """One participation of each listed client, at one z for all or at each one's own z (aligned)."""

@@ -26,13 +26,18 @@ from fedjax_dp.privacy.budget import BudgetRule, ClientLedger
 from fedjax_dp.privacy.report import PrivacyReport
 
 
+def combine(z: np.ndarray) -> np.ndarray:
+    """z_eff = (sum_i z_i^-2)^(-1/2) over axis 0 of Gaussian releases on the same data (0 where any is
+    noiseless, inf where there is none)."""
+    z = np.asarray(z, float)
+    if z.shape[0] == 0:
+        return np.full(z.shape[1:], np.inf)
+    return np.where(np.any(z <= 0, axis=0), 0.0, np.sum(np.where(z > 0, z, 1.0) ** -2.0, axis=0) ** -0.5)
+
+
 def combined_multiplier(releases: list[Release]) -> float:
-    """z_eff = (sum_i z_i^-2)^(-1/2) of Gaussian releases on the same data (0 if any is noiseless)."""
-    if not releases:
-        return math.inf
-    if any(r.noise_multiplier <= 0 for r in releases):
-        return 0.0
-    return sum(r.noise_multiplier ** -2 for r in releases) ** -0.5
+    """``combine`` of the releases' (round-wide) multipliers."""
+    return float(combine(np.array([r.noise_multiplier for r in releases])))
 
 
 def _accounted(releases: list[Release]) -> list[Release]:
@@ -66,7 +71,6 @@ class PrivacyTracker:
         self.ledger = ClientLedger(population, dp_cfg.delta, dp_cfg.client_epsilon_budget or None,
                                    sensitivity_factor=2.0 if self.local else (2.0 if sampling == "uniform" else 1.0))
         self.rounds, self.noise_used, self.stopped_at = 0, [], None
-        self.eligible_count = population  # clients the next cohort is drawn from (budgets shrink it)
         self.rates_used: list[float] = []
         self.mechanisms: dict[str, Release] = {}
 
@@ -86,34 +90,18 @@ class PrivacyTracker:
     def event(self, t: int) -> RoundEvent:
         z = self.multiplier(t)
         if self.sampling == "uniform":  # m drawn from the clients still eligible, not from all K
-            return RoundEvent("fixed", z, population=max(self.eligible_count, self.cohort_size),
-                              cohort_size=self.cohort_size)
+            eligible = int(self.eligible(t).sum())
+            return RoundEvent("fixed", z, population=max(eligible, self.cohort_size), cohort_size=self.cohort_size)
         return RoundEvent("poisson", z, sampling_rate=self.rate)
 
     def allows(self, t: int) -> bool:
         """Checked before round t, round t included: False once the budget would be exceeded. Under
         local noise the rule is applied to the largest per-client epsilon after the round, as if every
         client took part in it (the cohort is not drawn yet)."""
-        if self.local:
-            return self.rule.allows_epsilon(self._worst_client_epsilon_after(t), self._worst_client_delta_after(t))
+        if self.local:  # the largest per-client mu after the round
+            mu_squared = self.ledger.mu_squared_after(self.client_multipliers(t, np.arange(self.population)))
+            return self.rule.allows_gdp(float(np.sqrt(mu_squared.max())))
         return self.rule.allows(self.accountants[self.cfg.accountant], self.event(t))
-
-    def _worst_client_mu_after(self, t: int) -> float:
-        z = self.client_multipliers(t, np.arange(self.population))
-        after = self.ledger.mu_squared + self.ledger._round_mu_squared(z)
-        return float(np.sqrt(after.max()))
-
-    def _worst_client_epsilon_after(self, t: int):
-        if self.rule.max_epsilon is None:
-            return None
-        mu = self._worst_client_mu_after(t)
-        return math.inf if not math.isfinite(mu) else gdp.epsilon_from_mu(mu, self.rule.delta)
-
-    def _worst_client_delta_after(self, t: int):
-        if self.rule.target_epsilon is None:
-            return None
-        mu = self._worst_client_mu_after(t)
-        return 1.0 if not math.isfinite(mu) else gdp.delta_from_mu(mu, self.rule.target_epsilon)
 
     def client_multipliers(self, t: int, client_ids) -> np.ndarray:
         """Each client's z_eff in round t: its own multiplier under every local release (heterogeneous
@@ -123,15 +111,10 @@ class PrivacyTracker:
             return np.full(len(client_ids), self.multiplier(t))
         per_release = [r.multipliers_for(client_ids)
                        for r in _accounted([r for r in self.releases_for(t) if r.locality == "local"])]
-        if not per_release:
-            return np.full(len(client_ids), np.inf)
-        z = np.stack(per_release)
-        return np.where(np.any(z <= 0, axis=0), 0.0, np.sum(np.where(z > 0, z, 1.0) ** -2.0, axis=0) ** -0.5)
+        return combine(np.array(per_release).reshape(len(per_release), len(client_ids)))
 
     def eligible(self, t: int) -> np.ndarray:
-        eligible = self.ledger.eligible(self.client_multipliers(t, np.arange(self.population)))
-        self.eligible_count = int(eligible.sum())
-        return eligible
+        return self.ledger.eligible(self.client_multipliers(t, np.arange(self.population)))
 
     def record(self, t: int, client_ids: np.ndarray) -> None:
         event = self.event(t)

@@ -22,6 +22,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp.core import tree
 from fedjax_dp.core.uploads import UNBOUNDED, ClientContext, Flow, Release, UploadTransform
 from fedjax_dp.privacy import adaptive_gdp
 from fedjax_dp.privacy.upload_clipping import PerLayerClip
@@ -58,8 +59,7 @@ class CuagPaperNoise(UploadTransform):
     def client(self, upload, ctx: ClientContext) -> Flow:
         noised = adaptive_gdp.paper_perturb(upload, ctx.noise_key, ctx.inputs["sigma"], self.batch_size)
         zeros = jax.tree_util.tree_map(jnp.zeros_like, upload)
-        return Flow(jax.tree_util.tree_map(lambda n, z: jnp.where(ctx.present, n, z), noised, zeros),
-                    jnp.float32(UNBOUNDED))
+        return Flow(tree.where(ctx.present, noised, zeros), jnp.float32(UNBOUNDED))
 
     def releases(self, inputs: dict) -> tuple[Release, ...]:
         mu_t = adaptive_gdp.formula_mu(inputs["sigma"], 1, **self._setting())

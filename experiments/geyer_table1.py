@@ -32,9 +32,7 @@ EPSILON = 8.0
 
 
 def rounds_until_stop(k: int, m: int, q_budget: float, sampling: str, kind: str, cap: int = 100_000) -> int | None:
-    """Rounds that run before delta(8) would exceed Q (None: accountant does not support it)."""
-    if kind == "pld" and sampling == "fixed":
-        return None
+    """Rounds that run before delta(8) would exceed Q (fixed-size under PLD: the Dong-Roth-Su reduction)."""
     event = RoundEvent("fixed", 1.0, population=k, cohort_size=m) if sampling == "fixed" else RoundEvent("poisson", 1.0, m / k)
     acc, low = Accountant(kind), 0
     step = 1

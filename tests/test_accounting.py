@@ -5,8 +5,7 @@ import math
 import dp_accounting
 import numpy as np
 import pytest
-from dp_accounting import rdp
-from dp_accounting.privacy_accountant import NeighboringRelation
+from dp_accounting import pld, rdp
 
 from fedjax_dp.privacy import accounting as A
 from fedjax_dp.privacy import gdp
@@ -96,8 +95,32 @@ def test_analytic_gaussian_beats_classic_formula_and_is_valid():
     (lambda: A.RoundEvent("poisson", -0.1, 0.5), "noise multiplier must be >= 0 and finite, got -0.1"),
     (lambda: A.calibrate_noise_multiplier(1e-4, 1e-10, 10**6, "full"), "no noise multiplier <= 1000.0 reaches"),
     (lambda: A.calibrate_noise_multiplier(-1.0, 1e-5, 10, "full"), "got -1.0"),
-    (lambda: A.make_accountant("pld", NeighboringRelation.REPLACE_ONE), "no fixed-size"),
+    (lambda: A.Accountant("rdp", rdp_orders=(0.5, 2)), "RDP orders must be a non-empty list of finite numbers > 1"),
+    (lambda: A.calibrate_noise_multiplier(1.0, 0.2, 10, "fixed", population=10, cohort_size=1), "delta=0.2 >= the sampling rate q=0.1"),
 ])
 def test_bad_input_names_the_value(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_fixed_size_pld_is_the_dong_roth_su_reduction():
+    """Sampling m of K without replacement, replace-one (Dong, Roth and Su 2019, Thm. 9): at m = K it is a
+    Gaussian of sensitivity 2S (= add/remove z/2); below, it is tighter than the RDP bound of Wang et al.
+    and at least the full-batch Poisson figure at the same rate with z/2 (it is that PLD)."""
+    full = A.epsilon_of([(A.RoundEvent("fixed", 2.0, population=4, cohort_size=4), 1)], 1e-5, "pld")
+    assert full == pytest.approx(A.epsilon_of([(A.RoundEvent("full", 1.0), 1)], 1e-5, "pld"), rel=1e-6)
+    event = A.RoundEvent("fixed", 1.0, population=1000, cohort_size=10)
+    drs, rdp_eps = A.epsilon_of([(event, 1000)], 1e-5, "pld"), A.epsilon_of([(event, 1000)], 1e-5, "rdp")
+    assert drs < rdp_eps
+    direct = pld.PLDAccountant(value_discretization_interval=A.PLD_DISCRETIZATION)
+    direct.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(0.5)), 1000)
+    assert drs == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
+
+
+def test_rdp_order_grid_is_a_parameter():
+    event = A.RoundEvent("poisson", 1.0, 0.01)
+    default = A.Accountant("rdp").compose(event, 1000).epsilon(1e-5)
+    coarse = A.Accountant("rdp", rdp_orders=(2, 64)).compose(event, 1000).epsilon(1e-5)
+    assert coarse > default  # the best order of a coarser grid can only be worse
+    fine = A.Accountant("rdp", rdp_orders=A.RDP_ORDERS + (1.05, 7.25, 9.5)).compose(event, 1000).epsilon(1e-5)
+    assert fine <= default

@@ -134,6 +134,21 @@ def test_13_pld_discretisation_is_a_parameter_checked_against_dp_accounting():
         calibrate_noise_multiplier(1.0, 0.05, 10, "poisson", sampling_rate=0.01, kind="pld")
 
 
+def test_13_rdp_orders_and_fixed_size_pld_reach_the_tracker_and_the_report():
+    from fedjax_dp.training.reporting import privacy_record
+
+    assert "dp.rdp_orders='2,x'" in _refusal(dp__rdp_orders="2,x")
+    assert "dp.rdp_orders='0.5,2'" in _refusal(dp__rdp_orders="0.5,2")
+    cfg = _dp_cfg(accountant="pld", rdp_orders="2,4,8,16,32")
+    tracker = PrivacyTracker(lambda t: [Release("Gaussian", "central", 1.0, "S")], cfg, "uniform", 100, 10, 0.1)
+    for t in range(1, 51):
+        tracker.record(t, np.arange(10))
+    record = privacy_record(tracker, [])
+    assert record["accounting"]["rdp_orders"] == [2.0, 4.0, 8.0, 16.0, 32.0]
+    assert record["epsilons"]["pld"] < record["epsilons"]["rdp"]  # Dong-Roth-Su is tighter than the RDP bound
+    assert record["epsilon"] == record["epsilons"]["pld"]
+
+
 def test_6_a_non_private_run_says_formal_false_wherever_its_epsilon_appears(tmp_path):
     from fedjax_dp.training.loop import run_experiment
     from fedjax_dp.training.reporting import format_summary, progress_postfix

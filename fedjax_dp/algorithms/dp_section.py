@@ -8,7 +8,7 @@ import math
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.privacy import gdp
-from fedjax_dp.privacy.accounting import ACCOUNTANTS, Accountant, RoundEvent
+from fedjax_dp.privacy.accounting import ACCOUNTANTS, Accountant, RoundEvent, parse_rdp_orders
 from fedjax_dp.privacy.upload_noise import parse_schedule
 
 CLIP_MODES = ("fixed", "per_layer", "adaptive", "median")
@@ -21,10 +21,12 @@ def check_dp(cfg, need) -> None:
     need(dp.clip_norm > 0, f"dp.clip_norm S must be > 0, got {dp.clip_norm}")
     need(dp.noise_mode in ("central", "local"), f"dp.noise_mode {dp.noise_mode!r} unknown; use central or local")
     need(dp.accountant in ACCOUNTANTS, f"dp.accountant {dp.accountant!r} unknown; available: {ACCOUNTANTS}")
-    need(not (dp.accountant == "pld" and cfg.sampling.method == "uniform"),
-         "dp.accountant='pld' needs sampling.method='poisson' (dp_accounting's PLD has no fixed-size sampling event)")
     need(0 < dp.delta < 1, f"dp.delta must lie in (0, 1), got {dp.delta}")
     need(0 < dp.pld_discretization <= 0.1, f"dp.pld_discretization must lie in (0, 0.1], got {dp.pld_discretization}")
+    try:
+        parse_rdp_orders(dp.rdp_orders)
+    except ValueError as error:
+        need(False, f"dp.rdp_orders={dp.rdp_orders!r}: {error}")
     need(dp.target_epsilon >= 0, f"dp.target_epsilon must be >= 0 (0 = off), got {dp.target_epsilon}")
     need(0 <= dp.max_delta < 1, f"dp.max_delta Q must lie in (0, 1) (0 = off), got {dp.max_delta}")
     need((dp.target_epsilon > 0) == (dp.max_delta > 0), "dp.target_epsilon and dp.max_delta (Q) go together")
@@ -68,7 +70,8 @@ def first_round_spends(cfg, z: float):
         event = RoundEvent("fixed", z, population=cfg.data.num_clients, cohort_size=s.cohort_size)
     else:
         event = RoundEvent("poisson", z, sampling_rate=s.rate)
-    accountant = Accountant(dp.accountant if dp.accountant in ACCOUNTANTS else "rdp", dp.pld_discretization).compose(event)
+    accountant = Accountant(dp.accountant if dp.accountant in ACCOUNTANTS else "rdp", dp.pld_discretization,
+                            parse_rdp_orders(dp.rdp_orders)).compose(event)
     if dp.max_epsilon:
         return "dp.max_epsilon", accountant.epsilon(dp.delta), dp.max_epsilon
     return "dp.max_delta", accountant.delta(dp.target_epsilon), dp.max_delta
@@ -82,8 +85,9 @@ registry.register_section("dp", {
     "clip_norm": 1.0,  # S (initial S for adaptive)
     "target_quantile": 0.5, "clip_learning_rate": 0.2,  # adaptive clipping (Andrew et al. 2021)
     "noise_mode": "central",  # central | local
-    "accountant": "rdp",  # rdp | pld (pld needs Poisson sampling)
+    "accountant": "rdp",  # rdp | pld (fixed-size sampling under pld: the Dong-Roth-Su reduction)
     "pld_discretization": 1e-4,  # PLD value discretisation (pessimistic: epsilon over-reported by ~this)
+    "rdp_orders": "",  # RDP order grid, e.g. "1.5,2,4,8,16,32,64" ("" = privacy.accounting.RDP_ORDERS)
     "delta": 1e-5,
     "target_epsilon": 0.0, "max_delta": 0.0,  # Geyer's stop: delta(target_epsilon) would exceed Q
     "max_epsilon": 0.0,  # stop when epsilon(delta) would exceed this

@@ -8,8 +8,13 @@ match the sampling actually run (ALGORITHMS.md Sec. 1, 5):
 * ``poisson``: each client joins with probability q; add/remove-one neighbours; the server must
   divide by the fixed expected cohort q K. ``PoissonSampledDpEvent`` (RDP and PLD).
 * ``fixed``: exactly m of K clients without replacement; replace-one neighbours, under which the
-  clipped sum's sensitivity is 2S. ``SampledWithoutReplacementDpEvent`` (RDP only: dp_accounting's
-  PLD has no such event).
+  clipped sum's sensitivity is 2S. RDP: ``SampledWithoutReplacementDpEvent`` (Wang, Balle and
+  Kasiviswanathan 2019). PLD: dp_accounting has no such event, so the Dong-Roth-Su reduction is used
+  (Dong, Roth and Su 2019, Thm. 9: sampling m of K without replacement under replace-one turns a
+  mechanism with trade-off f into C_p(f) = min{f_p, f_p^-1}**, p = m/K, f_p = p f + (1 - p) Id; Zhu,
+  Dong and Wang 2022 give the matching dominating pair (N(0,1), (1-p) N(0,1) + p N(2/z,1)) in both
+  directions). That pair is exactly the one dp_accounting's PLD composes for a Poisson-subsampled
+  add/remove Gaussian of rate p and multiplier z/2, so the fixed-size PLD event is that.
 * ``full``: every client every round (q = 1): a plain Gaussian, add/remove-one.
 
 dp_accounting 0.6 normalises the noise multiplier of a replace-one event by the per-client bound S
@@ -79,11 +84,15 @@ class RoundEvent:
     def neighboring_relation(self) -> NeighboringRelation:
         return NeighboringRelation.REPLACE_ONE if self.sampling == "fixed" else NeighboringRelation.ADD_OR_REMOVE_ONE
 
-    def dp_event(self) -> dp_accounting.DpEvent:
+    def dp_event(self, kind: str = "rdp") -> dp_accounting.DpEvent:
+        """The dp_accounting event of this round for accountant ``kind`` (fixed-size sampling under PLD:
+        the Dong-Roth-Su reduction, see the module docstring)."""
         if self.noise_multiplier == 0:
             return dp_accounting.NonPrivateDpEvent()
         if self.sampling == "poisson":
             return dp_accounting.PoissonSampledDpEvent(self.sampling_rate, dp_accounting.GaussianDpEvent(self.noise_multiplier))
+        if self.sampling == "fixed" and kind == "pld":
+            return dp_accounting.PoissonSampledDpEvent(self.rate, dp_accounting.GaussianDpEvent(self.noise_multiplier / 2))
         if self.sampling == "fixed":
             gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier * replace_one_scale())
             return dp_accounting.SampledWithoutReplacementDpEvent(self.population, self.cohort_size, gaussian)
@@ -119,24 +128,39 @@ pessimistic, so epsilon is over-reported by about this much per composition step
 1.4 % at 10^4 rounds and up to 4x below epsilon 0.05)."""
 
 
-def make_accountant(kind: str, neighboring_relation: NeighboringRelation, pld_discretization: float = PLD_DISCRETIZATION):
+def check_rdp_orders(orders) -> tuple:
+    """``orders`` as a sorted tuple of floats > 1 (an error naming the bad value otherwise)."""
+    orders = tuple(sorted(float(a) for a in orders))
+    if not orders or not all(a > 1 and math.isfinite(a) for a in orders):
+        raise ValueError(f"RDP orders must be a non-empty list of finite numbers > 1, got {orders!r}")
+    return orders
+
+
+def parse_rdp_orders(text: str) -> tuple:
+    """A configured order grid: "" is ``RDP_ORDERS``, else comma-separated orders > 1 ("2,4,8,16")."""
+    if not str(text).strip():
+        return RDP_ORDERS
+    return check_rdp_orders(float(a) for a in str(text).split(","))
+
+
+def make_accountant(kind: str, neighboring_relation: NeighboringRelation, pld_discretization: float = PLD_DISCRETIZATION,
+                    rdp_orders=RDP_ORDERS):
+    """A dp_accounting accountant for events of ``RoundEvent.dp_event(kind)`` under ``neighboring_relation``
+    (replace-one under PLD composes the Dong-Roth-Su events, which are add/remove Poisson events)."""
     if kind == "rdp":
-        return rdp.RdpAccountant(orders=list(RDP_ORDERS), neighboring_relation=neighboring_relation)
+        return rdp.RdpAccountant(orders=list(check_rdp_orders(rdp_orders)), neighboring_relation=neighboring_relation)
     if kind == "pld":
-        if neighboring_relation == NeighboringRelation.REPLACE_ONE:
-            raise ValueError("the PLD accountant of dp_accounting has no fixed-size (without replacement) sampling "
-                             "event; use accountant='rdp' or Poisson sampling")
         if not 0 < pld_discretization <= 0.1:
             raise ValueError(f"PLD discretisation must lie in (0, 0.1], got {pld_discretization!r}")
-        return pld.PLDAccountant(neighboring_relation=neighboring_relation,
+        return pld.PLDAccountant(neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
                                  value_discretization_interval=pld_discretization)
     raise ValueError(f"accountant {kind!r} unknown; choose one of {ACCOUNTANTS}")
 
 
 @functools.lru_cache(maxsize=256)
-def _event_rdp(event: RoundEvent):
-    """RDP curve (over ``RDP_ORDERS``) of one round, computed once per distinct event."""
-    acc = rdp.RdpAccountant(orders=list(RDP_ORDERS), neighboring_relation=event.neighboring_relation)
+def _event_rdp(event: RoundEvent, orders: tuple = RDP_ORDERS):
+    """RDP curve (over ``orders``) of one round, computed once per distinct event."""
+    acc = rdp.RdpAccountant(orders=list(orders), neighboring_relation=event.neighboring_relation)
     # dp_accounting logs a warning for each fractional order whose series does not converge and
     # drops that order (its RDP becomes inf, which the conversion ignores): expected, not actionable.
     level = absl_logging.get_verbosity()
@@ -148,35 +172,44 @@ def _event_rdp(event: RoundEvent):
     return acc.rdp
 
 
+@functools.lru_cache(maxsize=4)
+def _composed_pld(events: tuple, discretization: float):
+    """dp_accounting's PLD accountant after the (event, count) runs of ``events``."""
+    accountant = make_accountant("pld", events[0][0].neighboring_relation, discretization)
+    for event, count in events:
+        accountant.compose(event.dp_event("pld"), count)
+    return accountant
+
+
 class Accountant:
     """A running client-level accountant over a schedule of rounds (constant or per-round (q_t, z_t)).
 
-    RDP: the curve of each distinct round event is computed once (dp_accounting) and composition is
-    their weighted sum, converted with dp_accounting's ``compute_epsilon``/``compute_delta``.
-    PLD: dp_accounting's ``PLDAccountant``, composing runs of equal rounds by self-composition.
+    RDP: the curve of each distinct round event is computed once (dp_accounting) over ``rdp_orders``
+    and composition is their weighted sum, converted with dp_accounting's ``compute_epsilon`` /
+    ``compute_delta`` (the best order of the grid; a finer or wider grid can only lower epsilon).
+    PLD: dp_accounting's ``PLDAccountant``, built when a figure is asked for, composing each run of
+    equal rounds by self-composition (one FFT power, about a second at discretisation 1e-4 whatever
+    the run's length, where composing round by round costs that every round); the last few
+    histories are cached, so a budget check before a round and the epsilon after it build it once.
     """
 
-    def __init__(self, kind: str = "rdp", pld_discretization: float = PLD_DISCRETIZATION):
+    def __init__(self, kind: str = "rdp", pld_discretization: float = PLD_DISCRETIZATION, rdp_orders=RDP_ORDERS):
         if kind not in ACCOUNTANTS:
             raise ValueError(f"accountant {kind!r} unknown; choose one of {ACCOUNTANTS}")
         self.kind, self.pld_discretization = kind, pld_discretization
+        self.rdp_orders = check_rdp_orders(rdp_orders)
         self.rounds = 0
         self.events: list[tuple[RoundEvent, int]] = []
         self._relation = None
-        self._pld = None
 
     def compose(self, event: RoundEvent, count: int = 1) -> "Accountant":
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
         if self._relation is None:
             self._relation = event.neighboring_relation
-            if self.kind == "pld":
-                self._pld = make_accountant("pld", self._relation, self.pld_discretization)
         elif event.neighboring_relation != self._relation:
             raise ValueError("cannot mix Poisson/full and fixed-size sampling in one accountant (different neighbouring relations)")
         if count:
-            if self._pld is not None:
-                self._pld.compose(event.dp_event(), count)
             self.rounds += count
             if self.events and self.events[-1][0] == event:
                 self.events[-1] = (event, self.events[-1][1] + count)
@@ -185,27 +218,27 @@ class Accountant:
         return self
 
     def _rdp_curve(self):
-        return sum(count * _event_rdp(event) for event, count in self.events)
+        return sum(count * _event_rdp(event, self.rdp_orders) for event, count in self.events)
 
     def epsilon(self, delta: float) -> float:
         check_delta(delta)
         if not self.events:
             return 0.0
         if self.kind == "pld":
-            return float(self._pld.get_epsilon(delta))
-        return float(rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, self._rdp_curve(), delta)[0])
+            return float(_composed_pld(tuple(self.events), self.pld_discretization).get_epsilon(delta))
+        return float(rdp_privacy_accountant.compute_epsilon(self.rdp_orders, self._rdp_curve(), delta)[0])
 
     def delta(self, epsilon: float) -> float:
         check_epsilon(epsilon)
         if not self.events:
             return 0.0
         if self.kind == "pld":
-            return float(self._pld.get_delta(epsilon))
-        return float(rdp_privacy_accountant.compute_delta(RDP_ORDERS, self._rdp_curve(), epsilon)[0])
+            return float(_composed_pld(tuple(self.events), self.pld_discretization).get_delta(epsilon))
+        return float(rdp_privacy_accountant.compute_delta(self.rdp_orders, self._rdp_curve(), epsilon)[0])
 
     def copy_with(self, event: RoundEvent, count: int = 1) -> "Accountant":
         """A new accountant with this one's history plus ``count`` more rounds (nothing mutated)."""
-        other = Accountant(self.kind, self.pld_discretization)
+        other = Accountant(self.kind, self.pld_discretization, self.rdp_orders)
         for past, n in self.events:
             other.compose(past, n)
         return other.compose(event, count)
@@ -221,9 +254,10 @@ def check_delta(delta: float):
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
 
 
-def epsilon_of(events: Iterable[tuple[RoundEvent, int]], delta: float, kind: str = "rdp") -> float:
+def epsilon_of(events: Iterable[tuple[RoundEvent, int]], delta: float, kind: str = "rdp",
+               pld_discretization: float = PLD_DISCRETIZATION) -> float:
     """epsilon at ``delta`` of a schedule given as (event, number of rounds) pairs."""
-    acc = Accountant(kind)
+    acc = Accountant(kind, pld_discretization)
     for event, count in events:
         acc.compose(event, count)
     return acc.epsilon(delta)
@@ -240,10 +274,11 @@ def calibrate_noise_multiplier(target_epsilon: float, target_delta: float, round
     check_delta(target_delta)
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    if sampling == "poisson" and target_delta >= sampling_rate:
-        raise ValueError(f"delta={target_delta} >= the sampling rate q={sampling_rate}: any noise meets it (a client "
-                         "is in a round with probability q), so there is nothing to calibrate; choose delta < q")
     make_event = lambda z: RoundEvent(sampling, z, sampling_rate, population, cohort_size)  # noqa: E731
+    rate = make_event(1.0).rate
+    if rate < 1 and target_delta >= rate:
+        raise ValueError(f"delta={target_delta} >= the sampling rate q={rate:.6g}: any noise meets it (a client "
+                         "is in a round with probability q), so there is nothing to calibrate; choose delta < q")
     relation = make_event(1.0).neighboring_relation
     if epsilon_of([(make_event(max_noise), rounds)], target_delta, kind) > target_epsilon:
         raise ValueError(f"no noise multiplier <= {max_noise} reaches epsilon={target_epsilon} at delta={target_delta} "
@@ -257,7 +292,7 @@ def calibrate_noise_multiplier(target_epsilon: float, target_delta: float, round
         bracket = dp_accounting.ExplicitBracketInterval(0.25 * z_rdp, z_rdp * 1.001)
     return float(dp_accounting.calibrate_dp_mechanism(
         lambda: make_accountant(kind, relation),
-        lambda z: dp_accounting.SelfComposedDpEvent(make_event(z).dp_event(), rounds),
+        lambda z: dp_accounting.SelfComposedDpEvent(make_event(z).dp_event(kind), rounds),
         target_epsilon, target_delta, bracket, tol=1e-4))
 
 

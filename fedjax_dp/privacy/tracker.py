@@ -21,7 +21,7 @@ import numpy as np
 
 from fedjax_dp.core.uploads import Release
 from fedjax_dp.privacy import gdp
-from fedjax_dp.privacy.accounting import ACCOUNTANTS, Accountant, RoundEvent
+from fedjax_dp.privacy.accounting import ACCOUNTANTS, Accountant, RoundEvent, parse_rdp_orders
 from fedjax_dp.privacy.budget import BudgetRule, ClientLedger
 from fedjax_dp.privacy.report import PrivacyReport
 
@@ -63,8 +63,8 @@ class PrivacyTracker:
         self.sampling, self.population, self.cohort_size, self.rate = sampling, population, cohort_size, rate
         first = releases_for(1)
         self.local = any(r.locality == "local" for r in first)
-        self.accountants = {k: Accountant(k, dp_cfg.pld_discretization) for k in ACCOUNTANTS
-                            if not (k == "pld" and sampling == "uniform")}
+        self.rdp_orders = parse_rdp_orders(dp_cfg.get("rdp_orders", ""))
+        self.accountants = {k: Accountant(k, dp_cfg.pld_discretization, self.rdp_orders) for k in ACCOUNTANTS}
         self.rule = BudgetRule(
             target_epsilon=dp_cfg.target_epsilon or None, max_delta=dp_cfg.max_delta or None,
             delta=dp_cfg.delta if dp_cfg.max_epsilon else None, max_epsilon=dp_cfg.max_epsilon or None)
@@ -153,7 +153,8 @@ class PrivacyTracker:
                 "client's upload before noising it, so it is not locally private: NO formal guarantee")
         if self.sampling == "uniform" and not self.local:
             notes.append("fixed-size sampling: replace-one neighbours, sensitivity 2S; RDP with the dp_accounting "
-                         "replace-one normalisation corrected (google/differential-privacy#378); PLD has no such event")
+                         "replace-one normalisation corrected (google/differential-privacy#378); PLD by the Dong-Roth-Su "
+                         "reduction (a Poisson-subsampled Gaussian of rate m/K and multiplier z/2)")
         if self.local:
             notes.append("local noise: per-client Gaussian composition of its own participations (sensitivity 2S), "
                          "no amplification by sampling")
@@ -181,5 +182,4 @@ class PrivacyTracker:
             noise_multipliers=sorted(set(self.noise_used)), sampling_rates=rates,
             formal=bool(self.private and not noiseless), notes=notes,
             releases=[_declared(r, relation) for r in releases],
-            accounting={"pld_discretization": self.cfg.pld_discretization if "pld" in self.accountants else None,
-                        "rdp_orders": "dp_accounting's default grid (privacy.accounting.RDP_ORDERS)"})
+            accounting={"pld_discretization": self.cfg.pld_discretization, "rdp_orders": list(self.rdp_orders)})

@@ -96,3 +96,29 @@ def test_a_raising_client_under_dp_is_counted_as_dropped(local):
     result = algorithm(algorithm.init(model.init(jax.random.key(0))), cohort, jax.random.key(0))
     np.testing.assert_array_equal(result.dropped, [False, True, False, False])
     assert int(result.metrics["dropped_clients"]) == 1
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_a_raising_client_under_local_noise_sends_noise_not_zeros(local):
+    """Issue 16, finding 10: the contained client's message was exact zeros; under local noise it must
+    be what a client with a zero update sends (noise), and it still stays out of the sum."""
+    from fedjax_dp.core.round import client_inputs
+    from fedjax_dp.core.uploads import chain, fixed_denominator
+    from fedjax_dp.privacy.upload_clipping import FlatClip
+    from fedjax_dp.privacy.upload_noise import GaussianNoise
+
+    model = get_model("logistic", (4, 4, 1), 3)
+    x, y, indices = _cohort([1])
+    cohort = pack_cohort(x, y, indices, 3, 1, np.random.default_rng(1))
+    uploads = chain(FlatClip(1.0), GaussianNoise(local=local), fixed_denominator(4))
+    algorithm = FederatedRound(FedAvg(_faulty_loss(model), optax.sgd(0.1)), uploads, strategy="loop")
+    state = algorithm.init(model.init(jax.random.key(0)))
+    engine, _ = algorithm._program(uploads)
+    shared = (algorithm.algorithm.broadcast(state), state.uploads, uploads.inputs(1))
+    summed, per_client = engine(shared, client_inputs(cohort, jax.random.key(0)))
+    norms = np.asarray(per_client["update_norm"])
+    assert not bool(per_client["kept"][1]) and float(summed["weight"]) == 3.0
+    if local:
+        assert norms[1] > 1.0  # N(0, 1) on every coordinate of a 51-parameter model: norm about 7
+    else:
+        assert norms[1] == 0.0

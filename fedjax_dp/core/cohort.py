@@ -143,6 +143,7 @@ class CohortEngine:
     strategy: str = "vmap"
     chunk_size: int | None = None
     mesh: Mesh | None = None
+    failed_fn: ClientFn | None = None  # the outputs of a client that raised (default: zeros, finite False)
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -206,7 +207,8 @@ class CohortEngine:
                 failures.append((i, error))
                 logging.warning("client at cohort position %d raised %s: %s; its update is dropped", i,
                                 type(error).__name__, _first_line(error))
-                summed, per_client = _failed_client_outputs(self.client_fn, shared, client)
+                summed, per_client = (_failed_client_outputs(self.client_fn, shared, client) if self.failed_fn is None
+                                      else jax.jit(self.failed_fn)(shared, client))
             total = summed if total is None else _add(total, summed)
             rows.append(per_client)
         if len(failures) == n:

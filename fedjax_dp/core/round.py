@@ -105,40 +105,39 @@ class FederatedRound:
     def _program(self, uploads: Chain):
         key = uploads.static_key()
         if key not in self._programs:
-            engine = CohortEngine(self._client_fn(uploads), **self._engine_options)
+            engine = CohortEngine(self._client_fn(uploads), failed_fn=self._failed_client_fn(uploads),
+                                  **self._engine_options)
             self._programs[key] = (engine, jax.jit(self._server_fn(uploads)))
         return self._programs[key]
 
     # ------------------------------------------------------------------ client side
     def _client_fn(self, uploads: Chain):
-        algorithm, split, uniform = self.algorithm, uploads.split, uploads.weighting is not None
+        algorithm = self.algorithm
 
         def client_fn(shared, client):
             algorithm_shared, states, inputs = shared
             out = algorithm.client_update(algorithm_shared, client, client.get(CLIENT_STATE), client["key"])
-            present = client["num_examples"] > 0
-            keep = out.ok & present
-            upload = tree.where(keep, out.upload, jax.tree_util.tree_map(jnp.zeros_like, out.upload))
-            bound, extras, stats = jnp.float32(UNBOUNDED), [], []
-            for i, t in enumerate(uploads[:split]):
-                flow = t.client(upload, ClientContext(states[i], inputs[i], bound, client["noise_key"], present, keep,
-                                                     client["client_id"]))
-                upload, bound = flow.upload, flow.bound
-                extras.append(flow.extras)
-                stats.append(flow.stats)
-            weight = keep.astype(jnp.float32) if uniform else jnp.where(keep, out.weight.astype(jnp.float32), 0.0)
-            summed = {"weight": weight, "loss": jnp.where(keep, out.loss * weight, 0.0), "extras": extras}
-            per_client = {"finite": out.ok | ~present, "kept": keep, "present": present, "stats": stats,
-                          "update_norm": tree.l2_norm(upload)}
-            if split == len(uploads):
-                summed["upload"] = jax.tree_util.tree_map(lambda u: u * weight, upload)
-            else:
-                per_client["upload"] = upload
-            if out.client_state is not None:
-                per_client[CLIENT_STATE] = out.client_state
-            return summed, per_client
+            return _send(uploads, states, inputs, client, out, out.ok)
 
         return client_fn
+
+    def _failed_client_fn(self, uploads: Chain):
+        """What a client that raised sends (``CohortEngine(failed_fn=)``): a zero update through the
+        chain's client sides, so under local noise it sends noise, never exact zeros; it is dropped
+        (weight 0, ``finite`` False) like a client whose update is not finite."""
+        algorithm = self.algorithm
+
+        def failed_fn(shared, client):
+            algorithm_shared, states, inputs = shared
+            shapes = jax.eval_shape(algorithm.client_update, algorithm_shared, client, client.get(CLIENT_STATE),
+                                    client["key"])
+            out = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            if client.get(CLIENT_STATE) is not None:  # the old state, unchanged
+                out = out._replace(client_state=client[CLIENT_STATE])
+            summed, per_client = _send(uploads, states, inputs, client, out, jnp.bool_(False))
+            return summed, {**per_client, "finite": jnp.bool_(False)}
+
+        return failed_fn
 
     # ------------------------------------------------------------------ server side
     def _server_fn(self, uploads: Chain):
@@ -177,6 +176,33 @@ class FederatedRound:
             return new_state, metrics
 
         return server_fn
+
+
+def _send(uploads: Chain, states, inputs, client, out, ok):
+    """A client's ``ClientOut`` through the client sides of the chain: zeroed unless ``ok`` and real,
+    clipped, noised, compressed, weighted (see the module docstring, steps 2-3)."""
+    split, uniform = uploads.split, uploads.weighting is not None
+    present = client["num_examples"] > 0
+    keep = ok & present
+    upload = tree.where(keep, out.upload, jax.tree_util.tree_map(jnp.zeros_like, out.upload))
+    bound, extras, stats = jnp.float32(UNBOUNDED), [], []
+    for i, t in enumerate(uploads[:split]):
+        flow = t.client(upload, ClientContext(states[i], inputs[i], bound, client["noise_key"], present, keep,
+                                             client["client_id"]))
+        upload, bound = flow.upload, flow.bound
+        extras.append(flow.extras)
+        stats.append(flow.stats)
+    weight = keep.astype(jnp.float32) if uniform else jnp.where(keep, out.weight.astype(jnp.float32), 0.0)
+    summed = {"weight": weight, "loss": jnp.where(keep, out.loss * weight, 0.0), "extras": extras}
+    per_client = {"finite": ok | ~present, "kept": keep, "present": present, "stats": stats,
+                  "update_norm": tree.l2_norm(upload)}
+    if split == len(uploads):
+        summed["upload"] = jax.tree_util.tree_map(lambda u: u * weight, upload)
+    else:
+        per_client["upload"] = upload
+    if out.client_state is not None:
+        per_client[CLIENT_STATE] = out.client_state
+    return summed, per_client
 
 
 def _masked_mean(values, mask):

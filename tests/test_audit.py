@@ -125,3 +125,17 @@ def test_cuag_sound_mode_stays_below_its_accounted_claim(mu):
     result = audit(cuag_round(others, 10.0 * direction, sound), direction, claim, DELTA, trials=20000, seed=3)
     assert not result.violated
     assert result.epsilon_lower > 0.25 * claim  # not vacuous
+
+
+@pytest.mark.parametrize("centred", [True, False])
+def test_audit_of_the_adaptive_clip_count_catches_the_old_accounting(centred):
+    """Issue 16, finding 2: the count released 0/1 bits (sensitivity 1) while the claim assumed centred
+    bits (1/2). With sigma_b = 1 the claim is a Gaussian of multiplier 2; the old release breaks it."""
+    from fedjax_dp.privacy.audit import adaptive_clip_count_round
+    from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip
+
+    clip = AdaptiveQuantileClip(initial_clip_norm=1.0, count_noise_std=1.0, denominator=10)
+    mechanism = adaptive_clip_count_round(clip, np.linspace(0.1, 3, 9), canary_norm=0.2, centred=centred)
+    result = audit(mechanism, jnp.ones(1), _claim(2.0), DELTA, trials=200000)
+    assert result.violated != centred
+    assert result.epsilon_lower > 0.5  # not vacuous

@@ -200,3 +200,71 @@ def test_1_a_server_set_drawn_from_the_clients_voids_the_guarantee(tmp_path):
     assert any("drawn IID from the training clients' own examples" in note for note in privacy["notes"])
     cfg.server_data.overlap = 0.0  # held-out writers only: no breach
     assert server_set_breaches(cfg) == []
+
+
+def _tiny_dp_config(**dp):
+    cfg = default_config()
+    cfg.algorithm, cfg.rounds, cfg.eval_every = "dp_fedavg", 3, 3
+    cfg.data.num_clients, cfg.model.name, cfg.sampling.cohort_size = 12, "logistic", 4
+    cfg.client.update(epochs=1, batch_size=32)
+    cfg.dp.update(dp)
+    return cfg
+
+
+def test_7_sampling_does_not_depend_on_the_shuffles(tmp_path, monkeypatch):
+    """Sampling and per-client shuffles drew from one generator: a different number of local epochs (a
+    different number of shuffle draws) changed which clients later rounds sampled."""
+    from fedjax_dp.training import loop as loop_module
+
+    cohorts = []
+    original = loop_module.sample_cohort
+    monkeypatch.setattr(loop_module, "sample_cohort", lambda *a, **k: cohorts.append(original(*a, **k)) or cohorts[-1])
+    runs = []
+    for epochs in (1, 3):
+        cohorts.clear()
+        cfg = _tiny_dp_config()
+        cfg.client.epochs = epochs
+        loop_module.run_experiment(cfg, str(tmp_path / f"e{epochs}"), progress=False)
+        runs.append([c.tolist() for c in cohorts])
+    assert runs[0] == runs[1]
+
+
+def test_7_secure_rng_noise_is_not_reproducible_from_the_seed_and_is_not_written(tmp_path):
+    from fedjax_dp.training.loop import run_experiment
+
+    def final(name, secure):
+        cfg = _tiny_dp_config()
+        cfg.privacy.secure_rng = secure
+        summary = run_experiment(cfg, str(tmp_path / name), progress=False)
+        return summary.final["test_loss"], json.load(open(tmp_path / name / "privacy.json"))
+
+    (seeded_a, record), (seeded_b, _) = final("a", False), final("b", False)
+    (secure_a, secure_record), (secure_b, _) = final("c", True), final("d", True)
+    assert seeded_a == seeded_b and secure_a != secure_b
+    assert record["noise_rng"] == "seeded" and secure_record["noise_rng"] == "secure"
+    saved = json.load(open(tmp_path / "c" / "checkpoints" / "round_000003" / "loop" / "metadata"))
+    assert saved["host_rngs"] is None
+    seeded = json.load(open(tmp_path / "a" / "checkpoints" / "round_000003" / "loop" / "metadata"))
+    assert len(seeded["host_rngs"]) == 2
+
+
+def test_8_noise_is_gaussian_and_never_drawn_in_low_precision():
+    from fedjax_dp.privacy.mechanisms import NOISE_DRAWS, gaussian_noise_like, standard_normal
+
+    x = np.asarray(standard_normal(jax.random.key(0), (1_000_000,)), np.float64)
+    assert abs(x.var() - 1) < 0.01 and abs(np.mean(x ** 4) - 3) < 0.05  # N(0, 1): variance and kurtosis
+    draws = jax.random.normal(jax.random.key(0), (NOISE_DRAWS, 10))
+    np.testing.assert_allclose(standard_normal(jax.random.key(0), (10,)), draws.sum(0) / np.sqrt(NOISE_DRAWS), rtol=1e-6)
+    noise = gaussian_noise_like({"w": jnp.zeros(8, jnp.bfloat16)}, 1.0, jax.random.key(1))
+    assert noise["w"].dtype == jnp.float32
+
+
+def test_11_model_initialisation_key_is_no_round_key():
+    """The model was initialised with fold_in(root, 6), which is round 6's key."""
+    from fedjax_dp.core import rng
+
+    streams = rng.run_streams(0)
+    init = jax.random.key_data(streams.model_init).tolist()
+    for stream in (streams.rounds, streams.noise):
+        keys = jax.vmap(lambda t: jax.random.key_data(rng.round_key(stream, t)))(jnp.arange(10_000))
+        assert init not in np.asarray(keys).tolist()

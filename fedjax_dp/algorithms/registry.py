@@ -55,6 +55,8 @@ class Entry:
     validate: Validate | None = None
     shares_server_set: bool = False  # data side: the server-held set is mixed into every client (FedShare)
     summary: str = ""
+    server_validation: bool = False  # the server validates each evaluated model on a held-out server set
+    tracker: Callable | None = None  # ``tracker(cfg, dataset)``: the algorithm's own privacy tracker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,14 +79,16 @@ _SECTIONS: dict[str, dict] = {}
 _WRAPPERS: dict[str, Wrapper] = {}
 
 
-def register(name: str, *, build, sections=(), validate=None, shares_server_set=False, summary="") -> Entry:
+def register(name: str, *, build, sections=(), validate=None, shares_server_set=False, summary="",
+             server_validation=False, tracker=None) -> Entry:
     if name in _ENTRIES:
         raise ValueError(f"algorithm {name!r} is already registered")
     for section in sections:
         if section not in _SECTIONS:
             raise ValueError(f"algorithm {name!r} reads config section {section!r}, which is not registered "
                              "(register_section first)")
-    _ENTRIES[name] = Entry(name, build, tuple(sections), validate, shares_server_set, summary)
+    _ENTRIES[name] = Entry(name, build, tuple(sections), validate, shares_server_set, summary, server_validation,
+                           tracker)
     return _ENTRIES[name]
 
 

@@ -61,6 +61,9 @@ class Requirements:
     client_state: per-client state kept between rounds (``client_state_init`` gives the initial one).
     evaluation_pass: cohorts also carry each client's whole data once (UGA's gradient evaluation), in
       batches of ``evaluation_batch_size`` (0: the client batch size).
+    sampled_steps: > 0: cohorts hold that many local steps, each a batch of B drawn without replacement
+      from the client's data independently of the others (``data.packing.pack_sampled_cohort``: the
+      sampling example-level DP accounting assumes); 0: shuffled epochs.
     personalized: the algorithm defines ``personalize(state, data, client_state) -> params``, each
       client's own model from the global state and its training data (PFLDyn's prototypes, a
       fine-tune); evaluation then also reports the mean per-client accuracy of those models.
@@ -71,6 +74,7 @@ class Requirements:
     evaluation_pass: bool = False
     evaluation_batch_size: int = 0
     personalized: bool = False
+    sampled_steps: int = 0
 
 
 @flax.struct.dataclass

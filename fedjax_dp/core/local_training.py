@@ -27,10 +27,12 @@ Regularizer = Callable[[object, object], jax.Array]
 """``regularizer(params, initial_params) -> scalar`` added to every step's loss (FedProx, FedDyn)."""
 
 GradientHook = Callable[..., tuple]
-"""``hook(per_example_loss, params, batch, mask, key) -> (loss, grads)``: the step's data-term loss and
-the gradient the optimizer receives, in place of ``value_and_grad`` of the masked mean loss. It runs
-inside the scan (jittable, vmappable): per-example or per-batch clipping and noise for example-level DP
-(``privacy.step_dp``). A regularizer's gradient is added after it: it touches no data."""
+"""``hook(per_example_loss, params, batch, mask, key, **noise) -> (loss, grads)``: the step's data-term
+loss and the gradient the optimizer receives, in place of ``value_and_grad`` of the masked mean loss.
+It runs inside the scan (jittable, vmappable): per-example or per-batch clipping and noise for
+example-level DP (``privacy.step_dp``). ``noise`` holds ``noise_key`` (this step's, from the client's
+noise stream) and ``noise_multiplier`` (a traced per-client value) when ``train`` is given them. A
+regularizer's gradient is added after it: it touches no data."""
 
 
 class LocalStats(NamedTuple):
@@ -60,7 +62,9 @@ def make_local_trainer(
     first_order: bool = False,
     gradient_hook: GradientHook | None = None,
 ):
-    """Returns ``train(params, batches, mask, key, lr_scale=1.0) -> (params, LocalStats)``.
+    """Returns ``train(params, batches, mask, key, lr_scale=1.0, noise_key=None, noise_multiplier=None)
+    -> (params, LocalStats)``; the last two reach ``gradient_hook`` (per-step noise keys split from
+    ``noise_key``).
 
     ``train`` is differentiable in ``params``: ``jax.grad`` through it differentiates through the whole
     trajectory (UGA's keep-trace SGD, ALGORITHMS.md §2). ``lr_scale`` multiplies every update, which for
@@ -84,7 +88,7 @@ def make_local_trainer(
         are unchanged by the hook's existence).
     """
 
-    def step_loss_and_grad(params, initial_params, batch, mask, key):
+    def step_loss_and_grad(params, initial_params, batch, mask, key, noise):
         if gradient_hook is None:
             def step_loss(params):
                 loss = masked_mean(per_example_loss(params, batch, key), mask)
@@ -92,18 +96,21 @@ def make_local_trainer(
                     loss = loss + regularizer(params, initial_params)
                 return loss
             return jax.value_and_grad(step_loss)(params)
-        loss, grads = gradient_hook(per_example_loss, params, batch, mask, key)
+        loss, grads = gradient_hook(per_example_loss, params, batch, mask, key, **noise)
         if regularizer is not None:
             penalty, penalty_grads = jax.value_and_grad(regularizer)(params, initial_params)
             loss, grads = loss + penalty, jax.tree_util.tree_map(jnp.add, grads, penalty_grads)
         return loss, grads
 
-    def step(carry, inputs, initial_params, lr_scale):
-        batch, mask, key = inputs
+    def step(carry, inputs, initial_params, lr_scale, noise_multiplier):
+        batch, mask, key, noise_key = inputs
+        noise = {} if noise_key is None else {"noise_key": noise_key}
+        if noise_multiplier is not None:
+            noise["noise_multiplier"] = noise_multiplier
 
         def take_step(state):
             params, opt_state = state
-            loss, grads = step_loss_and_grad(params, initial_params, batch, mask, key)
+            loss, grads = step_loss_and_grad(params, initial_params, batch, mask, key, noise)
             if first_order:
                 grads = jax.lax.stop_gradient(grads)
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
@@ -123,19 +130,21 @@ def make_local_trainer(
 
     segment_of = remat_segment_length(remat)
 
-    def train(params, batches, mask, key, lr_scale=1.0):
+    def train(params, batches, mask, key, lr_scale=1.0, noise_key=None, noise_multiplier=None):
         num_steps = mask.shape[0]
-        body = lambda carry, inputs: step(carry, inputs, params, lr_scale)  # noqa: E731
+        body = lambda carry, inputs: step(carry, inputs, params, lr_scale, noise_multiplier)  # noqa: E731
         keys = jax.random.split(key, num_steps)
+        noise_keys = None if noise_key is None else jax.random.split(noise_key, num_steps)
         init = (params, optimizer.init(params))
         segment = segment_of(num_steps)
         if segment == 1:
             body = jax.checkpoint(body)
         if segment > 1:
-            (final_params, _), (losses, counts, real) = _segmented_scan(body, init, (batches, mask, keys), segment,
-                                                                        unroll)
+            (final_params, _), (losses, counts, real) = _segmented_scan(body, init, (batches, mask, keys, noise_keys),
+                                                                        segment, unroll)
         else:
-            (final_params, _), (losses, counts, real) = jax.lax.scan(body, init, (batches, mask, keys), unroll=unroll)
+            (final_params, _), (losses, counts, real) = jax.lax.scan(body, init, (batches, mask, keys, noise_keys),
+                                                                     unroll=unroll)
         num_examples = jnp.sum(counts)
         mean_loss = jnp.sum(losses * counts) / jnp.maximum(num_examples, 1)
         return final_params, LocalStats(mean_loss, num_examples, jnp.sum(real))

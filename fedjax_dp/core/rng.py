@@ -1,16 +1,26 @@
-"""Randomness discipline: one root key per experiment, never a reused noise key.
+"""Randomness discipline: independent streams per run, never a reused key.
 
-``round_key(root, t)`` folds the round number into the root key; ``purpose_key`` then derives a
-key for one purpose (client training, server noise, sampling...) by folding a fixed integer tag,
-and ``client_keys`` splits one key per client. Because each derivation is a ``fold_in`` with a
-distinct integer, two purposes or two rounds can never share a key.
+A run has three device streams derived from its seed (``run_streams``): ``rounds`` (round t's key is
+``round_key(rounds, t)``, from which ``purpose_key`` derives client training, evaluation...),
+``model_init`` and ``noise`` (round t's noise key is ``round_key(noise, t)``: every DP noise draw of
+the round derives from it). Each is a ``fold_in`` of the root with its own tag, and round keys are a
+second ``fold_in`` of a stream, so no round key equals the model-initialisation key (round 6's key
+once did) and the training and noise keys of a round never meet.
+
+``secure=True`` (``privacy.secure_rng``) takes the noise stream from 64 bits of OS entropy, never
+written anywhere: the noise cannot be reproduced from ``config.json``. The host-side generators
+(``host_generators``) are likewise two independent streams, one for client sampling and one for
+per-client batch shuffles, so logged cohort sizes say nothing about shuffles and vice versa; with
+``secure`` both come from OS entropy.
 """
 
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 import jax
+import numpy as np
 
 
 class Purpose(enum.IntEnum):
@@ -25,8 +35,42 @@ class Purpose(enum.IntEnum):
     SERVER_META = 7
 
 
+class Stream(enum.IntEnum):
+    """Tags of a run's streams, folded into the root key."""
+
+    ROUNDS = 0
+    MODEL_INIT = 1
+    NOISE = 2
+
+
+class RunStreams(NamedTuple):
+    rounds: jax.Array  # round t: round_key(rounds, t)
+    model_init: jax.Array
+    noise: jax.Array  # round t's noise: round_key(noise, t)
+    secure: bool
+
+
+def run_streams(seed: int, secure: bool = False) -> RunStreams:
+    """The device streams of a run (module docstring)."""
+    root = jax.random.key(seed)
+    noise = jax.random.fold_in(root, int(Stream.NOISE))
+    if secure:
+        noise = jax.random.wrap_key_data(np.frombuffer(np.random.SeedSequence().generate_state(2).tobytes(),
+                                                       np.uint32), impl="threefry2x32")
+    return RunStreams(jax.random.fold_in(root, int(Stream.ROUNDS)), jax.random.fold_in(root, int(Stream.MODEL_INIT)),
+                      noise, secure)
+
+
+def host_generators(seed: int, secure: bool = False) -> tuple[np.random.Generator, np.random.Generator]:
+    """``(sampling, shuffling)``: independent numpy generators for client sampling and batch shuffles."""
+    if secure:  # SeedSequence() draws its entropy from the OS
+        return np.random.default_rng(np.random.SeedSequence()), np.random.default_rng(np.random.SeedSequence())
+    sampling, shuffling = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(sampling), np.random.default_rng(shuffling)
+
+
 def round_key(root: jax.Array, round_index: int | jax.Array) -> jax.Array:
-    """Key of round ``round_index`` derived from the experiment's root key."""
+    """Key of round ``round_index`` derived from a stream's key."""
     return jax.random.fold_in(root, round_index)
 
 

@@ -35,14 +35,17 @@ EVALUATION_PASS_KEYS = ("eval_batches", "eval_mask")
 CLIENT_STATE = "client_state"
 
 
-def client_inputs(cohort, key: jax.Array) -> dict:
-    """The per-client arrays the engine maps over, with one training key and one noise key per client."""
+def client_inputs(cohort, key: jax.Array, noise_key: jax.Array | None = None) -> dict:
+    """The per-client arrays the engine maps over, with one training key (from ``key``) and one noise
+    key (from ``noise_key``, default ``key``) per client."""
     n = cohort["mask"].shape[0]
+    noise_key = key if noise_key is None else noise_key
     inputs = {"batches": cohort["batches"], "mask": cohort["mask"], "num_examples": cohort["num_examples"],
               "key": rng.client_keys(rng.purpose_key(key, rng.Purpose.CLIENT_TRAINING), n),
-              "noise_key": rng.client_keys(rng.purpose_key(key, rng.Purpose.CLIENT_NOISE), n)}
+              "noise_key": rng.client_keys(rng.purpose_key(noise_key, rng.Purpose.CLIENT_NOISE), n)}
     inputs.update({k: cohort[k] for k in EVALUATION_PASS_KEYS if k in cohort})
     inputs["client_id"] = cohort.get("client_id", np.zeros(n, np.int32))
+    inputs.update(cohort.get("per_client", {}))  # per-slot values a privacy tracker chose (step noise)
     return inputs
 
 
@@ -78,8 +81,11 @@ class FederatedRound:
         return self.specialized(state).upload_bytes(template_bytes)
 
     def __call__(self, state, cohort, key: jax.Array, round_index: int | None = None, client_states=None,
-                 uploads: Chain | None = None) -> RoundResult:
-        """``uploads``: the chain already specialised for ``state`` (saves the host-side rate computation)."""
+                 uploads: Chain | None = None, noise_key: jax.Array | None = None) -> RoundResult:
+        """``uploads``: the chain already specialised for ``state`` (saves the host-side rate computation).
+        ``noise_key``: every DP noise draw of the round derives from it (a separate stream, ``core.rng``);
+        ``None`` derives the noise from ``key`` under purposes distinct from training."""
+        noise_key = key if noise_key is None else noise_key
         if self.algorithm.requirements.client_state and client_states is None:
             raise ValueError("this algorithm keeps per-client state: pass the cohort's stacked states "
                              "(core.client_states.ClientStateStore.gather) as client_states")
@@ -87,11 +93,11 @@ class FederatedRound:
         uploads = self.specialized(state) if uploads is None else uploads
         engine, server_step = self._program(uploads)
         inputs = uploads.inputs(t)
-        clients = client_inputs(cohort, key)
+        clients = client_inputs(cohort, key, noise_key)
         if client_states is not None:
             clients[CLIENT_STATE] = client_states
         sums, per_client = engine((self.algorithm.broadcast(state), state.uploads, inputs), clients)
-        new_state, metrics = server_step(state, sums, per_client, key, inputs, clients["noise_key"])
+        new_state, metrics = server_step(state, sums, per_client, key, noise_key, inputs, clients["noise_key"])
         present = np.asarray(cohort["num_examples"]) > 0
         dropped = present & ~np.asarray(per_client["finite"])
         metrics = {**metrics, "dropped_clients": int(dropped.sum())}
@@ -143,7 +149,7 @@ class FederatedRound:
     def _server_fn(self, uploads: Chain):
         algorithm, split, weighting = self.algorithm, uploads.split, uploads.weighting
 
-        def server_fn(state, sums, per_client, key, inputs, noise_keys):
+        def server_fn(state, sums, per_client, key, noise_key, inputs, noise_keys):
             states = state.uploads
             kept = per_client["kept"]
             present = per_client["present"]
@@ -154,13 +160,13 @@ class FederatedRound:
                 bound = t.bound_after(bound, states[i], inputs[i])
             total = sums.get("upload")
             if split < len(uploads):
-                total, bound, tail_stats = _cohort_level(uploads, split, states, inputs, bound, key, kept, per_client,
-                                                         noise_keys, bounds)
+                total, bound, tail_stats = _cohort_level(uploads, split, states, inputs, bound, key, noise_key, kept,
+                                                         per_client, noise_keys, bounds)
                 stats += tail_stats
                 extras += [{}] * (len(uploads) - split)
             new_states, metrics = list(states), {}
             for i in reversed(range(len(uploads))):
-                ctx = ServerContext(states[i], inputs[i], bounds[i], key, extras[i], stats[i], present, kept)
+                ctx = ServerContext(states[i], inputs[i], bounds[i], key, extras[i], stats[i], present, kept, noise_key)
                 total, new_states[i], transform_metrics = uploads[i].server(total, ctx)
                 metrics.update(transform_metrics)
             weight = sums["weight"]
@@ -209,12 +215,13 @@ def _masked_mean(values, mask):
     return jnp.sum(jnp.where(mask, values, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
-def _cohort_level(uploads: Chain, split: int, states, inputs, bound, key, kept, per_client, noise_keys, bounds):
+def _cohort_level(uploads: Chain, split: int, states, inputs, bound, key, noise_key, kept, per_client, noise_keys,
+                  bounds):
     """A cohort-level transform (server-side clip) on the stacked uploads, then the client sides of the
     transforms after it (vmapped over the cohort) and the sum. Weights are uniform here (``chain``
     requires them with any clip), so the sum is over kept clients."""
     t = uploads[split]
-    ctx = ServerContext(states[split], inputs[split], bound, key, {}, {}, kept, kept)
+    ctx = ServerContext(states[split], inputs[split], bound, key, {}, {}, kept, kept, noise_key)
     stacked, bound, cohort_stats = t.cohort(per_client["upload"], ctx)
     bounds.append(ctx.bound)
     stats = [cohort_stats]

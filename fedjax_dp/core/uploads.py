@@ -71,11 +71,12 @@ class ServerContext(NamedTuple):
     state: Any
     inputs: dict
     bound: Any  # the per-client bound of what this transform's client side emitted
-    key: Any  # the round's key (a transform derives its purpose key from it)
+    key: Any  # the round's key (a transform derives its purpose key from it; noise: ``noise_key``)
     extras: dict  # this transform's summed extras
     stats: dict  # this transform's per-client stats, stacked over the cohort
     present: Any  # stacked: real clients
     kept: Any  # stacked: uploads that entered the sum
+    noise_key: Any = None  # the round's noise key (central noise, a released count): its own stream
 
 
 class Flow(NamedTuple):

@@ -9,6 +9,8 @@ split), and ``natural`` (one client per writer or speaking role).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from fedjax_dp.data import class_partitions, partition
@@ -128,19 +130,40 @@ def _natural_splits(cfg):
     return load_shakespeare(cfg.data_dir, int(cfg.get("sequence_length", SEQUENCE_LENGTH)), _cache_dir(cfg))
 
 
-def build_server_set(data_cfg, server_cfg, dataset: FederatedDataset, seed: int) -> ServerSet:
-    """The server-held set (FedMeta's D_meta, FedShare's shared set): ``server_cfg.fraction`` of the
-    clients' training examples in size. ``server_cfg.overlap`` < 0 draws it IID from the training
-    clients' data (the paper's default); ``overlap`` in [0, 1] draws it from ``num_writers`` writers
-    of whom exactly that fraction are training clients (natural partitions only; seed 002 §4.4)."""
+def build_server_set(data_cfg, server_cfg, dataset: FederatedDataset, seed: int) -> tuple[ServerSet, FederatedDataset]:
+    """``(server-held set, dataset)``: the set (FedMeta's D_meta, FedShare's shared set, a validation
+    set) is ``server_cfg.fraction`` of the clients' training examples in size. ``server_cfg.overlap``
+    < 0 draws it IID from the training clients' data (the paper's default; the dataset is unchanged, so
+    the set is the clients' own data). ``overlap`` in [0, 1] on natural partitions draws it from
+    ``num_writers`` writers of whom exactly that fraction are training clients (seed 002 §4.4);
+    ``overlap`` = 0 on a label partition holds the drawn examples OUT of the clients' training data
+    (the returned dataset no longer has them), so the set is disjoint from every client's data."""
     rng = np.random.default_rng([seed, 7])
     size = default_size(int(dataset.train_sizes().sum()), server_cfg.fraction)
     if server_cfg.overlap < 0:
         pool = np.concatenate(dataset.client_train)
-        return iid_server_set(dataset.x[pool], dataset.y[pool], size, rng)
+        return iid_server_set(dataset.x[pool], dataset.y[pool], size, rng), dataset
     if data_cfg.partition != "natural":
-        raise ValueError(f"server_data.overlap={server_cfg.overlap} needs writers: partition 'natural' "
-                         f"(femnist or shakespeare), got {data_cfg.partition!r}")
+        if server_cfg.overlap != 0:
+            raise ValueError(f"server_data.overlap={server_cfg.overlap} needs writers: partition 'natural' "
+                             f"(femnist or shakespeare), got {data_cfg.partition!r}; 0 holds the set out of the clients")
+        return held_out_server_set(dataset, size, rng)
     train, test = _natural_splits(data_cfg)
     return writer_server_set(train, test, list(dataset.metadata["client_ids"]), size, server_cfg.overlap, rng,
-                             server_cfg.num_writers)
+                             server_cfg.num_writers), dataset
+
+
+def held_out_server_set(dataset: FederatedDataset, size: int, rng: np.random.Generator):
+    """``size`` training examples drawn uniformly from the clients' pooled training data and removed
+    from it: ``(ServerSet, the dataset without them)``. A client left with no example is an error."""
+    pool = np.concatenate(dataset.client_train)
+    if not 1 <= size < len(pool):
+        raise ValueError(f"server set size {size} must lie in [1, {len(pool)})")
+    taken = np.sort(rng.choice(pool, size, replace=False))
+    train = tuple(np.setdiff1d(idx, taken) for idx in dataset.client_train)
+    emptied = [k for k, idx in enumerate(train) if len(idx) == 0]
+    if emptied:
+        raise ValueError(f"holding out {size} examples for the server (server_data.fraction) leaves clients {emptied[:10]} "
+                         "without training data; lower server_data.fraction")
+    remaining = dataclasses.replace(dataset, client_train=train)
+    return ServerSet(dataset.x[taken], dataset.y[taken]), remaining

@@ -77,3 +77,29 @@ def pack_uga_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarra
     cohort = pack_cohort(x, y, client_indices, batch_size, epochs - 1, rng, max_steps, num_slots)
     whole = pack_cohort(x, y, client_indices, eval_batch_size or batch_size, 1, rng, max_eval_steps, num_slots)
     return {**cohort, "eval_batches": whole["batches"], "eval_mask": whole["mask"]}
+
+
+def pack_sampled_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], batch_size: int, steps: int,
+                        rng: np.random.Generator, num_slots: int | None = None) -> dict:
+    """A cohort for example-level DP with per-step sampling: each of ``steps`` local steps draws its
+    batch of exactly ``batch_size`` examples uniformly without replacement from the client's data,
+    independently of the other steps (the sampling ``SampledWithoutReplacementDpEvent(n_k, B)``
+    accounts; a shuffled epoch partition would not match it). Same layout as ``pack_cohort``."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    small = [k for k, idx in enumerate(client_indices) if len(idx) < batch_size]
+    if small:
+        raise ValueError(f"batch size B={batch_size} is larger than the data of clients at cohort positions {small} "
+                         f"({[len(client_indices[k]) for k in small]} examples)")
+    n = len(client_indices) if num_slots is None else num_slots
+    if n < len(client_indices):
+        raise ValueError(f"num_slots={num_slots} is smaller than the cohort of {len(client_indices)} clients")
+    gather = np.zeros((n, steps, batch_size), dtype=np.int64)
+    mask = np.zeros((n, steps, batch_size), dtype=bool)
+    for c, idx in enumerate(client_indices):
+        for step in range(steps):
+            gather[c, step] = rng.choice(idx, batch_size, replace=False)
+        mask[c] = True
+    sizes = [len(i) for i in client_indices] + [0] * (n - len(client_indices))
+    return {"batches": {"x": x[gather], "y": y[gather].astype(np.int32)}, "mask": mask,
+            "num_examples": np.array(sizes, dtype=np.int32), "example_index": np.where(mask, gather, -1)}

@@ -31,7 +31,7 @@ import numpy as np
 from scipy.stats import beta
 
 from fedjax_dp.privacy import clipping
-from fedjax_dp.privacy.mechanisms import add_gaussian_noise
+from fedjax_dp.privacy.mechanisms import add_gaussian_noise, standard_normal
 
 BROKEN_VARIANTS = ("sound", "no_noise", "noise_too_small", "no_clipping")
 
@@ -118,6 +118,31 @@ def dp_fedavg_round(other_updates: jax.Array, canary: jax.Array, clip_norm: floa
     def mechanism(key, with_canary):
         total = others + jnp.where(with_canary, 1.0, 0.0) * clip(canary)
         return add_gaussian_noise(total, z * clip_norm, key) - others
+
+    return mechanism
+
+
+def adaptive_clip_count_round(clip, other_norms, canary_norm: float, centred: bool = True) -> Callable:
+    """The noised count of Andrew et al. 2021's adaptive clip as ``upload_clipping.AdaptiveQuantileClip``
+    releases it: each present client's unclipped bit (through the transform's own client side), summed,
+    plus N(0, sigma_b^2) (``clip.count_noise_std``). Add/remove neighbours: the canary client (norm
+    ``canary_norm``) is present or absent. ``centred=False`` re-creates the accounting bug of issue 16,
+    finding 2: 0/1 bits (sensitivity 1) where the claim assumes centred bits b - 1/2 (sensitivity 1/2).
+    The adversary knows the other clients' bits and subtracts them."""
+    from fedjax_dp.core.uploads import ClientContext
+
+    state = clip.init(None)
+
+    def bit(norm, present):
+        ctx = ClientContext(state, {}, jnp.float32(jnp.inf), jax.random.key(0), present, present)
+        count = clip.client({"u": jnp.array([norm], jnp.float32)}, ctx).extras["count"]
+        return count if centred else jnp.where(present, count + clip.COUNT_BOUND, 0.0)
+
+    others = jnp.sum(jax.vmap(lambda n: bit(n, jnp.bool_(True)))(jnp.asarray(other_norms, jnp.float32)))
+
+    def mechanism(key, with_canary):
+        count = others + bit(jnp.float32(canary_norm), jnp.asarray(with_canary))
+        return jnp.reshape(count + clip.count_noise_std * standard_normal(key, ()) - others, (1,))
 
     return mechanism
 

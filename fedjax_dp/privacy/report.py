@@ -31,7 +31,6 @@ class PrivacyReport:
     formal: bool
     notes: list = dataclasses.field(default_factory=list)
     releases: list = dataclasses.field(default_factory=list)  # every mechanism that ran, as declared
-    noise_rng: str = "seeded"  # 'seeded' (reproducible from config.json's seed) or 'secure'
     outside_guarantee: list = dataclasses.field(default_factory=list)  # published, not covered
     accounting: dict = dataclasses.field(default_factory=dict)  # accountant precision (discretisation, orders)
 

@@ -42,9 +42,12 @@ class ClippedNoisyGradient:
         if not self.noise_multiplier >= 0:
             raise ValueError(f"step noise_multiplier z must be >= 0, got {self.noise_multiplier!r}")
 
-    def __call__(self, per_example_loss, params, batch, mask, key):
-        loss_key, noise_key = jax.random.split(key)
-        std = self.noise_multiplier * self.clip_norm
+    def __call__(self, per_example_loss, params, batch, mask, key, noise_key=None, noise_multiplier=None):
+        """``noise_key`` (default: split from the step key) and ``noise_multiplier`` (default: the
+        field; a traced per-client value for threshold schedules) come from ``train``'s arguments."""
+        loss_key, own_noise_key = jax.random.split(key)
+        noise_key = own_noise_key if noise_key is None else noise_key
+        std = (self.noise_multiplier if noise_multiplier is None else noise_multiplier) * self.clip_norm
         if not self.per_example:
             loss, grads = jax.value_and_grad(lambda p: masked_mean(per_example_loss(p, batch, loss_key), mask))(params)
             return loss, add_gaussian_noise(clip_by_global_norm(grads, self.clip_norm).clipped, std, noise_key)

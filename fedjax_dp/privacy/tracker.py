@@ -113,6 +113,10 @@ class PrivacyTracker:
                        for r in _accounted([r for r in self.releases_for(t) if r.locality == "local"])]
         return combine(np.array(per_release).reshape(len(per_release), len(client_ids)))
 
+    def client_inputs(self, t: int, client_ids, slots: int) -> dict:
+        """Per-slot values the cohort carries for this tracker (none: the chain's transforms read theirs)."""
+        return {}
+
     def eligible(self, t: int) -> np.ndarray:
         return self.ledger.eligible(self.client_multipliers(t, np.arange(self.population)))
 

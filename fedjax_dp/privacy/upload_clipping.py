@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from fedjax_dp.core import rng, tree
 from fedjax_dp.core.uploads import ClientContext, Flow, Release, ServerContext, UploadTransform
 from fedjax_dp.privacy import clipping
+from fedjax_dp.privacy.mechanisms import standard_normal
 
 
 def clip_metrics(ctx: ServerContext, clip_norm) -> dict:
@@ -124,7 +125,7 @@ class AdaptiveQuantileClip(UploadTransform):
         return flow._replace(extras={"count": jnp.where(ctx.present, unclipped - self.COUNT_BOUND, 0.0)})
 
     def server(self, total, ctx: ServerContext):
-        noise = self.count_noise_std * jax.random.normal(rng.purpose_key(ctx.key, rng.Purpose.CLIP_ADAPTATION))
+        noise = self.count_noise_std * standard_normal(rng.purpose_key(ctx.noise_key, rng.Purpose.CLIP_ADAPTATION), ())
         fraction = (ctx.extras["count"] + noise) / self.denominator + self.COUNT_BOUND
         next_clip = ctx.state * jnp.exp(-self.learning_rate * (fraction - self.target_quantile))
         return total, next_clip, clip_metrics(ctx, ctx.state)

@@ -89,7 +89,7 @@ class GaussianNoise(UploadTransform):
     def server(self, total, ctx: ServerContext):
         if not self.local:
             std = ctx.inputs["z_update"] * ctx.bound
-            total = add_gaussian_noise(total, std, rng.purpose_key(ctx.key, rng.Purpose.SERVER_NOISE))
+            total = add_gaussian_noise(total, std, rng.purpose_key(ctx.noise_key, rng.Purpose.SERVER_NOISE))
         return total, ctx.state, {"noise_multiplier": ctx.inputs["z"]}
 
     def releases(self, inputs: dict) -> tuple[Release, ...]:

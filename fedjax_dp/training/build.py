@@ -11,6 +11,7 @@ from fedjax_dp.core.cohort import client_mesh
 from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.core.strategy import StrategyChoice, choose_strategy
 from fedjax_dp.core.uploads import Chain, chain
+from fedjax_dp.privacy.tracker import PrivacyTracker
 
 
 def resolve_engine(cfg, has_conv: bool, cohort_size: int) -> StrategyChoice:
@@ -59,7 +60,25 @@ def shares_server_set(cfg) -> bool:
 
 
 def needs_server_set(cfg) -> bool:
-    return shares_server_set(cfg) or any(w.needs_server_set and w.enabled(cfg) for w in registry.wrappers())
+    return (shares_server_set(cfg) or registry.get(cfg.algorithm).server_validation
+            or any(w.needs_server_set and w.enabled(cfg) for w in registry.wrappers()))
+
+
+def validates_on_server_set(cfg) -> bool:
+    """Each evaluation also scores the global model on the held-out server set (``validation_accuracy``)."""
+    return registry.get(cfg.algorithm).server_validation
+
+
+def privacy_tracker(cfg, runner: FederatedRound, dataset):
+    """The run's privacy tracker: the algorithm's own (example-level ledgers), else one composing the
+    upload chain's declared releases, else None (nothing private released)."""
+    own = registry.get(cfg.algorithm).tracker
+    if own is not None:
+        return own(cfg, dataset)
+    if runner.uploads.releases_anything:
+        s = cfg.sampling
+        return PrivacyTracker(runner.uploads.releases, cfg.dp, s.method, dataset.num_clients, s.cohort_size, s.rate)
+    return None
 
 
 def server_set_notes(cfg) -> list[str]:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from fedjax_dp.data import sampling
-from fedjax_dp.data.packing import num_steps, pack_cohort, pack_uga_cohort
+from fedjax_dp.data.packing import num_steps, pack_cohort, pack_sampled_cohort, pack_uga_cohort
 
 
 def expected_cohort(cfg, num_clients: int) -> float:
@@ -37,6 +37,9 @@ def make_packer(cfg, dataset, requirements):
     program); with ``requirements.evaluation_pass`` cohorts also carry each client's whole data."""
     largest, batch, epochs = int(dataset.train_sizes().max()), cfg.client.batch_size, cfg.client.epochs
     indices = lambda ids: [dataset.client_train[i] for i in ids]  # noqa: E731
+    if requirements.sampled_steps:
+        return lambda ids, rng, slots: pack_sampled_cohort(dataset.x, dataset.y, indices(ids), batch,
+                                                           requirements.sampled_steps, rng, slots)
     if not requirements.evaluation_pass:
         max_steps = num_steps(largest, batch, epochs)
         return lambda ids, rng, slots: pack_cohort(dataset.x, dataset.y, indices(ids), batch, epochs, rng,

@@ -53,11 +53,16 @@ def evaluate(model: Model, params, dataset: FederatedDataset, batch_size: int = 
     return metrics
 
 
-def evaluate_state(model: Model, algorithm, state, dataset: FederatedDataset, client_states=None) -> dict:
+def evaluate_state(model: Model, algorithm, state, dataset: FederatedDataset, client_states=None,
+                   validation_set=None) -> dict:
     """``evaluate`` of the global model, and for an algorithm with ``requirements.personalized`` the
     unweighted mean over clients of each personalised model's accuracy on that client's own test data
-    (``personalized_accuracy``; ``client_states``: the loop's per-client state store, or None)."""
+    (``personalized_accuracy``; ``client_states``: the loop's per-client state store, or None). With a
+    ``validation_set`` (a server-held set with ``x``, ``y``), its accuracy: ``validation_accuracy``."""
     metrics = evaluate(model, state.params, dataset)
+    if validation_set is not None:
+        correct = per_example_stats(model, state.params, validation_set.x, validation_set.y)[1]
+        metrics["validation_accuracy"] = float(correct.mean())
     if not algorithm.requirements.personalized:
         return metrics
     accuracies = []

@@ -23,10 +23,10 @@ from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.data.builders import build_dataset, build_server_set
 from fedjax_dp.data.shared_set import share_with_clients
 from fedjax_dp.models import get_model
-from fedjax_dp.privacy.tracker import PrivacyTracker
 from fedjax_dp.training import results
-from fedjax_dp.training.build import (build_round, compression_rates, needs_server_set, resolve_engine,
-                                      server_set_breaches, server_set_notes, shares_server_set)
+from fedjax_dp.training.build import (build_round, compression_rates, needs_server_set, privacy_tracker,
+                                      resolve_engine, server_set_breaches, server_set_notes, shares_server_set,
+                                      validates_on_server_set)
 from fedjax_dp.training.checkpointing import Checkpointer, Interruption, truncate_metrics  # noqa: F401
 from fedjax_dp.training.cohorts import cohort_slots, expected_cohort, make_packer, sample_cohort
 from fedjax_dp.training.config_validation import validate_config
@@ -47,7 +47,9 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     validate_config(cfg)
     start = time.perf_counter()
     dataset = build_dataset(cfg.data, cfg.seed)
-    server_set = build_server_set(cfg.data, cfg.server_data, dataset, cfg.seed) if needs_server_set(cfg) else None
+    server_set = None
+    if needs_server_set(cfg):
+        server_set, dataset = build_server_set(cfg.data, cfg.server_data, dataset, cfg.seed)
     cfg = cfg.copy_and_resolve_references()
     choice = resolve_engine(cfg, get_model(cfg.model.name).has_conv, int(expected_cohort(cfg, dataset.num_clients)))
     model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl,
@@ -57,14 +59,12 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     if shares_server_set(cfg):
         dataset = share_with_clients(dataset, server_set)
     pack = make_packer(cfg, dataset, requirements)
-    tracker = None
-    if runner.uploads.releases_anything:
-        tracker = PrivacyTracker(runner.uploads.releases, cfg.dp, cfg.sampling.method, dataset.num_clients,
-                                 cfg.sampling.cohort_size, cfg.sampling.rate)
-    root = jax.random.key(cfg.seed)
-    params = model.init(rng_lib.purpose_key(root, rng_lib.Purpose.EVALUATION))
+    validation = server_set if validates_on_server_set(cfg) else None
+    tracker = privacy_tracker(cfg, runner, dataset)
+    streams = rng_lib.run_streams(cfg.seed, cfg.privacy.secure_rng)
+    params = model.init(streams.model_init)
     state = runner.init(params)
-    loop = LoopState(host_rng=np.random.default_rng(cfg.seed + 1))
+    loop = LoopState(*rng_lib.host_generators(cfg.seed, cfg.privacy.secure_rng), secure_rng=cfg.privacy.secure_rng)
     if requirements.client_state:
         loop.client_states = ClientStateStore(runner.algorithm.client_state_init(params))
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
@@ -83,17 +83,19 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                     cfg.sampling.method == "uniform" and eligible.sum() < cfg.sampling.cohort_size)):
                 tracker.stopped_at, stop_reason = t, "privacy budget"
                 break
-            ids = sample_cohort(cfg, dataset.num_clients, loop.host_rng, eligible)
+            ids = sample_cohort(cfg, dataset.num_clients, loop.sampling_rng, eligible)
             row = {"round": t, "cohort_size": len(ids)}
             if len(ids) or tracker is not None:
-                cohort = pack(ids, loop.host_rng, cohort_slots(cfg, dataset.num_clients, len(ids)))
+                cohort = pack(ids, loop.shuffle_rng, cohort_slots(cfg, dataset.num_clients, len(ids)))
                 slots = cohort["mask"].shape[0]
                 cohort["client_id"] = np.pad(np.asarray(ids, np.int32), (0, slots - len(ids)))
+                cohort["per_client"] = tracker.client_inputs(t, ids, slots) if tracker is not None else {}
                 stacked = loop.client_states.gather(ids, slots) if loop.client_states is not None else None
                 uploads = runner.specialized(state)  # compression rates: fixed once per round, on the host
                 upload_bytes, rates = uploads.upload_bytes(template_bytes), compression_rates(uploads)
                 previous = state
-                result = runner(state, cohort, rng_lib.round_key(root, t), t, stacked, uploads)
+                result = runner(state, cohort, rng_lib.round_key(streams.rounds, t), t, stacked, uploads,
+                                noise_key=rng_lib.round_key(streams.noise, t))
                 state = result.state
                 if tracker is not None:  # accounted even if the result is discarded below (conservative)
                     tracker.record(t, ids)
@@ -120,7 +122,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 loop.client_updates += len(ids)
             loop.rounds_run = t
             if t % cfg.eval_every == 0 or t == cfg.rounds:
-                loop.evaluated(t, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states))
+                loop.evaluated(t, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation))
                 row.update(loop.last_eval)
                 bar.set_postfix(progress_postfix(loop.last_eval, row, tracker))
             row["client_updates"] = loop.client_updates
@@ -136,14 +138,15 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     if loop.rounds_run:
         loop.save(checkpointer, state)  # at exit; a diverged model is never saved (state is the last good one)
     if not interruption and loop.rounds_run and loop.rounds_run % cfg.eval_every and loop.rounds_run != cfg.rounds:
-        loop.evaluated(loop.rounds_run, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states))
+        loop.evaluated(loop.rounds_run, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation))
         writer.log({"round": loop.rounds_run, "final_evaluation": True, **loop.last_eval})
     writer.close()
     summary = RunSummary(workdir, loop.rounds_run, loop.last_eval, loop.best[0], loop.best[1], loop.client_updates,
                          time.perf_counter() - start, uplink_gb=loop.meter.uplink / 1e9,
                          traffic_gb=(loop.meter.uplink + loop.meter.downlink) / 1e9, stop_reason=stop_reason,
                          interrupted=bool(interruption))
-    record = privacy_record(tracker, server_set_notes(cfg), results.read_metrics(workdir), server_set_breaches(cfg))
+    record = privacy_record(tracker, server_set_notes(cfg), results.read_metrics(workdir), server_set_breaches(cfg),
+                            secure_rng=cfg.privacy.secure_rng)
     writer.write_json("privacy.json", record)
     if tracker is not None:
         summary.epsilon, summary.formal = tracker.report().epsilon, record["formal"]

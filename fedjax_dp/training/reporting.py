@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from fedjax_dp.privacy.mechanisms import NOISE_DRAWS
+
 
 @dataclasses.dataclass
 class RunSummary:
@@ -38,7 +40,15 @@ OUTSIDE_GUARANTEE = {
 """Statistics a run may publish beside its epsilon that no DP mechanism covers (issue 16, finding 9)."""
 
 
-def privacy_record(tracker, notes: list[str], rows: list[dict] = (), breaches: list[str] = ()) -> dict:
+SEEDED_RNG = ("seeded: the noise, sampling and shuffles are reproducible from config.json's seed (a simulation; "
+              "set privacy.secure_rng=True for OS entropy)")
+SECURE_RNG = ("secure: noise, client sampling and batch shuffles from OS entropy, never written; noise is a sum of "
+              f"{NOISE_DRAWS} float32 normal draws (privacy.mechanisms); residual: float32 rounding of the noised "
+              "values (no discrete Gaussian); rounds re-run after a resume draw fresh noise")
+
+
+def privacy_record(tracker, notes: list[str], rows: list[dict] = (), breaches: list[str] = (),
+                   secure_rng: bool = False) -> dict:
     """What ``privacy.json`` holds: the tracker's report (strict JSON; what the run published outside
     the guarantee listed; ``formal`` false with each reason in ``breaches``), or for a run that
     released nothing private an unbounded epsilon."""
@@ -46,7 +56,8 @@ def privacy_record(tracker, notes: list[str], rows: list[dict] = (), breaches: l
         return {"mechanism": "none", "epsilon": None, "epsilon_unbounded": True, "formal": False,
                 "notes": ["no upload transform adds noise: no differential privacy (epsilon unbounded)"] + notes}
     record = _strict(dataclasses.asdict(tracker.report()))
-    record["notes"] = record["notes"] + notes
+    record["noise_rng"] = "secure" if secure_rng else "seeded"
+    record["notes"] = record["notes"] + [SECURE_RNG if secure_rng else SEEDED_RNG] + notes
     if breaches:
         record["formal"] = False
         record["notes"] += [f"NO formal guarantee: {reason}" for reason in breaches]

@@ -2,7 +2,7 @@
 
 A checkpoint holds the server state (with the upload transforms' state: adaptive clip norm,
 compression reference), the per-client states of the clients that have one, and a JSON record of the
-host RNG, counters, the best accuracy, traffic totals and the participation history. The privacy
+host RNGs (not under ``privacy.secure_rng``: never written), counters, the best accuracy, traffic totals and the participation history. The privacy
 tracker is rebuilt on resume by replaying the participations: never reset, never counted twice.
 """
 
@@ -20,7 +20,9 @@ from fedjax_dp.training.checkpointing import Checkpointer, truncate_metrics
 
 @dataclasses.dataclass
 class LoopState:
-    host_rng: np.random.Generator
+    sampling_rng: np.random.Generator  # which clients take part (core.rng.host_generators)
+    shuffle_rng: np.random.Generator  # per-client batch shuffles
+    secure_rng: bool = False  # OS-entropy generators: their states are never written to a checkpoint
     client_states: ClientStateStore | None = None  # per-client algorithm state (control variates, say)
     client_updates: int = 0
     rounds_run: int = 0
@@ -36,7 +38,9 @@ class LoopState:
         if state_ids:
             trees["client_states"] = stacked
         checkpointer.save(self.rounds_run, trees, {
-            "host_rng": self.host_rng.bit_generator.state, "client_updates": self.client_updates,
+            "host_rngs": None if self.secure_rng else [self.sampling_rng.bit_generator.state,
+                                                       self.shuffle_rng.bit_generator.state],
+            "client_updates": self.client_updates,
             "best": self.best, "last_eval": self.last_eval, "participation": self.participation,
             "uplink": self.meter.uplink, "downlink": self.meter.downlink, "all_dropped_streak": self.all_dropped_streak,
             "client_state_ids": state_ids})
@@ -56,7 +60,8 @@ class LoopState:
         if self.client_states is not None:
             self.client_states.load(saved.get("client_state_ids", []), trees.get("client_states"))
         self.rounds_run = saved["round"]
-        self.host_rng.bit_generator.state = saved["host_rng"]
+        if saved["host_rngs"] is not None:  # secure: the fresh OS-entropy generators go on
+            self.sampling_rng.bit_generator.state, self.shuffle_rng.bit_generator.state = saved["host_rngs"]
         self.client_updates, self.best, self.last_eval = saved["client_updates"], saved["best"], saved["last_eval"]
         self.participation, self.all_dropped_streak = saved["participation"], saved["all_dropped_streak"]
         self.meter = TrafficMeter(saved["uplink"], saved["downlink"])

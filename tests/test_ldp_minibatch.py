@@ -1,0 +1,183 @@
+"""Seed 003 (local mini-batch gradient DP with per-client thresholds, history- and correlation-weighted
+aggregation): ledgers against dp_accounting, thresholds never exceeded, the aggregation by hand, the
+step noise a client's own, resume, bad input."""
+
+import json
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from dp_accounting import rdp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedjax_dp.core.correlation_weights import CorrelationWeights, correlation_weights
+from fedjax_dp.core.local_training import make_local_trainer
+from fedjax_dp.core.uploads import ServerContext
+from fedjax_dp.privacy.accounting import replace_one_scale
+from fedjax_dp.privacy.example_ledger import LEDGER_ORDERS, ExampleLevelLedger
+from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
+from fedjax_dp.training.default_config import default_config
+
+
+def _ledger(sizes=(200,), thresholds=4.0, adaptive=True, steps=5, z0=1.0, zmax=8.0, rounds=10, rate=0.5):
+    return ExampleLevelLedger(np.asarray(sizes), 10, steps, thresholds, 1e-5, z0, zmax, rate, rounds, adaptive)
+
+
+def test_the_ledger_is_dp_accountings_subsampled_gaussian_over_the_steps_run():
+    ledger = _ledger(thresholds=50.0, adaptive=False, z0=1.3)
+    for t in (1, 2, 3):
+        ledger.record([0], t)
+    direct = rdp.RdpAccountant(orders=list(LEDGER_ORDERS), neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    step = dp_accounting.SampledWithoutReplacementDpEvent(200, 10, dp_accounting.GaussianDpEvent(1.3 * replace_one_scale()))
+    direct.compose(step, 3 * 5)
+    assert ledger.epsilons()[0] == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
+    assert ledger.steps_run[0] == 15
+
+
+@settings(max_examples=15, deadline=None)
+@given(thresholds=st.lists(st.floats(0.3, 6.0), min_size=4, max_size=4), seed=st.integers(0, 2**16),
+       adaptive=st.booleans(), rate=st.floats(0.2, 1.0))
+def test_no_client_ever_exceeds_its_threshold_and_a_spent_client_is_not_sampled_again(thresholds, seed, adaptive, rate):
+    ledger = _ledger(sizes=(50, 80, 120, 400), thresholds=np.array(thresholds), adaptive=adaptive, rounds=12, rate=rate)
+    rng = np.random.default_rng(seed)
+    for t in range(1, 13):
+        eligible = ledger.eligible(t)
+        stopped = ledger.stopped_round > 0
+        assert not np.any(eligible & stopped)
+        ids = [k for k in np.flatnonzero(eligible) if rng.random() < rate]
+        ledger.record(ids, t)
+        assert np.all(ledger.epsilons() <= np.array(thresholds) + 1e-9)
+
+
+def test_noise_rises_as_the_spent_loss_approaches_the_threshold():
+    """A client expected in a quarter of the rounds takes part in every one: its spent loss runs ahead of
+    the schedule, so each participation must afford the same remaining count with less budget."""
+    ledger = _ledger(thresholds=3.0, rounds=20, rate=0.25)
+    used = [float(ledger.record([0], t)[0]) for t in range(1, 9)]
+    assert used[0] < used[-1] and all(a <= b for a, b in zip(used, used[1:]))
+    z = ledger.grid
+    k = int(np.flatnonzero(z == ledger.multipliers([0], 9)[0])[0])
+    expected = 3.0  # rate 0.25, T - t + 1 = 12 rounds left
+    assert k == 0 or not ledger._fits(0, z[k - 1], expected)  # the least noise on the grid that fits
+
+
+def test_history_and_correlation_weights_by_hand():
+    uploads = {"w": jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [9.0, 9.0]])}
+    kept = jnp.array([True, True, True, False])
+    weights, cosine = correlation_weights(uploads, kept, 2.0)
+    flat = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    mean = flat.mean(0)
+    cos = flat @ mean / (np.linalg.norm(flat, axis=1) * np.linalg.norm(mean))
+    want = np.exp(2 * cos) / np.exp(2 * cos).sum()
+    np.testing.assert_allclose(weights[:3], want, rtol=1e-6)
+    assert float(weights[3]) == 0.0
+    ctx = ServerContext((), {}, jnp.inf, None, {}, {}, kept, kept)
+    scaled, _, _ = CorrelationWeights(0.0).cohort(uploads, ctx)  # tau = 0: the plain mean after / K
+    np.testing.assert_allclose(np.asarray(scaled["w"][:3]).sum(0) / 3, mean, rtol=1e-6)
+
+
+def test_alpha_one_and_uniform_weights_is_the_plain_mean_and_alpha_scales_it(tmp_path):
+    from fedjax_dp.algorithms.ldp_minibatch import build_ldp_minibatch
+    from fedjax_dp.algorithms.registry import BuildContext
+    from fedjax_dp.core.round import FederatedRound
+    from fedjax_dp.data.packing import pack_sampled_cohort
+    from fedjax_dp.models import get_model
+
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(60, 4, 4, 1)).astype(np.float32), rng.integers(0, 3, 60)
+    cohort = pack_sampled_cohort(x, y, [np.arange(20), np.arange(20, 40), np.arange(40, 60)], 5, 3, rng)
+    cohort["per_client"] = {"step_noise_multiplier": np.full(3, 0.5, np.float32)}
+    deltas = []
+    for alpha, weighting in ((1.0, "uniform"), (0.25, "uniform")):
+        cfg = default_config()
+        cfg.ldp.update(alpha=alpha, weighting=weighting, local_steps=3)
+        cfg.client.learning_rate = 0.1
+        algorithm, uploads = build_ldp_minibatch(BuildContext(cfg, model, 3))
+        runner = FederatedRound(algorithm, uploads)
+        state = runner.init(params)
+        new = runner(state, cohort, jax.random.key(1)).state
+        deltas.append(jax.tree_util.tree_map(jnp.subtract, new.params, params))
+        engine, _ = runner._program(uploads)
+        shared = (algorithm.broadcast(state), state.uploads, uploads.inputs(1))
+        from fedjax_dp.core.round import client_inputs
+        _, per_client = engine(shared, client_inputs(cohort, jax.random.key(1)))
+        mean = jax.tree_util.tree_map(lambda u: u.mean(0), per_client["upload"])
+        for got, want in zip(jax.tree_util.tree_leaves(deltas[-1]), jax.tree_util.tree_leaves(mean)):
+            np.testing.assert_allclose(got, alpha * want, rtol=1e-5, atol=1e-7)
+
+
+def test_the_step_noise_is_the_clients_own_multiplier_and_noise_key():
+    from fedjax_dp.models import get_model
+
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    batches = {"x": jnp.zeros((1, 4, 4, 4, 1)), "y": jnp.zeros((1, 4), jnp.int32)}
+    mask = jnp.ones((1, 4), bool)
+    train = make_local_trainer(model.per_example_loss, optax.sgd(1.0), gradient_hook=ClippedNoisyGradient(1.0, 99.0))
+    noiseless, _ = train(params, batches, mask, jax.random.key(1), noise_key=jax.random.key(2), noise_multiplier=0.0)
+    stds = []
+    for z in (0.5, 2.0):
+        samples = jax.vmap(lambda k: jax.flatten_util.ravel_pytree(
+            train(params, batches, mask, jax.random.key(1), noise_key=k, noise_multiplier=z)[0])[0])(
+            jax.random.split(jax.random.key(3), 400))
+        stds.append(float(jnp.std(samples - jax.flatten_util.ravel_pytree(noiseless)[0])))
+    # one step of lr 1: noise N(0, (z C)^2) / B with B = 4
+    np.testing.assert_allclose(stds, [0.5 / 4, 2.0 / 4], rtol=0.05)
+
+
+def _ldp_config(**ldp):
+    c = default_config()
+    c.algorithm, c.rounds, c.eval_every, c.checkpoint_every = "ldp_minibatch", 4, 2, 2
+    c.data.num_clients, c.model.name, c.sampling.cohort_size = 12, "logistic", 4
+    c.client.update(batch_size=10, learning_rate=0.1)
+    c.server_data.overlap = 0.0
+    c.ldp.update(local_steps=3, thresholds="1,3", **ldp)
+    return c
+
+
+def test_a_run_reports_per_client_epsilons_and_resume_restores_every_ledger(tmp_path, monkeypatch):
+    from fedjax_dp.training.loop import run_experiment
+    from test_checkpoint_resume import _interrupt_at
+
+    full = run_experiment(_ldp_config(), str(tmp_path / "full"), progress=False)
+    with monkeypatch.context() as m:
+        _interrupt_at(m, 2)
+        assert run_experiment(_ldp_config(), str(tmp_path / "resumed"), progress=False).interrupted
+    resumed = run_experiment(_ldp_config(), str(tmp_path / "resumed"), progress=False, resume=True)
+    a, b = (json.load(open(tmp_path / d / "privacy.json")) for d in ("full", "resumed"))
+    assert a["epsilons"] == b["epsilons"] and full.epsilon == resumed.epsilon
+    assert a["formal"] is True and a["unit"] == "example" and a["epsilon"] <= 3.0
+    rows = [json.loads(line) for line in open(tmp_path / "full" / "metrics.jsonl")]
+    assert "validation_accuracy" in rows[1] and "max_client_weight" in rows[0]
+
+
+@pytest.mark.parametrize("path,value,message", [
+    ("ldp__thresholds", "0,2", "every threshold epsilon_n must be > 0"),
+    ("ldp__clip_norm", 0.0, "ldp.clip_norm C must be > 0"),
+    ("client__learning_rate", -0.01, "client.learning_rate"),
+    ("ldp__alpha", 1.5, r"ldp.alpha must lie in \(0, 1\]"),
+    ("server_data__overlap", -1.0, "must be held out of every client's data"),
+])
+def test_bad_input_is_refused_by_name_before_training(path, value, message):
+    from fedjax_dp.training.config_validation import validate_config
+
+    c = _ldp_config()
+    section, key = path.split("__")
+    c[section][key] = value
+    with pytest.raises(ValueError, match=message):
+        validate_config(c)
+
+
+def test_a_batch_larger_than_a_clients_data_is_refused_before_training(tmp_path):
+    from fedjax_dp.training.loop import run_experiment
+
+    c = _ldp_config()
+    c.client.batch_size = 10_000
+    with pytest.raises(ValueError, match="batch size B=10000 is larger than the data of clients"):
+        run_experiment(c, str(tmp_path / "run"), progress=False)

@@ -103,7 +103,7 @@ def main():
     p.add_argument("--zmax", type=float, default=10.0)
     p.add_argument("--alpha", type=float, default=1.0)
     p.add_argument("--tau", type=float, default=1.0)
-    p.add_argument("--model", default="cnn")
+    p.add_argument("--model", default="cnn_fedavg")
     p.add_argument("--partition", default="iid")
     p.add_argument("--source", default="mnist")
     p.add_argument("--data-dir", default="")

@@ -11,6 +11,17 @@ jax.config.update("jax_default_matmul_precision", "highest")
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` (each a minute or more on 2 cores, and covered in part by faster ones) run
+    only with FEDJAX_DP_SLOW=1, so the default suite stays near 15 minutes on a 2-core machine."""
+    if os.environ.get("FEDJAX_DP_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: run with FEDJAX_DP_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def shared_data_dir():
     if not os.path.isdir(SHARED_DATA):

@@ -153,6 +153,7 @@ def _cli(workdir, *extra):
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow
 def test_a_process_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path):
     """The real thing: a separate process is SIGKILLed mid-run (no handler runs, a metrics row may be torn);
     ``--resume`` in a new process ends with metrics and privacy ledger identical to an uninterrupted run."""

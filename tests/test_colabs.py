@@ -14,7 +14,8 @@ def test_there_are_notebooks():
     assert NOTEBOOKS
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if "uga_fedmeta" in p else p
+                                  for p in NOTEBOOKS], ids=os.path.basename)
 def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__main__"}

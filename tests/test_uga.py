@@ -38,6 +38,7 @@ def _flat(tree):
     return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(tree)])
 
 
+@pytest.mark.slow
 def test_uga_gradient_matches_central_finite_differences_in_float64():
     with enable_x64():
         params, client = _tiny_problem()

@@ -10,7 +10,7 @@ from fedjax_dp.training.default_config import default_config
 def get_config():
     c = default_config()
     c.algorithm = "ldp_minibatch"
-    c.model.name = "cnn"
+    c.model.name = "cnn_fedavg"
     c.rounds, c.eval_every = 30, 5
     c.data.partition = "iid"
     c.client.update(batch_size=16, learning_rate=0.05)

@@ -21,7 +21,7 @@ stated:
   ``ldp.weighting = 'uniform'``: a_k = 1/K). The global model is validated on a server-held set held
   out of every client's data (``server_data.overlap = 0``), reported as ``validation_accuracy``.
 * Model (claim 5): two units of conv -> ReLU -> max-pool, two dense layers, softmax (``model.name =
-  'cnn'``, the library's CNN, which has this structure).
+  'cnn_fedavg'``, McMahan et al.'s CNN, which has this structure).
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ it: ``record(t, ids)``. The run's epsilon is the largest client's; the report gi
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from fedjax_dp.privacy.example_ledger import ExampleLevelLedger
@@ -23,7 +25,13 @@ class ExampleLevelTracker:
         self.rounds, self.stopped_at, self.private = 0, None, True
 
     def eligible(self, t: int) -> np.ndarray:
-        return self.ledger.eligible(t)
+        before = self.ledger.stopped_round > 0
+        eligible = self.ledger.eligible(t)
+        stopped = np.flatnonzero((self.ledger.stopped_round > 0) & ~before)
+        if len(stopped):
+            logging.info("round %d: clients %s reached their privacy-loss thresholds and stop contributing", t,
+                         stopped.tolist())
+        return eligible
 
     def allows(self, t: int) -> bool:
         return True  # each client's own threshold decides (``eligible``); no run-wide rule
@@ -52,7 +60,8 @@ class ExampleLevelTracker:
         took_part = led.steps_run > 0
         spread = {"max": float(eps.max()), "mean_of_participants": float(eps[took_part].mean()) if took_part.any() else 0.0,
                   "quantiles_of_participants": np.quantile(eps[took_part], [0, .25, .5, .75, 1]).tolist()
-                  if took_part.any() else [], "thresholds_min_max": [float(led.thresholds.min()), float(led.thresholds.max())]}
+                  if took_part.any() else [], "thresholds_min_max": [float(led.thresholds.min()), float(led.thresholds.max())],
+                  "stopped_before_round": {str(k): r for k, r in self.stopped_clients().items()}}
         clip = "each example's gradient" if self.per_example else "the minibatch gradient"
         z = sorted(set(np.round(led.multipliers_used, 6).tolist()))
         notes = [

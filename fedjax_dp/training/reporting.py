@@ -78,19 +78,20 @@ def _strict(value):
 
 
 def format_summary(summary: RunSummary) -> str:
-    """The table printed at the end of a run."""
+    """The table printed at the end of a run (keys padded to the longest, so none runs into its value)."""
+    width = max([22] + [len("final " + k) + 2 for k in summary.final])
     lines = [
-        f"{'workdir':<22}{summary.workdir}",
-        f"{'rounds':<22}{summary.rounds}" + (f"  (stopped: {summary.stop_reason})" if summary.stop_reason else ""),
-        f"{'client updates (CC)':<22}{summary.client_updates}",
-        f"{'best accuracy':<22}{summary.best_accuracy:.4f} (round {summary.best_round})",
-        f"{'traffic (GB)':<22}{summary.uplink_gb:.4f} up, {summary.traffic_gb:.4f} total",
+        f"{'workdir':<{width}}{summary.workdir}",
+        f"{'rounds':<{width}}{summary.rounds}" + (f"  (stopped: {summary.stop_reason})" if summary.stop_reason else ""),
+        f"{'client updates (CC)':<{width}}{summary.client_updates}",
+        f"{'best accuracy':<{width}}{summary.best_accuracy:.4f} (round {summary.best_round})",
+        f"{'traffic (GB)':<{width}}{summary.uplink_gb:.4f} up, {summary.traffic_gb:.4f} total",
     ]
-    lines += [f"{'final ' + k:<22}{v:.4f}" for k, v in summary.final.items()]
+    lines += [f"{'final ' + k:<{width}}{v:.4f}" for k, v in summary.final.items()]
     if summary.epsilon is not None:
-        lines.append(f"{'epsilon spent':<22}{summary.epsilon:.4f}" + (
+        lines.append(f"{'epsilon spent':<{width}}{summary.epsilon:.4f}" + (
             "  (formal: false: NO differential-privacy guarantee, see privacy.json)" if summary.formal is False else ""))
-    lines.append(f"{'wall time':<22}{summary.seconds:.1f} s")
+    lines.append(f"{'wall time':<{width}}{summary.seconds:.1f} s")
     return "\n".join(lines)
 
 

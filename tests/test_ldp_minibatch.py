@@ -93,22 +93,27 @@ def test_alpha_one_and_uniform_weights_is_the_plain_mean_and_alpha_scales_it(tmp
     x, y = rng.normal(size=(60, 4, 4, 1)).astype(np.float32), rng.integers(0, 3, 60)
     cohort = pack_sampled_cohort(x, y, [np.arange(20), np.arange(20, 40), np.arange(40, 60)], 5, 3, rng)
     cohort["per_client"] = {"step_noise_multiplier": np.full(3, 0.5, np.float32)}
-    deltas = []
-    for alpha, weighting in ((1.0, "uniform"), (0.25, "uniform")):
+    from fedjax_dp.core.round import client_inputs
+
+    def runner_for(**ldp):
         cfg = default_config()
-        cfg.ldp.update(alpha=alpha, weighting=weighting, local_steps=3)
+        cfg.ldp.update(local_steps=3, **ldp)
         cfg.client.learning_rate = 0.1
         algorithm, uploads = build_ldp_minibatch(BuildContext(cfg, model, 3))
-        runner = FederatedRound(algorithm, uploads)
-        state = runner.init(params)
-        new = runner(state, cohort, jax.random.key(1)).state
-        deltas.append(jax.tree_util.tree_map(jnp.subtract, new.params, params))
-        engine, _ = runner._program(uploads)
-        shared = (algorithm.broadcast(state), state.uploads, uploads.inputs(1))
-        from fedjax_dp.core.round import client_inputs
-        _, per_client = engine(shared, client_inputs(cohort, jax.random.key(1)))
-        mean = jax.tree_util.tree_map(lambda u: u.mean(0), per_client["upload"])
-        for got, want in zip(jax.tree_util.tree_leaves(deltas[-1]), jax.tree_util.tree_leaves(mean)):
+        return FederatedRound(algorithm, uploads), uploads
+
+    # each client's noised upload, from a chain that keeps them stacked (tau = 0: weights 1/K)
+    stacked, uploads = runner_for(weighting="correlation", temperature=0.0)
+    state = stacked.init(params)
+    engine, _ = stacked._program(uploads)
+    shared = (stacked.algorithm.broadcast(state), state.uploads, uploads.inputs(1))
+    _, per_client = engine(shared, client_inputs(cohort, jax.random.key(1)))
+    mean = jax.tree_util.tree_map(lambda u: u.mean(0), per_client["upload"])
+    for alpha in (1.0, 0.25):
+        runner, _ = runner_for(alpha=alpha, weighting="uniform")
+        new = runner(runner.init(params), cohort, jax.random.key(1)).state
+        delta = jax.tree_util.tree_map(jnp.subtract, new.params, params)
+        for got, want in zip(jax.tree_util.tree_leaves(delta), jax.tree_util.tree_leaves(mean)):
             np.testing.assert_allclose(got, alpha * want, rtol=1e-5, atol=1e-7)
 
 

@@ -40,7 +40,7 @@ from fedjax_dp.core.correlation_weights import CorrelationWeights
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.optimizers import build_optimizer
 from fedjax_dp.core.uploads import UniformWeights, chain
-from fedjax_dp.privacy.accounting import check_rdp_orders
+from fedjax_dp.privacy.accounting import parse_rdp_orders
 from fedjax_dp.privacy.example_ledger import LEDGER_ORDERS, ExampleLevelLedger
 from fedjax_dp.privacy.example_tracker import STEP_NOISE_KEY, ExampleLevelTracker
 from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
@@ -102,7 +102,7 @@ def check_ldp(cfg, need) -> None:
     except ValueError as error:
         need(False, str(error))
     try:
-        check_rdp_orders(float(a) for a in str(c.rdp_orders).split(",")) if str(c.rdp_orders).strip() else None
+        parse_rdp_orders(c.rdp_orders)
     except ValueError as error:
         need(False, f"ldp.rdp_orders={c.rdp_orders!r}: {error}")
 
@@ -112,16 +112,16 @@ def build_ldp_minibatch(ctx) -> tuple:
     algorithm = LdpMinibatch(ctx.model.per_example_loss, ctx.client_optimizer(),
                              build_optimizer("sgd", c.alpha, 0.0), cfg.client.lr_decay, ctx.unroll,
                              c.clip_norm, c.per_example, c.local_steps)
-    weighting = CorrelationWeights(c.temperature) if c.weighting == "correlation" else CorrelationWeights(0.0)
-    return algorithm, chain(weighting, UniformWeights())
+    if c.weighting == "uniform":  # the plain mean: no cohort-level step, uploads summed inside the engine
+        return algorithm, chain(UniformWeights())
+    return algorithm, chain(CorrelationWeights(c.temperature), UniformWeights())
 
 
 def make_tracker(cfg, dataset) -> ExampleLevelTracker:
     """The per-client ledgers of a run (sizes known once the data is loaded; B checked against them)."""
     c, s = cfg.ldp, cfg.sampling
     rate = s.cohort_size / dataset.num_clients if s.method == "uniform" else s.rate
-    orders = check_rdp_orders(float(a) for a in str(c.rdp_orders).split(",")) if str(c.rdp_orders).strip() \
-        else LEDGER_ORDERS
+    orders = parse_rdp_orders(c.rdp_orders, default=LEDGER_ORDERS)
     ledger = ExampleLevelLedger(dataset.train_sizes(), cfg.client.batch_size, c.local_steps,
                                 parse_thresholds(c.thresholds, dataset.num_clients, cfg.seed), c.delta,
                                 c.noise_multiplier, c.max_noise_multiplier, rate, cfg.rounds, c.adaptive, orders)

@@ -163,6 +163,10 @@ class CohortEngine:
     def _client_jit(self):
         return jax.jit(self.client_fn)
 
+    @functools.cached_property
+    def _failed_jit(self):
+        return jax.jit(self.failed_fn) if self.failed_fn is not None else None
+
     def trace(self, shared, clients):
         """The traced computation (strategies vmap, chunked, sequential)."""
         n = _num_clients(clients)
@@ -207,8 +211,8 @@ class CohortEngine:
                 failures.append((i, error))
                 logging.warning("client at cohort position %d raised %s: %s; its update is dropped", i,
                                 type(error).__name__, _first_line(error))
-                summed, per_client = (_failed_client_outputs(self.client_fn, shared, client) if self.failed_fn is None
-                                      else jax.jit(self.failed_fn)(shared, client))
+                summed, per_client = (_failed_client_outputs(self.client_fn, shared, client) if self._failed_jit is None
+                                      else self._failed_jit(shared, client))
             total = summed if total is None else _add(total, summed)
             rows.append(per_client)
         if len(failures) == n:

@@ -47,7 +47,6 @@ class RunStreams(NamedTuple):
     rounds: jax.Array  # round t: round_key(rounds, t)
     model_init: jax.Array
     noise: jax.Array  # round t's noise: round_key(noise, t)
-    secure: bool
 
 
 def run_streams(seed: int, secure: bool = False) -> RunStreams:
@@ -58,7 +57,7 @@ def run_streams(seed: int, secure: bool = False) -> RunStreams:
         noise = jax.random.wrap_key_data(np.frombuffer(np.random.SeedSequence().generate_state(2).tobytes(),
                                                        np.uint32), impl="threefry2x32")
     return RunStreams(jax.random.fold_in(root, int(Stream.ROUNDS)), jax.random.fold_in(root, int(Stream.MODEL_INIT)),
-                      noise, secure)
+                      noise)
 
 
 def host_generators(seed: int, secure: bool = False) -> tuple[np.random.Generator, np.random.Generator]:

@@ -136,10 +136,10 @@ def check_rdp_orders(orders) -> tuple:
     return orders
 
 
-def parse_rdp_orders(text: str) -> tuple:
-    """A configured order grid: "" is ``RDP_ORDERS``, else comma-separated orders > 1 ("2,4,8,16")."""
+def parse_rdp_orders(text: str, default: tuple = RDP_ORDERS) -> tuple:
+    """A configured order grid: "" is ``default``, else comma-separated orders > 1 ("2,4,8,16")."""
     if not str(text).strip():
-        return RDP_ORDERS
+        return default
     return check_rdp_orders(float(a) for a in str(text).split(","))
 
 
@@ -158,7 +158,7 @@ def make_accountant(kind: str, neighboring_relation: NeighboringRelation, pld_di
 
 
 @functools.lru_cache(maxsize=256)
-def _event_rdp(event: RoundEvent, orders: tuple = RDP_ORDERS):
+def event_rdp(event: RoundEvent, orders: tuple = RDP_ORDERS):
     """RDP curve (over ``orders``) of one round, computed once per distinct event."""
     acc = rdp.RdpAccountant(orders=list(orders), neighboring_relation=event.neighboring_relation)
     # dp_accounting logs a warning for each fractional order whose series does not converge and
@@ -218,7 +218,7 @@ class Accountant:
         return self
 
     def _rdp_curve(self):
-        return sum(count * _event_rdp(event, self.rdp_orders) for event, count in self.events)
+        return sum(count * event_rdp(event, self.rdp_orders) for event, count in self.events)
 
     def epsilon(self, delta: float) -> float:
         check_delta(delta)

@@ -24,12 +24,11 @@ baseline) with the same stopping rule.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from fedjax_dp.privacy.accounting import RoundEvent, _event_rdp, check_delta, check_rdp_orders
+from fedjax_dp.privacy.accounting import RoundEvent, event_rdp, check_delta, check_rdp_orders
 
 GRID_POINTS = 32
 LEDGER_ORDERS = (1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0, 128.0)
@@ -71,18 +70,15 @@ class ExampleLevelLedger:
         self.steps_run = np.zeros(len(self.client_sizes), np.int64)
         self.stopped_round = np.zeros(len(self.client_sizes), np.int64)  # 0: still contributing
         self.multipliers_used: list[float] = []
+        self._curves: dict[tuple[int, float], np.ndarray] = {}
 
-    def step_event(self, client: int, z: float) -> RoundEvent:
-        return RoundEvent("fixed", float(z), population=int(self.client_sizes[client]), cohort_size=self.batch_size)
-
-    @functools.lru_cache(maxsize=4096)
     def _participation(self, size: int, z: float) -> np.ndarray:
-        """RDP curve of one participation (S steps) of a client holding ``size`` examples, at z."""
-        event = RoundEvent("fixed", z, population=size, cohort_size=self.batch_size)
-        return self.steps * _event_rdp(event, self.orders)
-
-    def __hash__(self):  # for the cache above: one ledger per run
-        return id(self)
+        """RDP curve of one participation (S steps) of a client holding ``size`` examples, at z (cached:
+        the sizes and the noise grid are few)."""
+        if (size, z) not in self._curves:
+            event = RoundEvent("fixed", z, population=size, cohort_size=self.batch_size)
+            self._curves[size, z] = self.steps * np.asarray(event_rdp(event, self.orders))
+        return self._curves[size, z]
 
     def _epsilon(self, curve: np.ndarray) -> float:
         return float(rdp_privacy_accountant.compute_epsilon(self.orders, curve, self.delta)[0])
@@ -110,9 +106,10 @@ class ExampleLevelLedger:
             out.append(self.grid[high])
         return np.array(out, float)
 
-    def record(self, client_ids, t: int) -> np.ndarray:
-        """Composes one participation of each listed client at the z of ``multipliers``; returns them."""
-        z = self.multipliers(client_ids, t)
+    def record(self, client_ids, t: int, z=None) -> np.ndarray:
+        """Composes one participation of each listed client at ``z`` (default: ``multipliers``, which is
+        what the same state gives before the round); returns them."""
+        z = self.multipliers(client_ids, t) if z is None else np.asarray(z, float)
         for k, zk in zip(np.asarray(client_ids, np.int64), z):
             self.spent[k] += self._participation(int(self.client_sizes[k]), float(zk))
             self.steps_run[k] += self.steps

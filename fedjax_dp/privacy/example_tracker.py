@@ -23,6 +23,7 @@ class ExampleLevelTracker:
     def __init__(self, ledger: ExampleLevelLedger, clip_norm: float, per_example: bool):
         self.ledger, self.clip_norm, self.per_example = ledger, clip_norm, per_example
         self.rounds, self.stopped_at, self.private = 0, None, True
+        self._chosen = None  # (round, ids, z) of client_inputs, recorded as run
 
     def eligible(self, t: int) -> np.ndarray:
         before = self.ledger.stopped_round > 0
@@ -37,13 +38,19 @@ class ExampleLevelTracker:
         return True  # each client's own threshold decides (``eligible``); no run-wide rule
 
     def client_inputs(self, t: int, client_ids, slots: int) -> dict:
+        chosen = self.ledger.multipliers(client_ids, t)
+        self._chosen = (t, tuple(int(i) for i in client_ids), chosen)
         z = np.zeros(slots, np.float32)
-        z[:len(client_ids)] = self.ledger.multipliers(client_ids, t)
+        z[:len(client_ids)] = chosen
         return {STEP_NOISE_KEY: z}
 
     def record(self, t: int, client_ids) -> None:
-        self.ledger.eligible(t)  # idempotent within a round; marks stops when a resume replays the history
-        self.ledger.record(client_ids, t)
+        ids = tuple(int(i) for i in client_ids)
+        if self._chosen is not None and self._chosen[:2] == (t, ids):
+            self.ledger.record(ids, t, self._chosen[2])  # the z the clients ran with
+        else:  # a resume replaying the history: the same state gives the same z; mark stops as the run did
+            self.ledger.eligible(t)
+            self.ledger.record(ids, t)
         self.rounds += 1
 
     def epsilon(self) -> float:

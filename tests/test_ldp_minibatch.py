@@ -184,5 +184,5 @@ def test_a_batch_larger_than_a_clients_data_is_refused_before_training(tmp_path)
 
     c = _ldp_config()
     c.client.batch_size = 10_000
-    with pytest.raises(ValueError, match="batch size B=10000 is larger than the data of clients"):
+    with pytest.raises(ValueError, match="client.batch_size=10000: each local step draws 10000 examples without replacement .* more than the training data of"):
         run_experiment(c, str(tmp_path / "run"), progress=False)

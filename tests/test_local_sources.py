@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.data import array_cache
-from fedjax_dp.data.cifar_files import load_cifar10, load_cifar10_uint8
+from fedjax_dp.data.cifar_files import load_cifar10, load_cifar_uint8
 from fedjax_dp.data.femnist_files import load_femnist
 from fedjax_dp.data.shakespeare_files import (BOS_ID, CHAR_VOCAB, EOS_ID, OOV_ID, PAD_ID, decode, load_shakespeare,
                                               read_snippets, snippet_windows)
@@ -20,12 +20,23 @@ def test_cifar_fixture_round_trip_and_cache(tmp_path):
     x, y, xt, yt = load_cifar10(str(tmp_path), str(cache))
     assert x.shape == (20, 32, 32, 3) and x.dtype == np.float32 and 0 <= x.min() and x.max() <= 1
     assert yt.tolist() == list(range(10)) and len(os.listdir(cache)) == 1
-    load_cifar10_uint8.cache_clear()
+    load_cifar_uint8.cache_clear()
     calls = []
     cached = array_cache.cached_arrays("cifar10", [str(tmp_path / f) for f in sorted(os.listdir(tmp_path)) if "xz" in f],
                                        lambda: calls.append(1), str(cache))
     assert not calls, "the second load must come from the cache"
     assert set(cached) == {"x_train", "y_train", "x_test", "y_test"}
+
+
+def test_cifar100_loads_100_classes_and_refuses_labels_out_of_range(tmp_path):
+    """Issue 17 item 6: CIFAR-100 (fine labels) from the same file format; a label >= 100 is refused,
+    and a CIFAR-10 directory with labels >= 10 too (the loader checks the class count it was asked for)."""
+    make_cifar_dir(tmp_path)
+    write_npy_xz(tmp_path / "y_train.npy.xz", (np.arange(20) * 5).astype(np.uint8))
+    x, y, xt, yt = load_cifar10(str(tmp_path), "", "cifar100")
+    assert x.shape == (20, 32, 32, 3) and y.max() == 95
+    with pytest.raises(ValueError, match=r"CIFAR-10 train: labels must lie in \[0, 10\), found 95"):
+        load_cifar10(str(tmp_path), "", "cifar10")
 
 
 def test_cache_is_invalidated_when_a_source_changes(tmp_path):

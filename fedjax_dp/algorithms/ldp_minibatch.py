@@ -117,7 +117,7 @@ def build_ldp_minibatch(ctx) -> tuple:
     return algorithm, chain(CorrelationWeights(c.temperature), UniformWeights())
 
 
-def make_tracker(cfg, dataset) -> ExampleLevelTracker:
+def make_tracker(cfg, dataset, uploads=None) -> ExampleLevelTracker:
     """The per-client ledgers of a run (sizes known once the data is loaded; B checked against them)."""
     c, s = cfg.ldp, cfg.sampling
     rate = s.cohort_size / dataset.num_clients if s.method == "uniform" else s.rate

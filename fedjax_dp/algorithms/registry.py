@@ -30,6 +30,7 @@ class BuildContext:
     num_clients: int
     unroll: int | bool = 1
     params_template: Any = None  # the model's parameters (shapes), e.g. for per-layer clip norms
+    client_sizes: tuple | None = None  # each client's training-set size |D_n| (per-client calibration)
 
     def client_optimizer(self):
         c = self.cfg.client
@@ -42,6 +43,10 @@ class BuildContext:
     def expected_cohort(self) -> float:
         s = self.cfg.sampling
         return s.cohort_size if s.method == "uniform" else s.rate * self.num_clients
+
+    def sampling_rate(self) -> float:
+        """lambda: the chance that a given client is in a round's cohort."""
+        return self.expected_cohort() / self.num_clients
 
 
 Validate = Callable[[Any, Callable[[bool, str], None]], None]
@@ -56,7 +61,7 @@ class Entry:
     shares_server_set: bool = False  # data side: the server-held set is mixed into every client (FedShare)
     summary: str = ""
     server_validation: bool = False  # the server validates each evaluated model on a held-out server set
-    tracker: Callable | None = None  # ``tracker(cfg, dataset)``: the algorithm's own privacy tracker
+    tracker: Callable | None = None  # ``tracker(cfg, dataset, uploads)``: the algorithm's own privacy tracker
 
 
 @dataclasses.dataclass(frozen=True)

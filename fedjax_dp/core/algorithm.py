@@ -64,9 +64,15 @@ class Requirements:
     sampled_steps: > 0: cohorts hold that many local steps, each a batch of B drawn without replacement
       from the client's data independently of the others (``data.packing.pack_sampled_cohort``: the
       sampling example-level DP accounting assumes); 0: shuffled epochs.
-    personalized: the algorithm defines ``personalize(state, data, client_state) -> params``, each
-      client's own model from the global state and its training data (PFLDyn's prototypes, a
-      fine-tune); evaluation then also reports the mean per-client accuracy of those models.
+    personalized: the algorithm defines ``personalized_correct(state, client_state, train, test) ->
+      (n_test,)``: 1.0 per test example that the client's own model (built from the global state, its
+      stored state and its padded training data ``{x, y, mask}``) labels correctly (PFLDyn's prototypes,
+      a fine-tune). It is traced: evaluation maps it over every client in one compiled pass and reports
+      the mean and the distribution over clients.
+    batches_per_step: with ``sampled_steps``, each step draws this many batches of B at once, without
+      replacement (PFLDyn's two disjoint batches D, D' are one draw of 2B, split in halves).
+    global_classifier: the global model's output is class scores (central test accuracy is reported);
+      False for a representation (PFLDyn's meta-model), scored only through ``personalized_correct``.
     """
 
     server_set: bool = False
@@ -75,6 +81,8 @@ class Requirements:
     evaluation_batch_size: int = 0
     personalized: bool = False
     sampled_steps: int = 0
+    batches_per_step: int = 1
+    global_classifier: bool = True
 
 
 @flax.struct.dataclass
@@ -116,7 +124,7 @@ class Algorithm(Protocol):
     def upload_template(self, params) -> Any: ...
 
     # Optional, where ``requirements.personalized``:
-    # def personalize(self, state: ServerState, data: dict, client_state) -> params
+    # def personalized_correct(self, state: ServerState, client_state, train: dict, test: dict) -> jax.Array
 
 
 def init_server_state(params, server_optimizer: optax.GradientTransformation, extra=None) -> ServerState:

@@ -1,6 +1,6 @@
 """Builds a ``FederatedDataset`` from a data configuration (source + partition).
 
-Sources: ``mnist_5k`` (embedded, no download), ``mnist``, ``cifar10``, ``femnist``, ``shakespeare``
+Sources: ``mnist_5k`` (embedded, no download), ``mnist``, ``cifar10``, ``cifar100`` (a non-canonical split: ``cifar_files``), ``femnist``, ``shakespeare``
 (local files under ``data.data_dir``) and ``tfds:<name>`` (tensorflow-datasets).
 Partitions: label-based ``iid``, ``shards``, ``dirichlet`` (clients hold out ``test_fraction`` of
 their own data), ``iid_split``, ``acid``, ``alid`` (clients get local test data from the test
@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from fedjax_dp.data import class_partitions, partition
-from fedjax_dp.data.cifar_files import load_cifar10
+from fedjax_dp.data.cifar_files import NUM_CLASSES, load_cifar10
 from fedjax_dp.data.embedded import load_mnist_5k
 from fedjax_dp.data.federated_dataset import FederatedDataset
 from fedjax_dp.data.femnist_files import NUM_CLASSES as FEMNIST_CLASSES
@@ -24,7 +24,7 @@ from fedjax_dp.data.natural_clients import natural_partition
 from fedjax_dp.data.server_sets import ServerSet, default_size, iid_server_set, writer_server_set
 from fedjax_dp.data.shakespeare_files import PAD_ID, SEQUENCE_LENGTH, VOCAB_SIZE, load_shakespeare
 
-SOURCES = ("mnist_5k", "mnist", "cifar10", "femnist", "shakespeare", "tfds:<name>")
+SOURCES = ("mnist_5k", "mnist", "cifar10", "cifar100", "femnist", "shakespeare", "tfds:<name>")
 NATURAL_SOURCES = ("femnist", "shakespeare")
 LABEL_PARTITIONS = ("iid", "shards", "dirichlet")
 SPLIT_PARTITIONS = ("iid_split", "acid", "alid")
@@ -46,8 +46,8 @@ def load_source(cfg):
         return x, y, None, None, 10
     if source == "mnist":
         return (*load_mnist(data_dir), 10)
-    if source == "cifar10":
-        return (*load_cifar10(data_dir, _cache_dir(cfg)), 10)
+    if source in NUM_CLASSES:  # cifar10, cifar100
+        return (*load_cifar10(data_dir, _cache_dir(cfg), source), NUM_CLASSES[source])
     if source.startswith("tfds:"):
         from fedjax_dp.data.tfds_source import load_tfds
         return load_tfds(source[5:], data_dir, cfg.get("download", False), cfg.get("manual_dir", ""))

@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_dp.core import tree
 from fedjax_dp.core.uploads import UNBOUNDED, ClientContext, Flow, Release, UploadTransform
@@ -41,35 +42,67 @@ class CuagPaperNoise(UploadTransform):
     batch_size: int = 50  # B
     dataset_size: int = 500  # |D|, a client's local examples
     local_steps: int = 25  # P
+    client_mus: tuple | None = None  # heterogeneous DP: mu_n per population client (Table 8)
+    client_sizes: tuple | None = None  # |D_n| per population client (else ``dataset_size`` for all)
 
     def __post_init__(self):
-        adaptive_gdp.noise_scale(1, self.mu, **self._setting())  # validates every field by name
+        for mu, size in self._clients():
+            adaptive_gdp.noise_scale(1, mu, **self._setting(size))  # validates every field by name
         warnings.warn(adaptive_gdp.PAPER_MODE_NOTE, stacklevel=2)
 
-    def _setting(self) -> dict:
-        return dict(sampling_rate=self.sampling_rate, batch_size=self.batch_size, dataset_size=self.dataset_size,
+    @property
+    def per_client(self) -> bool:
+        return self.client_mus is not None or self.client_sizes is not None
+
+    def _clients(self) -> list[tuple[float, int]]:
+        """(mu_n, |D_n|) per population client (one pair for all when not per client)."""
+        if not self.per_client:
+            return [(self.mu, self.dataset_size)]
+        n = len(self.client_mus if self.client_mus is not None else self.client_sizes)
+        mus = self.client_mus if self.client_mus is not None else (self.mu,) * n
+        sizes = self.client_sizes if self.client_sizes is not None else (self.dataset_size,) * n
+        if len(mus) != len(sizes):
+            raise ValueError(f"{len(mus)} per-client mu values for {len(sizes)} client sizes")
+        return list(zip(mus, sizes))
+
+    def _setting(self, dataset_size: int | None = None) -> dict:
+        return dict(sampling_rate=self.sampling_rate, batch_size=self.batch_size,
+                    dataset_size=self.dataset_size if dataset_size is None else int(dataset_size),
                     local_steps=self.local_steps)
 
+    def _sigmas(self, round_index: int) -> list[float]:
+        return [adaptive_gdp.noise_scale(round_index, mu, **self._setting(size)) for mu, size in self._clients()]
+
     def inputs(self, round_index: int) -> dict:
-        return {"sigma": adaptive_gdp.noise_scale(round_index, self.mu, **self._setting())}
+        sigmas = self._sigmas(round_index)
+        return {"sigma": np.asarray(sigmas, np.float32) if self.per_client else sigmas[0]}
 
     def bound_after(self, bound, state, inputs):
         return jnp.float32(UNBOUNDED)  # noise proportional to the layer's own norm bounds nothing
 
     def client(self, upload, ctx: ClientContext) -> Flow:
-        noised = adaptive_gdp.paper_perturb(upload, ctx.noise_key, ctx.inputs["sigma"], self.batch_size)
+        sigma = ctx.inputs["sigma"][ctx.client_id] if self.per_client else ctx.inputs["sigma"]
+        noised = adaptive_gdp.paper_perturb(upload, ctx.noise_key, sigma, self.batch_size)
         zeros = jax.tree_util.tree_map(jnp.zeros_like, upload)
         return Flow(tree.where(ctx.present, noised, zeros), jnp.float32(UNBOUNDED))
 
     def releases(self, inputs: dict) -> tuple[Release, ...]:
-        mu_t = adaptive_gdp.formula_mu(inputs["sigma"], 1, **self._setting())
+        sigmas = np.atleast_1d(np.asarray(inputs["sigma"], float))
+        mu_t = np.array([adaptive_gdp.formula_mu(float(sigma), 1, **self._setting(size))
+                         for sigma, (_, size) in zip(sigmas, self._clients())])
         # The ledger composes (2 / z)^2 per participation under local noise (replace-one): z = 2 / mu_t
         # makes it compose the paper's own mu_t^2, so its epsilon is the paper's claim for this schedule.
-        return (Release("CUAG-PFL adaptive GDP noise, paper mode (Alg. 4)", "local", 2.0 / mu_t,
+        z = 2.0 / mu_t
+        figure = f"mu_t = {mu_t[0]:.6g}" if len(mu_t) == 1 else f"mu_t in [{mu_t.min():.6g}, {mu_t.max():.6g}] per client"
+        return (Release("CUAG-PFL adaptive GDP noise, paper mode (Alg. 4)", "local", float(z.min()),
                         "none: C_l = ||layer l|| (the layer's own norm)", formal=False,
-                        note=adaptive_gdp.PAPER_MODE_NOTE + f" Per-round CLT figure of the paper: mu_t = {mu_t:.6g}."),)
+                        note=adaptive_gdp.PAPER_MODE_NOTE + f" Per-round CLT figure of the paper: {figure}.",
+                        client_multipliers=tuple(float(v) for v in z) if self.per_client else None),)
 
 
-def cuag_sound_noise(layer_norms: tuple[float, ...], noise_multiplier: float) -> tuple[UploadTransform, ...]:
-    """The sound mode: fixed per-layer thresholds C_l, then local N(0, (z sqrt(sum C_l^2))^2) per entry."""
-    return PerLayerClip(tuple(layer_norms)), GaussianNoise(((1, float(noise_multiplier)),), local=True)
+def cuag_sound_noise(layer_norms: tuple[float, ...], noise_multiplier: float,
+                     client_multipliers: tuple | None = None) -> tuple[UploadTransform, ...]:
+    """The sound mode: fixed per-layer thresholds C_l, then local N(0, (z sqrt(sum C_l^2))^2) per entry
+    (``client_multipliers``: z_n per population client, heterogeneous DP)."""
+    return PerLayerClip(tuple(layer_norms)), GaussianNoise(((1, float(noise_multiplier)),), local=True,
+                                                           client_multipliers=client_multipliers)

@@ -30,19 +30,23 @@ def with_compression(uploads: Chain, c) -> Chain:
     """Compressed-sensing uploads (``compression`` section) added to a chain. Without DP the server
     reconstructs each upload (exact for non-linear Rec); with a clip in the chain the client measures
     first, the clip bounds the measurements, the noise covers them, and the server reconstructs the
-    noised sum (the only thing it sees under central DP)."""
+    noised sum (the only thing it sees under central DP). A noise transform that needs no clip (CUAG-PFL's
+    paper mode) is placed after the compression the same way: Alg. 4 noises the measurements."""
     options = dict(rates=c.rates, r_min=c.r_min, r_max=c.r_max, operator=c.kind, method=c.method, seed=c.seed)
-    clips = [i for i, t in enumerate(uploads) if t.kind == "clip"]
-    if not clips:
+    privatising = [i for i, t in enumerate(uploads) if t.kind in ("clip", "noise")]
+    if not privatising:
         return chain(*uploads, CompressedSensing(**options, reconstruct="each"))
-    first = clips[0]
+    first = privatising[0]
     return chain(*uploads[:first], CompressedSensing(**options, reconstruct="aggregate"), *uploads[first:])
 
 
-def build_round(cfg, model, choice: StrategyChoice, num_clients: int, server_set=None) -> FederatedRound:
-    """The configured algorithm, wrapped by each enabled wrapper, with its uploads."""
+def build_round(cfg, model, choice: StrategyChoice, num_clients: int, server_set=None,
+                client_sizes=None) -> FederatedRound:
+    """The configured algorithm, wrapped by each enabled wrapper, with its uploads (``client_sizes``: each
+    client's training-set size, for mechanisms calibrated per client)."""
     params_template = jax.eval_shape(model.init, jax.random.key(0))
-    context = registry.BuildContext(cfg, model, num_clients, choice.unroll, params_template)
+    sizes = None if client_sizes is None else tuple(int(n) for n in client_sizes)
+    context = registry.BuildContext(cfg, model, num_clients, choice.unroll, params_template, sizes)
     algorithm, uploads = registry.get(cfg.algorithm).build(context)
     uploads = uploads if isinstance(uploads, Chain) else chain(*uploads)
     for wrapper in registry.wrappers():
@@ -74,7 +78,7 @@ def privacy_tracker(cfg, runner: FederatedRound, dataset):
     upload chain's declared releases, else None (nothing private released)."""
     own = registry.get(cfg.algorithm).tracker
     if own is not None:
-        return own(cfg, dataset)
+        return own(cfg, dataset, runner.uploads)
     if runner.uploads.releases_anything:
         s = cfg.sampling
         return PrivacyTracker(runner.uploads.releases, cfg.dp, s.method, dataset.num_clients, s.cohort_size, s.rate)

@@ -38,7 +38,13 @@ def make_packer(cfg, dataset, requirements):
     largest, batch, epochs = int(dataset.train_sizes().max()), cfg.client.batch_size, cfg.client.epochs
     indices = lambda ids: [dataset.client_train[i] for i in ids]  # noqa: E731
     if requirements.sampled_steps:
-        return lambda ids, rng, slots: pack_sampled_cohort(dataset.x, dataset.y, indices(ids), batch,
+        drawn = batch * requirements.batches_per_step
+        small = np.flatnonzero(dataset.train_sizes() < drawn)
+        if len(small):
+            raise ValueError(f"client.batch_size={batch}: each local step draws {drawn} examples without replacement "
+                             f"({requirements.batches_per_step} batches of B), more than the training data of "
+                             f"{len(small)} clients (e.g. client {int(small[0])} holds {int(dataset.train_sizes()[small[0]])})")
+        return lambda ids, rng, slots: pack_sampled_cohort(dataset.x, dataset.y, indices(ids), drawn,
                                                            requirements.sampled_steps, rng, slots)
     if not requirements.evaluation_pass:
         max_steps = num_steps(largest, batch, epochs)

@@ -9,7 +9,13 @@ from fedjax_dp.core.cohort import STRATEGIES
 from fedjax_dp.core.optimizers import OPTIMIZERS
 from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES
 from fedjax_dp.models.conv import CONV_IMPLS
+from fedjax_dp.models.pfl_cnn import check_input_shape
 from fedjax_dp.training.default_config import default_config
+
+
+KNOWN_INPUT_SHAPES = {"mnist_5k": (28, 28, 1), "mnist": (28, 28, 1), "femnist": (28, 28, 1),
+                      "fashion_mnist": (28, 28, 1), "cifar10": (32, 32, 3), "cifar100": (32, 32, 3)}
+"""Example shapes known from a source's name alone, so a model that cannot take them is refused before loading."""
 
 
 def validate_config(cfg) -> None:
@@ -27,6 +33,12 @@ def validate_config(cfg) -> None:
     need(0 <= cfg.data.test_fraction < 1, f"data.test_fraction must lie in [0, 1), got {cfg.data.test_fraction}")
     need(cfg.data.partition != "dirichlet" or cfg.data.alpha > 0, f"data.alpha must be > 0, got {cfg.data.alpha}")
     need(cfg.model.name in MODEL_NAMES, f"model.name {cfg.model.name!r} unknown; available: {MODEL_NAMES}")
+    shape = KNOWN_INPUT_SHAPES.get(cfg.data.source.removeprefix("tfds:"))
+    if shape is not None and cfg.model.name in MODEL_NAMES:
+        try:
+            check_input_shape(cfg.model.name, shape)
+        except ValueError as error:
+            need(False, f"{error} (data.source={cfg.data.source!r})")
     need((cfg.model.compute_dtype or None) in COMPUTE_DTYPES,
          f"model.compute_dtype {cfg.model.compute_dtype!r} unknown; use '' (float32) or 'bfloat16'")
     for side in ("client", "server"):

@@ -15,7 +15,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = 0  # > 0: checkpoint every k rounds (always at exit); resume with --resume
     c.algorithm = fedjax_dp.algorithms.DEFAULT_ALGORITHM  # any registered name: algorithms.registry.names()
     c.data = ml_collections.ConfigDict(dict(
-        source="mnist_5k",      # mnist_5k | mnist | cifar10 | femnist | shakespeare | tfds:<name>
+        source="mnist_5k",      # mnist_5k | mnist | cifar10 | cifar100 | femnist | shakespeare | tfds:<name>
         data_dir="",            # folder of the local files (../shared/data/<dataset> here) or TFDS data_dir
         cache_dir="",           # decoded-array cache: "" = $FEDJAX_DP_CACHE or ~/.cache/fedjax_dp, "off" = none
         download=False, manual_dir="",  # TFDS only

@@ -1,4 +1,5 @@
-"""Evaluation of a global model: central test accuracy and mean per-client accuracy."""
+"""Evaluation of a global model: central test accuracy and mean per-client accuracy; personalised
+accuracy through ``personalized_evaluation``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from fedjax_dp.data.federated_dataset import FederatedDataset
 from fedjax_dp.models.base import Model
+from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -54,23 +56,23 @@ def evaluate(model: Model, params, dataset: FederatedDataset, batch_size: int = 
 
 
 def evaluate_state(model: Model, algorithm, state, dataset: FederatedDataset, client_states=None,
-                   validation_set=None) -> dict:
-    """``evaluate`` of the global model, and for an algorithm with ``requirements.personalized`` the
-    unweighted mean over clients of each personalised model's accuracy on that client's own test data
-    (``personalized_accuracy``; ``client_states``: the loop's per-client state store, or None). With a
-    ``validation_set`` (a server-held set with ``x``, ``y``), its accuracy: ``validation_accuracy``."""
-    metrics = evaluate(model, state.params, dataset)
+                   validation_set=None, personalized=None) -> dict:
+    """``evaluate`` of the global model (where ``requirements.global_classifier``), and for an algorithm
+    with ``requirements.personalized`` the mean and distribution over clients of each personalised
+    model's accuracy on that client's own test data (``personalized``: the run's
+    ``PersonalizedEvaluator``, built here if None; ``client_states``: the loop's per-client state
+    store). With a ``validation_set`` (a server-held set with ``x``, ``y``), ``validation_accuracy``."""
+    requirements = algorithm.requirements
+    metrics = evaluate(model, state.params, dataset) if requirements.global_classifier else {}
     if validation_set is not None:
         correct = per_example_stats(model, state.params, validation_set.x, validation_set.y)[1]
         metrics["validation_accuracy"] = float(correct.mean())
-    if not algorithm.requirements.personalized:
+    if not requirements.personalized:
         return metrics
-    accuracies = []
-    for k, test in enumerate(dataset.client_test):
-        if not len(test):
-            continue
-        train = dataset.client_train[k]
-        own_state = client_states.get(k) if client_states is not None else None
-        params = algorithm.personalize(state, {"x": dataset.x[train], "y": dataset.y[train]}, own_state)
-        accuracies.append(float(per_example_stats(model, params, dataset.x[test], dataset.y[test])[1].mean()))
-    return {**metrics, "personalized_accuracy": float(np.mean(accuracies))}
+    personalized = PersonalizedEvaluator(dataset) if personalized is None else personalized
+    return {**metrics, **personalized(algorithm, state, client_states)}
+
+
+def headline_accuracy(metrics: dict) -> float:
+    """The accuracy a run is judged by: personalised where there is one, else central test accuracy."""
+    return metrics.get("personalized_accuracy", metrics.get("test_accuracy", float("nan")))

@@ -31,6 +31,7 @@ from fedjax_dp.training.checkpointing import Checkpointer, Interruption, truncat
 from fedjax_dp.training.cohorts import cohort_slots, expected_cohort, make_packer, sample_cohort
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.evaluation import evaluate_state
+from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
 from fedjax_dp.training.reporting import RunSummary, format_summary, privacy_record, progress_postfix  # noqa: F401
 from fedjax_dp.training.run_state import LoopState
 
@@ -54,12 +55,13 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     choice = resolve_engine(cfg, get_model(cfg.model.name).has_conv, int(expected_cohort(cfg, dataset.num_clients)))
     model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl,
                       compute_dtype=cfg.model.compute_dtype or None)
-    runner = build_round(cfg, model, choice, dataset.num_clients, server_set)
+    runner = build_round(cfg, model, choice, dataset.num_clients, server_set, dataset.train_sizes())
     requirements = runner.algorithm.requirements
     if shares_server_set(cfg):
         dataset = share_with_clients(dataset, server_set)
     pack = make_packer(cfg, dataset, requirements)
     validation = server_set if validates_on_server_set(cfg) else None
+    personalized = PersonalizedEvaluator(dataset) if requirements.personalized else None
     tracker = privacy_tracker(cfg, runner, dataset)
     streams = rng_lib.run_streams(cfg.seed, cfg.privacy.secure_rng)
     params = model.init(streams.model_init)
@@ -122,7 +124,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 loop.client_updates += len(ids)
             loop.rounds_run = t
             if t % cfg.eval_every == 0 or t == cfg.rounds:
-                loop.evaluated(t, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation))
+                loop.evaluated(t, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation,
+                                                                 personalized))
                 row.update(loop.last_eval)
                 bar.set_postfix(progress_postfix(loop.last_eval, row, tracker))
             row["client_updates"] = loop.client_updates
@@ -138,7 +141,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     if loop.rounds_run:
         loop.save(checkpointer, state)  # at exit; a diverged model is never saved (state is the last good one)
     if not interruption and loop.rounds_run and loop.rounds_run % cfg.eval_every and loop.rounds_run != cfg.rounds:
-        loop.evaluated(loop.rounds_run, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation))
+        loop.evaluated(loop.rounds_run, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation,
+                                                                 personalized))
         writer.log({"round": loop.rounds_run, "final_evaluation": True, **loop.last_eval})
     writer.close()
     summary = RunSummary(workdir, loop.rounds_run, loop.last_eval, loop.best[0], loop.best[1], loop.client_updates,

@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 from fedjax_dp.privacy.mechanisms import NOISE_DRAWS
+from fedjax_dp.training.evaluation import headline_accuracy
 
 
 @dataclasses.dataclass
@@ -97,7 +98,7 @@ def format_summary(summary: RunSummary) -> str:
 
 def progress_postfix(evaluation: dict, row: dict, tracker) -> dict:
     """What the progress bar shows after an evaluation: accuracy, loss, epsilon spent."""
-    postfix = {"acc": f"{evaluation['test_accuracy']:.4f}", "loss": f"{row.get('train_loss', float('nan')):.4f}"}
+    postfix = {"acc": f"{headline_accuracy(evaluation):.4f}", "loss": f"{row.get('train_loss', float('nan')):.4f}"}
     if tracker is not None:
         postfix["eps"] = f"{row['epsilon']:.3f}" + ("" if row.get("formal", True) else " (formal: false)")
     return postfix

@@ -62,15 +62,16 @@ def read_metrics(workdir: str) -> list[dict]:
 
 
 def plot_accuracy(rows: list[dict], path: str, title: str) -> str:
-    """Accuracy vs round (central test and mean per-client) as a PNG."""
+    """Accuracy vs round (central test, mean per-client, mean personalised) as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    evaluated = [r for r in rows if "test_accuracy" in r]
+    evaluated = [r for r in rows if "test_accuracy" in r or "personalized_accuracy" in r]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("test_accuracy", "central test"), ("client_accuracy", "mean per-client")):
+    for key, label in (("test_accuracy", "central test"), ("client_accuracy", "mean per-client"),
+                       ("personalized_accuracy", "mean personalised (own model, own test data)")):
         points = [(r["round"], r[key]) for r in evaluated if key in r]
         if points:
             ax.plot(*zip(*points), marker="o", markersize=3, label=label)

@@ -16,6 +16,7 @@ import numpy as np
 from fedjax_dp.compression.traffic import TrafficMeter
 from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.training.checkpointing import Checkpointer, truncate_metrics
+from fedjax_dp.training.evaluation import headline_accuracy
 
 
 @dataclasses.dataclass
@@ -73,5 +74,5 @@ class LoopState:
 
     def evaluated(self, t: int, metrics: dict) -> None:
         self.last_eval = metrics
-        if metrics["test_accuracy"] > self.best[0]:
-            self.best = [metrics["test_accuracy"], t]
+        if headline_accuracy(metrics) > self.best[0]:
+            self.best = [headline_accuracy(metrics), t]

@@ -1,0 +1,64 @@
+"""The CNNs of CUAG-PFL (seed 004 §7.1: "two convolutional layers, two max-pooling layers, two fully
+connected layers and a softmax", the architecture of PFLDyn, Acar et al. 2021) and VGG16 (Simonyan and
+Zisserman 2015, the CIFAR variant: 13 conv layers with batch norm replaced by nothing, 5 max-pools,
+classifier 512-512-classes).
+
+Widths of ``PflCNN`` are not given by the paper; they are chosen so that one upload matches its traffic:
+Table 2 reports 0.8918 GB uplink for PFLDyn(Proto) over 300 rounds x 10 clients, i.e. 297,267 bytes =
+74,317 float32 parameters per upload (GB = 1e9 B). conv5x5-16, pool, conv5x5-16, pool, dense 64, dense
+10 has 73,882 parameters on 32x32x3 inputs (0.8866 GB over the same 3,000 uploads, -0.6 %); with 100
+classes 79,732. The output is the class logits for the softmax baselines and the representation
+r_W(x) for the prototype transform of PFLDyn(Proto) (its dimension is the class count).
+
+VGG16 here has 15,245,130 parameters for 10 classes (about 15M); it needs square
+inputs whose side is a multiple of 32 (five 2x2 pools), so 28x28 MNIST-like inputs are refused.
+"""
+
+import flax.linen as nn
+
+from fedjax_dp.models.conv import Conv2D
+
+VGG16_LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+
+
+class PflCNN(nn.Module):
+    num_outputs: int
+    conv_impl: str = "xla"
+    features: tuple[int, int] = (16, 16)
+    hidden: int = 64
+
+    @nn.compact
+    def __call__(self, x):
+        for features in self.features:
+            x = nn.relu(Conv2D(features, (5, 5), impl=self.conv_impl)(x))
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(self.hidden)(x))
+        return nn.Dense(self.num_outputs)(x)
+
+
+class VGG16(nn.Module):
+    num_outputs: int
+    conv_impl: str = "xla"
+
+    @nn.compact
+    def __call__(self, x):
+        if x.shape[1] % 32 or x.shape[2] % 32:
+            raise ValueError(f"vgg16 needs inputs whose height and width are multiples of 32 (five 2x2 max-pools), "
+                             f"got {tuple(x.shape[1:])}")
+        for layer in VGG16_LAYERS:
+            if layer == "M":
+                x = nn.max_pool(x, (2, 2), strides=(2, 2))
+            else:
+                x = nn.relu(Conv2D(layer, (3, 3), impl=self.conv_impl)(x))
+        x = x.reshape((x.shape[0], -1))
+        for width in (512, 512):
+            x = nn.relu(nn.Dense(width)(x))
+        return nn.Dense(self.num_outputs)(x)
+
+
+def check_input_shape(name: str, input_shape: tuple) -> None:
+    """Refuses an input shape a model cannot take, naming both (before any data is loaded)."""
+    if name == "vgg16" and (len(input_shape) != 3 or input_shape[0] % 32 or input_shape[1] % 32):
+        raise ValueError(f"model.name='vgg16' needs 32x32 (or larger multiple-of-32) images; the data gives "
+                         f"{tuple(input_shape)} (e.g. 28x28 MNIST/FEMNIST): use cnn_pfl or cnn_fedavg there")

@@ -1,0 +1,280 @@
+"""PFLDyn(Proto) and CUAG-PFL (issue 17, seed 004): the prototype transform against hand-written
+versions, PFLDyn's per-client g_n and server step against an independent loop over 3 rounds, the
+alpha -> 0 limit, personalised accuracy against a per-client loop, CUAG at rate 1 without noise equal to
+PFLDyn(Proto), per-client (heterogeneous) noise reaching the right clients, resume, bad input."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import make_round
+from fedjax_dp.core.client_states import ClientStateStore
+from fedjax_dp.core.prototypes import class_prototypes, prototype_correct, prototype_loss
+from fedjax_dp.data.packing import pack_sampled_cohort
+from fedjax_dp.models import get_model
+from fedjax_dp.training.default_config import default_config
+from fedjax_dp.training.loop import run_experiment
+
+
+def test_prototypes_loss_and_prediction_match_a_hand_written_numpy_version():
+    rng = np.random.default_rng(0)
+    support, query = rng.standard_normal((7, 3)), rng.standard_normal((5, 3))
+    ys, yq = np.array([0, 0, 2, 2, 2, 0, 1]), np.array([0, 1, 2, 3, 2])
+    ms, mq = np.array([1, 1, 1, 1, 0, 1, 0], bool), np.array([1, 1, 1, 1, 1], bool)  # class 1 only in padding
+    protos, present = class_prototypes(jnp.asarray(support), jnp.asarray(ys), jnp.asarray(ms), 4)
+    expected = {0: support[[0, 1, 5]].mean(0), 2: support[[2, 3]].mean(0)}
+    assert present.tolist() == [True, False, True, False]
+    for k, p in expected.items():
+        np.testing.assert_allclose(protos[k], p, atol=1e-6)
+    losses = []
+    for e, y in zip(query, yq):
+        if y not in expected:  # no prototype for its class: left out of the loss
+            continue
+        logits = {k: -np.sum((e - p) ** 2) for k, p in expected.items()}
+        top = max(logits.values())
+        losses.append(-(logits[y] - top - np.log(sum(np.exp(v - top) for v in logits.values()))))
+    got = prototype_loss(support, ys, ms, query, yq, mq, 4)
+    np.testing.assert_allclose(got, np.mean(losses), rtol=1e-5)
+    nearest = [min(expected, key=lambda k: np.sum((e - expected[k]) ** 2)) for e in query]
+    assert prototype_correct(support, ys, ms, query, yq, 4).tolist() == [float(a == b) for a, b in zip(nearest, yq)]
+
+
+def _tiny_round(num_clients=4, **overrides):
+    model = get_model("logistic", (4, 4, 1), 3)
+    options = {"pfldyn.local_steps": 2, "client.learning_rate": 0.2, "pfldyn.weight_decay": 1e-3, **overrides}
+    return model, make_round(model, "pfldyn_proto", num_clients=num_clients, **options)
+
+
+def _reference_client(model, w_t, g_n, batches, alpha, lr, wd):
+    """Alg. 1 lines 10-19 written out: prototypes by Python loops over classes, explicit SGD."""
+    def loss(w, x, y):
+        half = len(y) // 2
+        es, eq = model.apply(w, x[:half]), model.apply(w, x[half:])
+        protos = {k: jnp.mean(es[y[:half] == k], axis=0) for k in np.unique(y[:half])}
+        total, count = 0.0, 0
+        for e, label in zip(eq, y[half:]):
+            if int(label) in protos:
+                logits = jnp.stack([-jnp.sum((e - p) ** 2) for p in protos.values()])
+                total += -(logits[list(protos).index(int(label))] - jax.nn.logsumexp(logits))
+                count += 1
+        reg = -sum(jnp.vdot(a, b) for a, b in zip(jax.tree_util.tree_leaves(w), jax.tree_util.tree_leaves(g_n)))
+        reg += alpha / 2 * sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree_util.tree_leaves(w),
+                                                                       jax.tree_util.tree_leaves(w_t)))
+        return total / max(count, 1) + reg
+
+    w = w_t
+    for x, y in zip(batches["x"], batches["y"]):
+        grad = jax.grad(loss)(w, x, np.asarray(y))
+        w = jax.tree_util.tree_map(lambda p, g: p - lr * (g + wd * p), w, grad)
+    delta = jax.tree_util.tree_map(jnp.subtract, w, w_t)
+    return delta, jax.tree_util.tree_map(lambda g, d: g - alpha * d, g_n, delta)
+
+
+def test_pfldyn_client_state_and_server_step_match_an_independent_loop_over_three_rounds():
+    alpha, lr, wd = 0.1, 0.2, 1e-3
+    model, runner = _tiny_round(**{"pfldyn.alpha": alpha})
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((80, 4, 4, 1)).astype(np.float32)
+    y = rng.integers(0, 3, 80).astype(np.int32)
+    clients = [np.arange(20 * k, 20 * k + 20) for k in range(4)]
+    params = model.init(jax.random.key(0))
+    state = runner.init(params)
+    store = ClientStateStore(runner.algorithm.client_state_init(params))
+    ref_w, ref_g = params, jax.tree_util.tree_map(jnp.zeros_like, params)
+    ref_gn = {k: ref_g for k in range(4)}
+    for t, ids in enumerate([[0, 1], [1, 3], [2, 1]], start=1):
+        cohort = pack_sampled_cohort(x, y, [clients[i] for i in ids], 8, 2, np.random.default_rng(t))
+        cohort["client_id"] = np.asarray(ids, np.int32)
+        result = runner(state, cohort, jax.random.key(t), t, store.gather(ids))
+        state = result.state
+        store.scatter(ids, result.client_states, ~result.dropped)
+        deltas = []
+        for slot, i in enumerate(ids):
+            batches = jax.tree_util.tree_map(lambda a: a[slot], cohort["batches"])
+            delta, ref_gn[i] = _reference_client(model, ref_w, ref_gn[i], batches, alpha, lr, wd)
+            deltas.append(delta)
+        mean = jax.tree_util.tree_map(lambda *d: sum(d) / len(d), *deltas)
+        ref_g = jax.tree_util.tree_map(lambda g, d: g - alpha * d, ref_g, mean)
+        ref_w = jax.tree_util.tree_map(lambda w, d, g: w + d - g / alpha, ref_w, mean, ref_g)
+        for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_w)):
+            np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+        for a, b in zip(jax.tree_util.tree_leaves(state.extra), jax.tree_util.tree_leaves(ref_g)):
+            np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
+    for i in range(4):  # client 0 ran once, 1 three times, 2 once, 3 once; unsampled ones keep theirs
+        for a, b in zip(jax.tree_util.tree_leaves(store.get(i)), jax.tree_util.tree_leaves(ref_gn[i])):
+            np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
+
+
+def test_alpha_to_zero_leaves_plain_prototype_sgd_and_the_population_mean_scales_g():
+    """alpha -> 0: g_n -> 0 and the regulariser vanishes, so the client is plain prototype SGD (equal to
+    a run with alpha tiny and to the reference without regulariser); the server's g / alpha stays finite:
+    w^1 = w^0 + 2 Delta (cohort mean) or w^0 + (1 + |Q|/N) Delta (FedDyn's population mean)."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((40, 4, 4, 1)).astype(np.float32)
+    y = rng.integers(0, 3, 40).astype(np.int32)
+    cohort = pack_sampled_cohort(x, y, [np.arange(20), np.arange(20, 40)], 8, 3, np.random.default_rng(0))
+    out = {}
+    for mean in ("cohort", "population"):
+        model, runner = _tiny_round(**{"pfldyn.alpha": 1e-9, "pfldyn.weight_decay": 0.0, "pfldyn.server_mean": mean})
+        params = model.init(jax.random.key(0))
+        state = runner.init(params)
+        stacked = ClientStateStore(runner.algorithm.client_state_init(params)).gather([0, 1])
+        result = runner(state, cohort, jax.random.key(0), 1, stacked)
+        out[mean] = jax.tree_util.tree_map(lambda a, b: (a - b), result.state.params, params)
+        zero = jax.tree_util.tree_map(jnp.zeros_like, params)
+        deltas = [_reference_client(model, params, zero, jax.tree_util.tree_map(lambda a: a[k], cohort["batches"]),
+                                    0.0, 0.2, 0.0)[0] for k in range(2)]
+        mean_delta = jax.tree_util.tree_map(lambda a, b: (a + b) / 2, *deltas)
+        factor = 2.0 if mean == "cohort" else 1.0 + 2 / 4
+        for a, b in zip(jax.tree_util.tree_leaves(out[mean]), jax.tree_util.tree_leaves(mean_delta)):
+            np.testing.assert_allclose(a, factor * b, rtol=1e-3, atol=1e-6)
+
+
+def _pfl_config(algorithm="pfldyn_proto", **overrides):
+    c = default_config()
+    c.algorithm, c.rounds, c.eval_every = algorithm, 3, 3
+    c.data.update(num_clients=10, test_fraction=0.25)
+    c.model.name = "logistic"
+    c.client.update(batch_size=8, learning_rate=0.1)
+    c.pfldyn.local_steps = 2
+    c.sampling.cohort_size = 4
+    c.engine.update(strategy="vmap", unroll="1")
+    for path, value in overrides.items():
+        section, key = path.split(".")
+        c[section][key] = value
+    return c
+
+
+def test_personalized_accuracy_equals_a_per_client_loop(tmp_path):
+    from fedjax_dp.data.builders import build_dataset
+    from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
+
+    c = _pfl_config()
+    dataset = build_dataset(c.data, c.seed)
+    model, runner = _tiny_round(num_clients=dataset.num_clients)
+    model = get_model("logistic", dataset.example_shape, dataset.num_classes)
+    _, runner = make_round(model, "pfldyn_proto", num_clients=dataset.num_clients), None
+    runner = make_round(model, "pfldyn_proto", num_clients=dataset.num_clients)
+    state = runner.init(model.init(jax.random.key(3)))
+    got = PersonalizedEvaluator(dataset, chunk=3).per_client_accuracy(runner.algorithm, state)
+    for k, (train, test) in enumerate(zip(dataset.client_train, dataset.client_test)):
+        support, query = model.apply(state.params, dataset.x[train]), model.apply(state.params, dataset.x[test])
+        means = {c: np.asarray(support)[dataset.y[train] == c].mean(0) for c in np.unique(dataset.y[train])}
+        predicted = [min(means, key=lambda c: np.sum((e - means[c]) ** 2)) for e in np.asarray(query)]
+        np.testing.assert_allclose(got[k], np.mean(np.asarray(predicted) == dataset.y[test]), atol=1e-6)
+
+
+def test_cuag_at_rate_one_without_noise_is_pfldyn_proto(tmp_path):
+    rows = {}
+    for name, algorithm, extra in (("pfl", "pfldyn_proto", {}),
+                                   ("cuag", "cuag_pfl", {"cuag.mode": "none", "compression.enabled": True,
+                                                         "compression.rates": "1.0"})):
+        run_experiment(_pfl_config(algorithm, **extra), str(tmp_path / name), progress=False)
+        rows[name] = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
+    for a, b in zip(rows["pfl"], rows["cuag"]):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    assert rows["cuag"][-1]["personalized_accuracy"] == pytest.approx(rows["pfl"][-1]["personalized_accuracy"], abs=0.02)
+    assert "test_accuracy" not in rows["pfl"][-1]  # the meta-model outputs a representation, not class scores
+
+
+def test_paper_mode_noise_is_per_layer_and_per_client_as_written():
+    """Alg. 4: each layer gets N(0, (2 ||layer|| sigma_t / B)^2), sigma_t from the client's own mu_n."""
+    from fedjax_dp.core.uploads import ClientContext
+    from fedjax_dp.privacy import adaptive_gdp
+    from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise
+
+    with pytest.warns(UserWarning, match="NO formal"):
+        noise = CuagPaperNoise(0.25, 0.1, 50, 500, 25, client_mus=(0.25, 2.0), client_sizes=(500, 400))
+    inputs = {k: jnp.asarray(v) for k, v in noise.inputs(3).items()}
+    layers = [jnp.full((40_000,), 0.01), jnp.full((30_000,), -0.02)]
+    for client, (mu, size) in enumerate([(0.25, 500), (2.0, 400)]):
+        sigma = adaptive_gdp.noise_scale(3, mu, sampling_rate=0.1, batch_size=50, dataset_size=size, local_steps=25)
+        ctx = ClientContext((), inputs, jnp.inf, jax.random.key(client), jnp.bool_(True), jnp.bool_(True), client)
+        out = noise.client(layers, ctx).upload
+        for layer, noised in zip(layers, out):
+            expected = 2 * float(jnp.linalg.norm(layer)) * sigma / 50
+            assert float(jnp.std(noised - layer)) == pytest.approx(expected, rel=0.03)
+    release = noise.releases(noise.inputs(3))[0]
+    assert not release.formal and len(release.client_multipliers) == 2
+
+
+def test_heterogeneous_mu_reaches_the_right_clients_and_no_client_exceeds_its_budget(tmp_path):
+    from fedjax_dp.algorithms.cuag_pfl import parse_client_mu
+    from fedjax_dp.privacy import gdp
+
+    c = _pfl_config("cuag_pfl", **{"cuag.mode": "sound", "cuag.client_mu": "0.5,4", "cuag.participations": 2,
+                                   "compression.enabled": True})
+    c.rounds, c.sampling.cohort_size = 4, 3
+    run_experiment(c, str(tmp_path / "run"), progress=False)
+    privacy = json.load(open(tmp_path / "run" / "privacy.json"))
+    mus = parse_client_mu("0.5,4", 0.25, 10, c.seed)
+    z = privacy["releases"][-1]["client_multipliers"]
+    assert z["min"] == pytest.approx(2 * np.sqrt(2) / 4, rel=1e-6) and z["max"] == pytest.approx(2 * np.sqrt(2) / 0.5, rel=1e-6)
+    assert privacy["formal"] is True
+    eps, budget = np.array(privacy["accounting"]["per_client_epsilon"]), np.array(privacy["accounting"]["per_client_mu"])
+    np.testing.assert_allclose(budget, mus)  # the budgets are the mu_n each client was assigned
+    bound = np.array([gdp.epsilon_from_mu(float(m), 1e-5) for m in mus])
+    assert np.all(eps <= bound * (1 + 1e-9)) and np.any(eps > 0)
+    k = np.array(privacy["accounting"]["per_client_participations"])
+    assert k.max() <= 2 and set(mus[k > 0]) == {0.5, 4.0}  # budgets cover K = 2; both kinds of client ran
+    for n in np.flatnonzero(k):  # each participation is (2 / z_n)-GDP: k_n of them spend mu_n sqrt(k_n / K)
+        assert gdp.mu_from_epsilon(eps[n], 1e-5) == pytest.approx(mus[n] * np.sqrt(k[n] / 2), rel=1e-6)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("compression.r_min", 0.6, "compression.r_min=0.6 must not exceed compression.r_max=0.5"),
+    ("cuag.mu", 0.0, "cuag.mu must be > 0, got 0.0"),
+    ("cuag.client_mu", "0:4", "every mu_n must be > 0"),
+    ("compression.enabled", False, "cuag_pfl compresses every upload: set compression.enabled=True"),
+    ("cuag.mode", "exact", "cuag.mode 'exact' unknown"),
+    ("model.name", "vgg16", "model.name='vgg16' needs 32x32"),
+])
+def test_bad_cuag_input_is_refused_before_loading(tmp_path, path, value, message):
+    c = _pfl_config("cuag_pfl", **{"compression.enabled": True})
+    c.data.source = "/no/such/source/but/validation/comes/first" if path != "model.name" else "mnist_5k"
+    section, key = path.split(".")
+    c[section][key] = value
+    with pytest.raises(ValueError, match=message):
+        run_experiment(c, str(tmp_path / "never"), progress=False)
+
+
+def test_a_batch_pair_larger_than_a_clients_data_is_refused_before_training(tmp_path):
+    c = _pfl_config()
+    c.client.batch_size = 200  # 2B = 400 > the 375 training examples each client holds
+    with pytest.raises(ValueError, match=r"client.batch_size=200: each local step draws 400 examples .*2 batches of B"):
+        run_experiment(c, str(tmp_path / "run"), progress=False)
+
+
+def test_cuag_resume_restores_g_n_and_the_ledgers_bit_exactly(tmp_path, monkeypatch):
+    """Interrupted in round 2 of 4 and resumed: metrics (personalised accuracy, each round's epsilon) and
+    privacy.json (every client's epsilon and participations) equal the uninterrupted run's, byte for byte."""
+    import os
+    import signal
+
+    from fedjax_dp.training import loop as loop_module
+
+    def config():
+        c = _pfl_config("cuag_pfl", **{"cuag.mode": "sound", "cuag.client_mu": "1,3", "cuag.participations": 3,
+                                       "compression.enabled": True})
+        c.rounds, c.eval_every = 4, 2
+        return c
+
+    def files(workdir):
+        return open(workdir / "metrics.jsonl", "rb").read(), open(workdir / "privacy.json", "rb").read()
+
+    run_experiment(config(), str(tmp_path / "a"), progress=False)
+    real_log = loop_module.results.ResultsWriter.log
+
+    def log(self, row):
+        real_log(self, row)
+        if row.get("round") == 2 and not row.get("final_evaluation"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop_module.results.ResultsWriter, "log", log)
+        assert run_experiment(config(), str(tmp_path / "b"), progress=False).interrupted
+    run_experiment(config(), str(tmp_path / "b"), progress=False, resume=True)
+    assert files(tmp_path / "b") == files(tmp_path / "a")

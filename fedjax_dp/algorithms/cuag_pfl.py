@@ -17,7 +17,8 @@ lines 26-27) before PFLDyn's server step. ``cuag.mode``:
   client's mu_n under replace-one neighbours (each participation is (2/z_n)-GDP, exact composition:
   sqrt(K) 2 / z_n = mu_n); each client's ledger holds its budget mu_n and a client whose next
   participation would exceed it is no longer sampled. The epsilon reported is the ledger's exact GDP
-  composition of what ran (a guarantee).
+  composition of what ran (a guarantee). ``cuag.noise_multiplier`` > 0 fixes z instead (Table 5's fixed
+  sigma; PriFedSync's sigma = 0.45 with C = 1): no budget, the epsilon spent is reported.
 * ``none``: no noise (CUAG's compression on PFLDyn(Proto); with rate 1 it is PFLDyn(Proto)).
 
 Heterogeneous DP (Table 8): ``cuag.client_mu`` gives each client its own mu_n ("0.1:4": N values evenly
@@ -87,7 +88,10 @@ def build_cuag(ctx) -> tuple:
                                client_mus=tuple(float(m) for m in mus) if heterogeneous else None,
                                client_sizes=ctx.client_sizes)
         return algorithm, chain(noise, UniformWeights())
-    z = sound_multipliers(mus, planned_participations(cfg, ctx.num_clients))
+    if c.noise_multiplier:  # a fixed z (Table 5's fixed sigma; PriFedSync's sigma = 0.45): accounted, not calibrated
+        z = np.full(ctx.num_clients, float(c.noise_multiplier))
+    else:
+        z = sound_multipliers(mus, planned_participations(cfg, ctx.num_clients))
     layers = len(jax.tree_util.tree_leaves(ctx.params_template))
     noise = cuag_sound_noise((float(c.clip_norm),) * layers, float(z.min()),
                              tuple(float(v) for v in z) if heterogeneous else None)
@@ -102,7 +106,7 @@ class CuagTracker(PrivacyTracker):
         c = cfg.cuag
         self.mus = parse_client_mu(c.client_mu, c.mu, dataset.num_clients, cfg.seed)
         budgets = None
-        if c.mode == "sound":  # each client's own budget, as an epsilon at delta (the ledger's unit)
+        if c.mode == "sound" and not c.noise_multiplier:  # each client's own budget, as an epsilon at delta
             budgets = tuple(gdp.epsilon_from_mu(float(m), c.delta) for m in self.mus)
         settings = ml_collections.ConfigDict(dict(
             delta=c.delta, accountant="rdp", pld_discretization=1e-4, rdp_orders="", target_epsilon=0.0,
@@ -150,6 +154,12 @@ def check_cuag(cfg, need) -> None:
     need(c.clip_norm > 0, f"cuag.clip_norm (the sound mode's per-layer C) must be > 0, got {c.clip_norm}")
     need(0 < c.delta < 1, f"cuag.delta must lie in (0, 1), got {c.delta}")
     need(c.participations >= 0, f"cuag.participations must be >= 0 (0 = ceil(lambda T)), got {c.participations}")
+    need(c.noise_multiplier >= 0, f"cuag.noise_multiplier must be >= 0 (0 = calibrated from mu), got {c.noise_multiplier}")
+    need(not (c.noise_multiplier and str(c.client_mu).strip()),
+         f"cuag.noise_multiplier={c.noise_multiplier} fixes one z for every client; it cannot follow "
+         f"cuag.client_mu={c.client_mu!r} (leave one of them unset)")
+    need(not c.noise_multiplier or c.mode == "sound",
+         f"cuag.noise_multiplier={c.noise_multiplier} applies to cuag.mode='sound' only, got mode {c.mode!r}")
     need(cfg.compression.enabled, "cuag_pfl compresses every upload: set compression.enabled=True (compression.rates="
                                   "'dynamic' for Alg. 2, or a fixed rate; '1.0' with cuag.mode='none' is PFLDyn(Proto))")
     need(cfg.compression.r_min <= cfg.compression.r_max,
@@ -166,6 +176,7 @@ registry.register_section("cuag", {
     "client_mu": "",  # heterogeneous DP: "0.1:4" (evenly spaced, shuffled) or "a,b,c"; "" = mu for all
     "clip_norm": 1.0,  # sound mode: C per measured layer (sensitivity C sqrt(L))
     "participations": 0,  # sound mode: K participations each client's mu_n covers (0 = ceil(lambda T))
+    "noise_multiplier": 0.0,  # sound mode: > 0 fixes z (sigma) instead of calibrating it; epsilon accounted
     "delta": 1e-5})
 registry.register("cuag_pfl", build=build_cuag, sections=("pfldyn", "cuag"), validate=check_cuag, tracker=make_tracker,
                   summary="CUAG-PFL (seed 004): PFLDyn(Proto) + compressed-sensing uploads + adaptive Gaussian DP")

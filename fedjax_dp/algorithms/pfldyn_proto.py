@@ -67,6 +67,7 @@ class PFLDynProto:
     server_mean: str = "cohort"
     client_lr_decay: float = 1.0
     unroll: int | bool = 1
+    evaluation_apply: object = None  # r_W for personalised evaluation (default ``apply``; see ``evaluation_model``)
 
     def __post_init__(self):
         if not self.alpha > 0:
@@ -132,8 +133,9 @@ class PFLDynProto:
     def personalized_correct(self, state: ServerState, client_state, train: dict, test: dict) -> jax.Array:
         """Per test example: 1.0 where the client's own prototypes (from all its training data under the
         current meta-model) label it correctly."""
-        support = self.apply(state.params, train["x"])
-        return prototype_correct(support, train["y"], train["mask"], self.apply(state.params, test["x"]), test["y"],
+        apply = self.evaluation_apply or self.apply
+        support = apply(state.params, train["x"])
+        return prototype_correct(support, train["y"], train["mask"], apply(state.params, test["x"]), test["y"],
                                  self.num_classes)
 
 
@@ -144,10 +146,19 @@ def client_optimizer(cfg) -> optax.GradientTransformation:
     return optax.chain(optax.add_decayed_weights(cfg.pfldyn.weight_decay), sgd) if cfg.pfldyn.weight_decay else sgd
 
 
+def evaluation_model(model):
+    """The model with XLA convolutions for the forward-only evaluation pass: on XLA:CPU the im2col form
+    that training prefers ran the personalised evaluation of 100 CIFAR-10 clients 3-4x slower (measured
+    in one run: 39-55 s vs 12-13 s). Same parameters, same function."""
+    if getattr(model.module, "conv_impl", "xla") == "xla":
+        return model
+    return dataclasses.replace(model, module=model.module.clone(conv_impl="xla"))
+
+
 def build_pfldyn_algorithm(ctx) -> PFLDynProto:
     c, p = ctx.cfg, ctx.cfg.pfldyn
     return PFLDynProto(ctx.model.apply, ctx.model.num_classes, client_optimizer(c), ctx.num_clients, p.alpha,
-                       p.local_steps, p.server_mean, c.client.lr_decay, ctx.unroll)
+                       p.local_steps, p.server_mean, c.client.lr_decay, ctx.unroll, evaluation_model(ctx.model).apply)
 
 
 def check_pfldyn(cfg, need) -> None:

@@ -1,0 +1,102 @@
+"""Where a CUAG-PFL round's time goes (issue 17, performance): one round of the seed-004 setting
+(CIFAR-10 ACID-3, 100 clients, 10 a round, P = 25 pairs of B = 50, the ``cnn_pfl`` CNN) timed as
+  pack       drawing and gathering the cohort's 25 x 100 examples per client (host),
+  pfldyn     the round of PFLDyn(Proto) without upload transforms,
+  cuag       the same round with CUAG-PFL's chain (compress, Alg. 4 noise, reconstruct),
+  evaluate   the personalised evaluation of all 100 clients (one mapped pass),
+each the median of ``--repeats`` after one compiling call, all in this one process; the chain's share
+of a round is (cuag - pfldyn) / cuag. Needs ``../shared/data/cifar10`` (or ``--data-dir``); JSON out.
+
+    python benchmarks/cuag_round.py --out benchmarks/out/cuag_round.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "experiments", "configs"))
+sys.path.insert(1, os.path.dirname(HERE))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import cuag_pfl_cifar10  # noqa: E402
+from fedjax_dp.core import rng as rng_lib  # noqa: E402
+from fedjax_dp.core.client_states import ClientStateStore  # noqa: E402
+from fedjax_dp.data.builders import build_dataset  # noqa: E402
+from fedjax_dp.models import get_model  # noqa: E402
+from fedjax_dp.training.build import build_round, resolve_engine  # noqa: E402
+from fedjax_dp.training.cohorts import make_packer  # noqa: E402
+from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator  # noqa: E402
+
+
+def timed(fn, repeats: int) -> tuple[float, float]:
+    """(first call incl. compilation, median of ``repeats`` later calls), seconds."""
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return first, statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default="")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+    cfg = cuag_pfl_cifar10.get_config()
+    if args.data_dir:
+        cfg.data.data_dir = args.data_dir
+    dataset = build_dataset(cfg.data, cfg.seed)
+    choice = resolve_engine(cfg, True, cfg.sampling.cohort_size)
+    model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl)
+    params = model.init(jax.random.key(0))
+    ids = np.arange(cfg.sampling.cohort_size)
+    result = {"machine": platform.platform(), "cpus": os.cpu_count(), "backend": jax.default_backend(),
+              "engine": vars(choice) if hasattr(choice, "__dict__") else str(choice),
+              "parameters": int(sum(x.size for x in jax.tree_util.tree_leaves(params)))}
+    packer = None
+    for name, mode in (("pfldyn", None), ("cuag", "paper")):
+        c = cfg.copy_and_resolve_references()
+        if mode is None:
+            c.algorithm, c.compression.enabled = "pfldyn_proto", False
+        runner = build_round(c, model, choice, dataset.num_clients, None, dataset.train_sizes())
+        packer = packer or make_packer(c, dataset, runner.algorithm.requirements)
+        state = runner.init(params)
+        store = ClientStateStore(runner.algorithm.client_state_init(params))
+        cohort = packer(ids, np.random.default_rng(0), None)
+        cohort["client_id"] = ids.astype(np.int32)
+        stacked = store.gather(ids)
+        uploads = runner.specialized(state)
+        key = rng_lib.round_key(jax.random.key(0), 1)
+        first, median = timed(lambda: runner(state, cohort, key, 1, stacked, uploads, noise_key=key).state.params,
+                              args.repeats)
+        result[name] = {"first_s": first, "median_s": median}
+        if mode is None:
+            result["pack"] = {"median_s": timed(lambda: packer(ids, np.random.default_rng(1), None)["mask"],
+                                                args.repeats)[1]}
+            evaluator = PersonalizedEvaluator(dataset)
+            first, median = timed(lambda: evaluator.per_client_accuracy(runner.algorithm, state, store), args.repeats)
+            result["evaluate"] = {"first_s": first, "median_s": median, "clients": dataset.num_clients}
+    result["chain_share_of_round"] = (result["cuag"]["median_s"] - result["pfldyn"]["median_s"]) / result["cuag"]["median_s"]
+    print(json.dumps(result, indent=2))
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

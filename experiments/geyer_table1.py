@@ -59,12 +59,7 @@ def variants(k: int):
 
 
 def apply(cfg, overrides: dict):
-    for key, value in overrides.items():
-        node = cfg
-        *path, leaf = key.split(".")
-        for p in path:
-            node = node[p]
-        node[leaf] = value
+    cfg.update_from_flattened_dict(overrides)
     return cfg
 
 

@@ -76,12 +76,7 @@ def configure(args, overrides: dict):
         c.data.data_dir = args.data_dir
     elif args.source != "cifar10":
         c.data.data_dir = c.data.data_dir.replace("cifar10", args.source)
-    for key, value in overrides.items():
-        node = c
-        *path, leaf = key.split(".")
-        for p in path:
-            node = node[p]
-        node[leaf] = value
+    c.update_from_flattened_dict(overrides)
     return c
 
 

@@ -194,3 +194,22 @@ def test_loop_records_traffic_and_dynamic_rates(tmp_path):
         run_experiment(bad, str(tmp_path / "bad"), progress=False)
     for text in ("compression.rates", "compression.kind 'dense'", "r_min=0.6 exceeds"):
         assert text in str(err.value)
+
+
+def test_a_round_where_every_client_was_dropped_keeps_the_dynamic_rate_reference():
+    """Bug (CUAG-PFL sound mode, CIFAR-10): every client of a round sent a non-finite update, the zeroed sum
+    became Alg. 2's reference, and the next round crashed ("the reference weights are all zero"). An
+    all-zero aggregate now leaves the reference as it was, and the next round's rates are computable."""
+    from fedjax_dp.core.uploads import ServerContext
+
+    reference = {"w": jnp.arange(1.0, 13.0).reshape(3, 4), "b": jnp.ones(3)}
+    cs = CompressedSensing(rates="dynamic", reconstruct="aggregate").specialize(reference)
+    zero_sum = cs.compressor.compress(jax.tree_util.tree_map(jnp.zeros_like, reference))
+    ctx = ServerContext(reference, {}, jnp.inf, jax.random.key(0), {}, {}, jnp.zeros(2, bool), jnp.zeros(2, bool))
+    _, new_reference, _ = cs.server(zero_sum, ctx)
+    for a, b in zip(jax.tree_util.tree_leaves(new_reference), jax.tree_util.tree_leaves(reference)):
+        np.testing.assert_array_equal(a, b)
+    cs.specialize(new_reference)  # raised before the fix
+    nonzero = cs.compressor.compress(reference)
+    _, moved, _ = cs.server(nonzero, ctx._replace(kept=jnp.ones(2, bool)))
+    assert float(jnp.abs(moved["w"] - cs.compressor.reconstruct(nonzero)["w"]).max()) == 0.0

@@ -27,6 +27,7 @@ from fedjax_dp.compression.operators import KINDS
 from fedjax_dp.compression.pytree import LayerwiseCompressor
 from fedjax_dp.compression.rates import dynamic_rates, fixed_rates
 from fedjax_dp.compression.reconstruction import METHODS
+from fedjax_dp.core import tree
 from fedjax_dp.core.uploads import UNBOUNDED, ClientContext, Flow, ServerContext, UploadTransform
 
 PLACEMENTS = ("each", "aggregate")
@@ -91,7 +92,9 @@ class CompressedSensing(UploadTransform):
     def server(self, total, ctx: ServerContext):
         if self.reconstruct == "aggregate":
             total = self.compressor.reconstruct(total)
-        return total, total, {}  # the reconstructed aggregate is Alg. 2's next reference
+        # The reconstructed aggregate is Alg. 2's next reference; an all-zero one (every client dropped,
+        # or nothing sent) has no norm shares, so the previous reference is kept.
+        return total, tree.where(tree.l2_norm(total) > 0, total, ctx.state), {}
 
     def upload_bytes(self, template_bytes: int) -> int:
         return traffic.compressed_upload_bytes(self.compressor)

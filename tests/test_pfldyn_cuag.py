@@ -154,9 +154,7 @@ def test_personalized_accuracy_equals_a_per_client_loop(tmp_path):
 
     c = _pfl_config()
     dataset = build_dataset(c.data, c.seed)
-    model, runner = _tiny_round(num_clients=dataset.num_clients)
     model = get_model("logistic", dataset.example_shape, dataset.num_classes)
-    _, runner = make_round(model, "pfldyn_proto", num_clients=dataset.num_clients), None
     runner = make_round(model, "pfldyn_proto", num_clients=dataset.num_clients)
     state = runner.init(model.init(jax.random.key(3)))
     got = PersonalizedEvaluator(dataset, chunk=3).per_client_accuracy(runner.algorithm, state)

@@ -35,6 +35,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import optax
+import optax.tree_utils as otu
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.core import tree
@@ -44,14 +45,6 @@ from fedjax_dp.core.optimizers import build_optimizer
 from fedjax_dp.core.prototypes import prototype_correct, prototype_loss
 
 SERVER_MEANS = ("cohort", "population")
-
-
-def _tree_vdot(a, b):
-    return sum(jnp.sum(x * y) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
-
-
-def _sq_norm(a):
-    return sum(jnp.sum(x * x) for x in jax.tree_util.tree_leaves(a))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +103,7 @@ class PFLDynProto:
             return jax.value_and_grad(self.meta_loss)(w, batch, mask)
 
         def regularizer(w, w_t):  # R(w) = -<w, g_n^t> + alpha/2 ||w - w^t||^2
-            return -_tree_vdot(w, own_gradient) + 0.5 * self.alpha * _sq_norm(jax.tree_util.tree_map(jnp.subtract, w, w_t))
+            return -otu.tree_vdot(w, own_gradient) + 0.5 * self.alpha * otu.tree_norm(otu.tree_sub(w, w_t), squared=True)
 
         train = make_local_trainer(None, self.client_optimizer, unroll=self.unroll, regularizer=regularizer,
                                    gradient_hook=hook)

@@ -21,6 +21,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 import optax
+import optax.tree_utils as otu
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.core import tree
@@ -31,10 +32,6 @@ from fedjax_dp.core.local_training import PerExampleLoss, make_local_trainer
 
 def _subtract(a, b):
     return jax.tree_util.tree_map(jnp.subtract, a, b)
-
-
-def _tree_vdot(a, b):
-    return sum(jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda x, y: jnp.sum(x * y), a, b)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +70,7 @@ class Scaffold:
         params, control, round_index = shared
         correction = _subtract(control, own_control)  # c - c_i
         train = make_local_trainer(self.per_example_loss, self.client_optimizer, unroll=self.unroll,
-                                   regularizer=lambda p, x: _tree_vdot(_subtract(p, x), correction))  # gradient c - c_i
+                                   regularizer=lambda p, x: otu.tree_vdot(_subtract(p, x), correction))  # gradient c - c_i
         scale = lr_scale(self.client_lr_decay, round_index)
         trained, stats = train(params, client["batches"], client["mask"], key, scale)
         delta = _subtract(trained, params)

@@ -30,8 +30,6 @@ def _read_npy_xz(path: str) -> np.ndarray:
 
 
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
-NON_CANONICAL_SPLIT = {"cifar100": "CIFAR-100 from ../shared/data/cifar100 uses a fixed 500/100-per-class split, "
-                                   "not the canonical one: accuracies are not comparable with published numbers"}
 
 
 @functools.lru_cache(maxsize=2)
@@ -54,10 +52,6 @@ def load_cifar_uint8(data_dir: str, cache_dir: str | None = None, name: str = "c
         return out
 
     return cached_arrays(name, list(paths.values()), build, cache_dir)
-
-
-def load_cifar10_uint8(data_dir: str, cache_dir: str | None = None) -> dict[str, np.ndarray]:
-    return load_cifar_uint8(data_dir, cache_dir, "cifar10")
 
 
 def load_cifar10(data_dir: str, cache_dir: str | None = None, name: str = "cifar10"):

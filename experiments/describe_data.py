@@ -1,7 +1,7 @@
 """Prints the statistics of a config's federated dataset and plots its label distribution,
 without training: check a partition before spending compute on it.
 
-    python experiments/describe_data.py --config experiments/configs/fedavg_mnist.py \
+    python experiments/describe_data.py --config fedavg_mnist \
         --config.data.source=cifar10 --config.data.data_dir=../shared/data/cifar10 \
         --config.data.partition=alid --config.data.classes_per_client=3 --plot labels.png
 """

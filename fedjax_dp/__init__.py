@@ -1,7 +1,25 @@
 """fedjax_dp: simulation of differentially-private federated learning in JAX.
 
-Layout (dependencies point down): ``core`` (pytrees, RNG, local training, cohort engine) <-
-``privacy``, ``compression`` <- ``algorithms``; ``models``; ``data`` <- ``training`` <- experiments.
+The one obvious path::
+
+    import fedjax_dp
+    summary = fedjax_dp.Experiment("dp_fedavg_mnist", {"rounds": 20}).run("results/dp")
+
+``fedjax_dp.configs`` lists the shipped configs; ``fedjax_dp.default_config()`` has every key. The
+building blocks, to compose by hand: ``core`` (the ``Algorithm`` protocol, ``FederatedRound``, upload
+``chain``s), ``privacy`` (upload transforms that declare their DP releases, samplers that carry their
+own accounting, accountants on dp_accounting), ``algorithms`` (the registry and every algorithm),
+``compression``, ``data``, ``models``, ``training``.
+
+Layout (dependencies point down): ``core`` <- ``privacy``, ``compression`` <- ``algorithms``;
+``models``; ``data`` <- ``training`` <- ``experiment``.
 """
 
 __version__ = "0.1.0"
+
+from fedjax_dp import algorithms, compression, configs, core, data, models, privacy, training  # noqa: E402
+from fedjax_dp.experiment import Experiment, RunSummary, SeedsSummary  # noqa: E402
+from fedjax_dp.training.default_config import default_config  # noqa: E402
+
+__all__ = ["Experiment", "RunSummary", "SeedsSummary", "default_config", "configs", "algorithms", "compression",
+           "core", "data", "models", "privacy", "training", "__version__"]

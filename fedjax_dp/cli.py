@@ -1,48 +1,151 @@
-"""The ``fedjax-dp`` command: run an experiment config, with ml_collections overrides.
+"""The ``fedjax-dp`` command (also ``python3 -m fedjax_dp``): run a config, by name or by path, with
+``ml_collections`` overrides, from any folder.
 
-    fedjax-dp --config experiments/configs/<config>.py --config.rounds=20 --workdir results/run1
+    fedjax-dp --config dp_fedavg_mnist --config.rounds=20 --workdir results/dp
+    fedjax-dp --config my_config.py --seeds 0,1,2      # three seeds: mean and 95 % interval
+    fedjax-dp --help                                   # the options, the shipped configs, every key
+    fedjax-dp configs                                  # the shipped configs only
 
-Without ``--config`` it runs ``training/default_config.py`` (the embedded-MNIST main job), from any folder.
+Exit status: 0 when the run trained at least one round, 1 when it could not (the reason is printed),
+2 for an invalid command or config (one line naming the key and the closest valid one, before any
+data is loaded).
 """
 
 from __future__ import annotations
 
-import os
+import re
 import sys
 import time
+import traceback
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from fedjax_dp.training.loop import format_summary, run_experiment
+from fedjax_dp import configs
+from fedjax_dp.training.config_docs import describe_keys
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "training", "default_config.py")
+FLAGS = flags.FlagValues()
+_CONFIG = config_flags.DEFINE_config_file("config", configs.path(configs.DEFAULT),
+                                          "A shipped config's name or a config file's path.", flag_values=FLAGS)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Results directory (default: results/<algorithm>-<time>).",
+                               flag_values=FLAGS)
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace the results of an earlier run in --workdir.",
+                               flag_values=FLAGS)
+_RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --workdir from its newest checkpoint.",
+                            flag_values=FLAGS)
+_SEEDS = flags.DEFINE_string("seeds", "", "Comma-separated seeds (e.g. 0,1,2): one run per seed under "
+                             "<workdir>/seed_<s>, then the mean and 95 % interval (seeds_summary.json, seeds.png).",
+                             flag_values=FLAGS)
+_TENSORBOARD = flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard scalars (needs tensorboardX).",
+                                 flag_values=FLAGS)
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.", flag_values=FLAGS)
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Show library logs (orbax, dp_accounting); -v for short.",
+                             flag_values=FLAGS)
 
-_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Experiment config file (ml_collections).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Results directory (default: results/<config>-<time>).")
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace the results of an earlier run in --workdir.")
-_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
-_RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --workdir from its newest checkpoint.")
+USAGE = """usage: fedjax-dp [--config NAME|PATH] [--config.KEY=VALUE ...] [--workdir DIR] [--seeds 0,1,2]
+                 [--overwrite] [--resume] [--tensorboard] [--noprogress] [-v]
+       fedjax-dp configs          list the shipped configs
+       fedjax-dp --help           this text, the shipped configs and every config key"""
 
 
-def _main(argv):
-    del argv
-    cfg = _CONFIG.value
-    workdir = _WORKDIR.value or os.path.join(
-        "results", f"{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        summary = run_experiment(cfg, workdir, overwrite=_OVERWRITE.value, progress=_PROGRESS.value,
-                                 resume=_RESUME.value)
-    except (ValueError, FileExistsError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
+def help_text() -> str:
+    """What ``--help`` prints: usage, options, the shipped configs, and every key with its default and meaning."""
+    holders = (_CONFIG, _WORKDIR, _OVERWRITE, _RESUME, _SEEDS, _TENSORBOARD, _PROGRESS, _VERBOSE)
+    options = "\n".join(f"  --{h.name:<12} {FLAGS[h.name].help}" for h in holders)
+    return "\n\n".join([USAGE, "options:\n" + options, configs_text(),
+                        "config keys (--config.KEY=VALUE; defaults of training/default_config.py):\n" + describe_keys()])
+
+
+def configs_text() -> str:
+    return "shipped configs (--config NAME; a path to a config file works too):\n" + "\n".join(
+        f"  {name:<24} {configs.summary(name)}" for name in configs.names())
+
+
+def _resolve_config_argv(argv: list[str]) -> list[str]:
+    """``--config NAME`` / ``--config=NAME[:arg]`` -> the shipped file's path; ``-v`` -> ``--verbose``."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config" and i + 1 < len(argv):
+            out += ["--config=" + configs.resolve(argv[i + 1])]
+            i += 2
+            continue
+        if arg.startswith("--config="):
+            arg = "--config=" + configs.resolve(arg.split("=", 1)[1])
+        out.append("--verbose" if arg == "-v" else arg)
+        i += 1
+    return out
+
+
+def _one_line(error: BaseException) -> str:
+    """A config error as one line naming the key and the closest valid one (and the config file's line)."""
+    text = str(error.args[0] if isinstance(error, (KeyError, AttributeError)) and error.args else error)
+    text = str(text.args[0]) if isinstance(text, BaseException) else text
+    unknown = re.search(r"Unknown command line flag '(config\.[\w.]+)'", text)
+    if unknown:
+        from fedjax_dp.training.default_config import default_config
+
+        return configs.unknown_key_message(unknown.group(1).removeprefix("config."), default_config())
+    locked = re.search(r'Key "(\w+)" does not exist', text)
+    if locked:
+        where = [f"{frame.filename}:{frame.lineno}" for frame in traceback.extract_tb(error.__traceback__)
+                 if "get_config" == frame.name]
+        close = re.search(r'Did you mean "(\w+)"', text)
+        hint = f'; did you mean "{close.group(1)}"?' if close else ""
+        return f'{where[-1] + ": " if where else ""}unknown config key "{locked.group(1)}"{hint}'
+    return " ".join(text.split())[:600]
+
+
+def _unknown_override(argv: list[str]) -> str | None:
+    """The first ``--config.KEY`` override naming no key (all configs share ``default_config()``'s keys)."""
+    from fedjax_dp.training.default_config import default_config
+
+    defaults = default_config()
+    known = set(configs.all_keys(defaults))
+    for arg in argv[1:]:
+        match = re.match(r"--(?:no)?config\.([^=]+)", arg)
+        if match and match.group(1) not in known and not (arg.startswith("--noconfig.") and match.group(1) in known):
+            return configs.unknown_key_message(match.group(1), defaults)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv if argv is None else argv)
+    if any(a in ("-h", "--help", "--helpfull", "help") for a in argv[1:]):
+        print(help_text())
+        return 0
+    if argv[1:2] == ["configs"]:
+        print(configs_text())
+        return 0
+    unknown = _unknown_override(argv)
+    if unknown:
+        print(f"error: {unknown}", file=sys.stderr)
         return 2
-    print(format_summary(summary))
+    try:
+        FLAGS(_resolve_config_argv(argv))
+        cfg = _CONFIG.value
+        seeds = [int(s) for s in _SEEDS.value.split(",") if s.strip()]
+    except Exception as error:  # noqa: BLE001  (any failure to read the command or config: one line)
+        print(f"error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    from fedjax_dp.experiment import Experiment, SeedsSummary
+
+    workdir = _WORKDIR.value or f"results/{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        experiment = Experiment(cfg)
+        options = dict(overwrite=_OVERWRITE.value, progress=_PROGRESS.value, tensorboard=_TENSORBOARD.value,
+                       verbose=_VERBOSE.value)
+        summary = (experiment.run_seeds(seeds, workdir, **options) if seeds else
+                   experiment.run(workdir, resume=_RESUME.value, **options))
+    except (ValueError, FileExistsError, FileNotFoundError, KeyError) as error:
+        print(f"error: {error.args[0] if isinstance(error, KeyError) else error}", file=sys.stderr)
+        return 2
+    print(summary.format())
+    if (summary.rounds_min if isinstance(summary, SeedsSummary) else summary.rounds) == 0:
+        print(f"error: no round could run ({summary.stop_reason})", file=sys.stderr)
+        return 1
     return 0
 
 
-def main():
-    app.run(_main)
-
-
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -80,12 +80,13 @@ def test_client_ledger_takes_each_clients_own_noise():
 
 def test_tracker_composes_per_client_multipliers_of_a_local_release():
     from fedjax_dp.core.uploads import Release
+    from fedjax_dp.privacy.client_sampling import FixedSizeSampling
     from fedjax_dp.privacy.tracker import PrivacyTracker
 
     cfg = default_config()
     z = (1.0, 2.0, 4.0)
     release = Release("noise", "local", min(z), "S", client_multipliers=z)
-    tracker = PrivacyTracker(lambda t: [release], cfg.dp, "uniform", 3, 2, 2 / 3)
+    tracker = PrivacyTracker(lambda t: [release], cfg.dp, FixedSizeSampling(3, 2))
     tracker.record(1, np.array([0, 2]))
     tracker.record(2, np.array([1, 2]))
     mu = np.sqrt([1.0, 0.25, 2 / 16]) * 2  # replace-one under local noise: sensitivity 2S

@@ -143,7 +143,7 @@ def _cli(workdir, *extra):
     import subprocess
     import sys
 
-    config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments", "configs", "fedavg_mnist.py")
+    config = "fedavg_mnist"
     args = [sys.executable, "-m", "fedjax_dp.cli", f"--config={config}", f"--workdir={workdir}", "--noprogress",
             "--config.algorithm=dp_fedavg", "--config.rounds=30", "--config.eval_every=5",
             "--config.checkpoint_every=1", "--config.data.num_clients=20", "--config.client.epochs=1",

@@ -1,4 +1,6 @@
-"""The main command: config overrides reach the run, results are written, bad configs are refused."""
+"""The ``fedjax-dp`` command: shipped configs by name from any folder, overrides reach the run, every
+results file is strict JSON, bad input is refused in one line naming the key and the closest valid one,
+before any data is loaded, and a run that cannot train exits non-zero."""
 
 import json
 import os
@@ -6,37 +8,106 @@ import subprocess
 import sys
 
 import pytest
-from ml_collections import config_flags  # noqa: F401  (import check)
-
-ROOT = os.path.join(os.path.dirname(__file__), "..")
-CONFIG = os.path.join(ROOT, "experiments", "configs", "fedavg_mnist.py")
 
 
-def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "fedjax_dp.cli", f"--config={CONFIG}", "--noprogress", *args],
+def run_cli(*args, cwd, config="fedavg_mnist"):
+    return subprocess.run([sys.executable, "-m", "fedjax_dp", f"--config={config}", "--noprogress", *args],
                           cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
-def test_overrides_reach_the_run_and_results_are_written(tmp_path):
+def strict_json(text: str):
+    """json.loads that refuses NaN / Infinity (what jq and JavaScript's JSON.parse do)."""
+    def refuse(token):
+        raise ValueError(f"non-standard JSON token {token}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_shipped_config_runs_by_name_outside_the_repository(tmp_path):
     out = run_cli("--config.rounds=3", "--config.eval_every=2", "--config.model.name=logistic",
                   "--config.sampling.cohort_size=4", f"--workdir={tmp_path}/run", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = [json.loads(l) for l in open(tmp_path / "run" / "metrics.jsonl")]
-    assert [r["round"] for r in rows] == [1, 2, 3]
-    assert all(r["cohort_size"] == 4 for r in rows) and rows[-1]["client_updates"] == 12
-    assert "test_accuracy" in rows[1] and "test_accuracy" not in rows[0]
-    assert json.load(open(tmp_path / "run" / "config.json"))["model"]["name"] == "logistic"
-    assert os.path.getsize(tmp_path / "run" / "accuracy.png") > 1000
+    rows = [strict_json(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["round"] for r in rows] == [0, 1, 2, 3]  # round 0: the initial model
+    assert rows[0]["client_updates"] == 0 and "test_accuracy" in rows[0]
+    assert all(r["cohort_size"] == 4 for r in rows[1:]) and rows[-1]["client_updates"] == 12
+    assert "test_accuracy" in rows[2] and "test_accuracy" not in rows[1]
+    for name in ("config.json", "summary.json", "privacy.json", "client_accuracies.json"):
+        strict_json(open(tmp_path / "run" / name).read())
+    assert strict_json(open(tmp_path / "run" / "config.json").read())["model"]["name"] == "logistic"
+    assert os.path.getsize(tmp_path / "run" / "results.png") > 1000
     assert "best accuracy" in out.stdout
+    assert "checkpoint_manager" not in out.stderr and "I1" not in out.stderr  # no orbax INFO lines by default
     again = run_cli("--config.rounds=1", f"--workdir={tmp_path}/run", cwd=tmp_path)
     assert again.returncode == 2 and "--overwrite" in again.stderr
 
 
-def test_invalid_config_lists_every_error(tmp_path):
+def test_help_lists_the_configs_and_every_key_with_its_meaning(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "fedjax_dp", "--help"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0
+    for fragment in ("dp_fedavg_mnist", "cuag_pfl_cifar10", "ldp_minibatch_mnist", "dp.noise_multiplier=1.0",
+                     "z: Gaussian noise std", "sampling.method='uniform'", "--seeds"):
+        assert fragment in out.stdout
+    assert "(undocumented)" not in out.stdout
+
+
+def test_a_typo_on_the_command_line_is_one_line_naming_the_closest_key(tmp_path):
+    out = run_cli("--config.dp.noise_multipler=3", f"--workdir={tmp_path}/t", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: unknown config key 'dp.noise_multipler'; did you mean 'dp.noise_multiplier'?"
+    assert not os.path.exists(tmp_path / "t")
+
+
+def test_a_typo_in_a_config_file_is_refused_with_its_line_and_the_closest_key(tmp_path):
+    (tmp_path / "mine.py").write_text(
+        "from fedjax_dp.training.default_config import default_config\n\n"
+        "def get_config():\n    c = default_config()\n    c.algorithm = 'dp_fedavg'\n"
+        "    c.dp.noise_multipler = 3.0\n    return c\n")
+    out = run_cli(f"--workdir={tmp_path}/t", cwd=tmp_path, config=str(tmp_path / "mine.py"))
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "mine.py:6" in lines[0] and '"noise_multiplier"' in lines[0], out.stderr
+
+
+def test_an_unknown_config_name_suggests_the_closest(tmp_path):
+    out = run_cli(cwd=tmp_path, config="dp_fedavg_mnsit")
+    assert out.returncode == 2 and "did you mean 'dp_fedavg_mnist'?" in out.stderr
+
+
+def test_invalid_config_lists_every_error_before_loading(tmp_path):
     out = run_cli("--config.rounds=0", "--config.client.batch_size=0", "--config.sampling.cohort_size=500",
-                  f"--workdir={tmp_path}/bad", cwd=tmp_path)
+                  "--config.data.partition=bogus", f"--workdir={tmp_path}/bad", cwd=tmp_path)
     assert out.returncode == 2
     for fragment in ("rounds must be >= 1, got 0", "client.batch_size must be >= 1, got 0",
-                     "sampling.cohort_size must lie in [1, data.num_clients=100], got 500"):
+                     "sampling.cohort_size must lie in [1, data.num_clients=100], got 500",
+                     "data.partition 'bogus' unknown"):
         assert fragment in out.stderr
+    assert "Traceback" not in out.stderr
     assert not os.path.exists(tmp_path / "bad")
+
+
+def test_a_run_that_cannot_train_one_round_exits_non_zero_with_the_reason(tmp_path):
+    """A budget stop below what one round spends: the configuration check refuses it (exit 2); per-client
+    budgets too small for any client's first round stop the run before round 1 (exit 1, the reason)."""
+    out = run_cli("--config.algorithm=dp_fedavg", "--config.dp.noise_multiplier=0.3", "--config.dp.max_epsilon=0.5",
+                  f"--workdir={tmp_path}/nb", cwd=tmp_path)
+    assert out.returncode == 2 and "dp.max_epsilon=0.5 is spent before round 1 ends" in out.stderr
+    out = run_cli("--config.algorithm=dp_fedavg", "--config.dp.client_epsilon_budget=0.01", "--config.rounds=3",
+                  f"--workdir={tmp_path}/nb", cwd=tmp_path)
+    assert out.returncode == 1 and "no round could run (privacy budget)" in out.stderr
+
+
+@pytest.mark.parametrize("flag", ["--seeds=0,1"])
+def test_several_seeds_report_mean_and_interval(tmp_path, flag):
+    out = run_cli("--config.rounds=2", "--config.eval_every=1", "--config.model.name=logistic",
+                  "--config.sampling.cohort_size=3", flag, f"--workdir={tmp_path}/s", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = strict_json(open(tmp_path / "s" / "seeds_summary.json").read())
+    accuracy = summary["final"]["test_accuracy"]
+    assert accuracy["n"] == 2 and len(accuracy["values"]) == 2 and accuracy["ci95_half_width"] is not None
+    per_seed = [strict_json(open(tmp_path / "s" / f"seed_{s}" / "summary.json").read())["final"]["test_accuracy"]
+                for s in (0, 1)]
+    assert accuracy["values"] == pytest.approx(per_seed) and accuracy["mean"] == pytest.approx(sum(per_seed) / 2)
+    assert per_seed[0] != per_seed[1]  # the seed reached the run
+    assert os.path.getsize(tmp_path / "s" / "seeds.png") > 1000
+    assert "95 % CI" in out.stdout

@@ -11,6 +11,7 @@ import pytest
 from fedjax_dp.core.uploads import ClientContext, Release
 from fedjax_dp.privacy import gdp
 from fedjax_dp.privacy.accounting import Accountant
+from fedjax_dp.privacy.client_sampling import FixedSizeSampling, PoissonSampling
 from fedjax_dp.privacy.tracker import PrivacyTracker
 from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip
 from fedjax_dp.training.default_config import default_config
@@ -44,7 +45,7 @@ def test_3_fixed_size_sampling_is_accounted_over_the_clients_still_eligible():
     """K = 20, m = 2, z = 1, per-client budgets that only some clients keep: once clients drop out,
     m is drawn from |E_t| < K, and the event must say so (it said K)."""
     cfg = _dp_cfg(client_epsilon_budget=float(gdp.epsilon_from_mu(2.0 * 1.2, 1e-5)))  # one round each (2S)
-    tracker = PrivacyTracker(lambda t: [Release("g", "central", 1.0, "S")], cfg, "uniform", 20, 2, 0.1)
+    tracker = PrivacyTracker(lambda t: [Release("g", "central", 1.0, "S")], cfg, FixedSizeSampling(20, 2))
     tracker.ledger.sensitivity_factor = 2.0
     tracker.record(1, np.array([0, 1]))
     eligible = tracker.eligible(2)
@@ -54,7 +55,7 @@ def test_3_fixed_size_sampling_is_accounted_over_the_clients_still_eligible():
 
 def test_4_local_noise_obeys_max_epsilon_before_each_round():
     cfg = _dp_cfg(max_epsilon=1.0)
-    tracker = PrivacyTracker(lambda t: [Release("g", "local", 8.0, "S")], cfg, "uniform", 5, 5, 1.0)
+    tracker = PrivacyTracker(lambda t: [Release("g", "local", 8.0, "S")], cfg, FixedSizeSampling(5, 5))
     one_round = gdp.epsilon_from_mu(2.0 / 8.0, cfg.delta)  # replace-one: 2S / (z S)
     assert one_round < 1.0 < gdp.epsilon_from_mu(math.sqrt(2) * 2.0 / 8.0, cfg.delta)
     assert tracker.allows(1)
@@ -64,10 +65,10 @@ def test_4_local_noise_obeys_max_epsilon_before_each_round():
 
 def test_11_reported_sampling_rate_is_the_one_used_and_z0_is_not_formal():
     cfg = _dp_cfg()
-    tracker = PrivacyTracker(lambda t: [Release("g", "central", 1.0, "S")], cfg, "uniform", 12, 4, 0.1)
+    tracker = PrivacyTracker(lambda t: [Release("g", "central", 1.0, "S")], cfg, FixedSizeSampling(12, 4))
     tracker.record(1, np.arange(4))
     assert tracker.report().sampling_rates == [pytest.approx(4 / 12)]
-    noiseless = PrivacyTracker(lambda t: [Release("g", "central", 0.0, "S")], cfg, "poisson", 12, 4, 0.3)
+    noiseless = PrivacyTracker(lambda t: [Release("g", "central", 0.0, "S")], cfg, PoissonSampling(12, 0.3))
     noiseless.record(1, np.arange(4))
     report = noiseless.report()
     assert report.formal is False and math.isinf(report.epsilon)
@@ -78,7 +79,7 @@ def test_privacy_json_is_strict_json_and_lists_each_release(tmp_path):
     from fedjax_dp.training.results import ResultsWriter
 
     cfg = _dp_cfg()
-    tracker = PrivacyTracker(lambda t: [Release("Gaussian", "central", 1.0, "S", note="n")], cfg, "poisson", 12, 4, 0.3)
+    tracker = PrivacyTracker(lambda t: [Release("Gaussian", "central", 1.0, "S", note="n")], cfg, PoissonSampling(12, 0.3))
     tracker.record(1, np.arange(4))
     for record in (privacy_record(tracker, []), privacy_record(None, [])):
         text = json.dumps(record, allow_nan=False)  # raises on Infinity / NaN
@@ -140,7 +141,7 @@ def test_13_rdp_orders_and_fixed_size_pld_reach_the_tracker_and_the_report():
     assert "dp.rdp_orders='2,x'" in _refusal(dp__rdp_orders="2,x")
     assert "dp.rdp_orders='0.5,2'" in _refusal(dp__rdp_orders="0.5,2")
     cfg = _dp_cfg(accountant="pld", rdp_orders="2,4,8,16,32")
-    tracker = PrivacyTracker(lambda t: [Release("Gaussian", "central", 1.0, "S")], cfg, "uniform", 100, 10, 0.1)
+    tracker = PrivacyTracker(lambda t: [Release("Gaussian", "central", 1.0, "S")], cfg, FixedSizeSampling(100, 10))
     for t in range(1, 51):
         tracker.record(t, np.arange(10))
     record = privacy_record(tracker, [])

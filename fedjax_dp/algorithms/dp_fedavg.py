@@ -22,7 +22,7 @@ from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.dp_section import check_dp
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.uploads import Chain, chain, fixed_denominator
-from fedjax_dp.privacy.accounting import calibrate_noise_multiplier
+from fedjax_dp.privacy.client_sampling import client_sampler
 from fedjax_dp.privacy.update_statistics import UpdateStatistics
 from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, FlatClip, MedianClip, PerLayerClip
 from fedjax_dp.privacy.upload_noise import GaussianNoise, parse_schedule
@@ -30,13 +30,11 @@ from fedjax_dp.privacy.upload_noise import GaussianNoise, parse_schedule
 def noise_schedule(ctx) -> tuple[tuple[int, float], ...]:
     """z_t per round: ``dp.noise_schedule``, or ``dp.noise_multiplier``, or calibrated so that
     ``rounds`` rounds spend ``dp.calibrate_epsilon`` at ``dp.delta`` (dp_accounting's calibration)."""
-    dp, s = ctx.cfg.dp, ctx.cfg.sampling
+    dp = ctx.cfg.dp
     if not dp.calibrate_epsilon:
         return parse_schedule(dp.noise_schedule, dp.noise_multiplier)
-    uniform = s.method == "uniform"
-    return ((1, calibrate_noise_multiplier(
-        dp.calibrate_epsilon, dp.delta, ctx.cfg.rounds, "fixed" if uniform else "poisson", sampling_rate=s.rate,
-        population=ctx.num_clients, cohort_size=s.cohort_size, kind=dp.accountant)),)
+    sampler = client_sampler(ctx.cfg.sampling, ctx.num_clients)
+    return ((1, sampler.calibrate(dp.calibrate_epsilon, dp.delta, ctx.cfg.rounds, dp.accountant)),)
 
 
 def dp_uploads(ctx) -> Chain:

@@ -8,6 +8,7 @@ import math
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.privacy import gdp
+from fedjax_dp.privacy.client_sampling import client_sampler
 from fedjax_dp.privacy.accounting import ACCOUNTANTS, Accountant, RoundEvent, parse_rdp_orders
 from fedjax_dp.privacy.upload_noise import parse_schedule
 
@@ -40,6 +41,12 @@ def check_dp(cfg, need) -> None:
          "un-noised (not locally private); use dp.clip='fixed' or 'per_layer' with local noise")
     need(not (dp.calibrate_epsilon and dp.noise_schedule),
          f"dp.calibrate_epsilon={dp.calibrate_epsilon} and dp.noise_schedule={dp.noise_schedule!r} both choose z; set one")
+    if dp.calibrate_epsilon > 0 and 0 < dp.delta < 1:
+        try:  # cached: the build calibrates with the same arguments
+            client_sampler(cfg.sampling, cfg.data.num_clients).calibrate(dp.calibrate_epsilon, dp.delta, cfg.rounds,
+                                                                          dp.accountant)
+        except ValueError as error:
+            need(False, f"dp.calibrate_epsilon={dp.calibrate_epsilon}: {error}")
     try:
         schedule = parse_schedule(dp.noise_schedule, dp.noise_multiplier)
     except ValueError as error:

@@ -1,1 +1,28 @@
-"""Privacy transforms (clipping, Gaussian noise) and accounting."""
+"""Privacy: upload transforms that declare their releases (clipping, Gaussian noise), client samplers
+that carry their own accounting event, accountants on Google's ``dp_accounting`` (RDP, PLD,
+calibration), Gaussian DP, budget rules, per-client ledgers, the run's tracker and report, auditing.
+
+Sampling and accounting from one object, so they cannot be mismatched::
+
+    sampler = PoissonSampling(num_clients=1000, rate=0.1)
+    z = sampler.calibrate(target_epsilon=8.0, delta=1e-5, rounds=50)
+    accountant = Accountant("pld").compose(sampler.round_event(z), count=50)
+"""
+
+from fedjax_dp.privacy.accounting import (Accountant, RoundEvent, analytic_gaussian_sigma, calibrate_noise_multiplier,
+                                          epsilon_of)
+from fedjax_dp.privacy.audit import audit_training_run, epsilon_lower_bound
+from fedjax_dp.privacy.budget import BudgetRule, ClientLedger
+from fedjax_dp.privacy.client_sampling import FixedSizeSampling, PoissonSampling, client_sampler
+from fedjax_dp.privacy.gdp import delta_from_mu, epsilon_from_mu, mu_clt, mu_from_epsilon
+from fedjax_dp.privacy.report import PrivacyReport
+from fedjax_dp.privacy.tracker import PrivacyTracker
+from fedjax_dp.privacy.update_statistics import UpdateStatistics
+from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, FlatClip, MedianClip, PerLayerClip
+from fedjax_dp.privacy.upload_noise import GaussianNoise
+
+__all__ = ["Accountant", "RoundEvent", "analytic_gaussian_sigma", "calibrate_noise_multiplier", "epsilon_of",
+           "audit_training_run", "epsilon_lower_bound", "BudgetRule", "ClientLedger", "FixedSizeSampling",
+           "PoissonSampling", "client_sampler", "delta_from_mu", "epsilon_from_mu", "mu_clt", "mu_from_epsilon",
+           "PrivacyReport", "PrivacyTracker", "UpdateStatistics", "AdaptiveQuantileClip", "FlatClip", "MedianClip",
+           "PerLayerClip", "GaussianNoise"]

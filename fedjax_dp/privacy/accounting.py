@@ -26,6 +26,7 @@ whether or not the library is fixed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -161,15 +162,22 @@ def make_accountant(kind: str, neighboring_relation: NeighboringRelation, pld_di
 def event_rdp(event: RoundEvent, orders: tuple = RDP_ORDERS):
     """RDP curve (over ``orders``) of one round, computed once per distinct event."""
     acc = rdp.RdpAccountant(orders=list(orders), neighboring_relation=event.neighboring_relation)
-    # dp_accounting logs a warning for each fractional order whose series does not converge and
-    # drops that order (its RDP becomes inf, which the conversion ignores): expected, not actionable.
+    with _unconverged_orders_silenced():
+        acc.compose(event.dp_event())
+    return acc.rdp
+
+
+@contextlib.contextmanager
+def _unconverged_orders_silenced():
+    """dp_accounting logs a warning for each fractional RDP order whose series does not converge and
+    drops that order (its RDP becomes inf, which the conversion ignores): expected, not actionable, and
+    ~60 lines per calibration. Silenced at ERROR for the duration."""
     level = absl_logging.get_verbosity()
     absl_logging.set_verbosity(absl_logging.ERROR)
     try:
-        acc.compose(event.dp_event())
+        yield
     finally:
         absl_logging.set_verbosity(level)
-    return acc.rdp
 
 
 @functools.lru_cache(maxsize=4)
@@ -263,6 +271,7 @@ def epsilon_of(events: Iterable[tuple[RoundEvent, int]], delta: float, kind: str
     return acc.epsilon(delta)
 
 
+@functools.lru_cache(maxsize=64)  # pure; a config's validation and its build ask the same question
 def calibrate_noise_multiplier(target_epsilon: float, target_delta: float, rounds: int, sampling: str,
                                sampling_rate: float = 1.0, population: int = 0, cohort_size: int = 0,
                                kind: str = "rdp", max_noise: float = 1e3) -> float:
@@ -290,10 +299,11 @@ def calibrate_noise_multiplier(target_epsilon: float, target_delta: float, round
         z_rdp = calibrate_noise_multiplier(target_epsilon, target_delta, rounds, sampling, sampling_rate,
                                            population, cohort_size, "rdp", max_noise)
         bracket = dp_accounting.ExplicitBracketInterval(0.25 * z_rdp, z_rdp * 1.001)
-    return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: make_accountant(kind, relation),
-        lambda z: dp_accounting.SelfComposedDpEvent(make_event(z).dp_event(kind), rounds),
-        target_epsilon, target_delta, bracket, tol=1e-4))
+    with _unconverged_orders_silenced():
+        return float(dp_accounting.calibrate_dp_mechanism(
+            lambda: make_accountant(kind, relation),
+            lambda z: dp_accounting.SelfComposedDpEvent(make_event(z).dp_event(kind), rounds),
+            target_epsilon, target_delta, bracket, tol=1e-4))
 
 
 def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:

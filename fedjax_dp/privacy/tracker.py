@@ -21,6 +21,7 @@ import numpy as np
 
 from fedjax_dp.core.uploads import Release
 from fedjax_dp.privacy import gdp
+from fedjax_dp.privacy.client_sampling import FixedSizeSampling, PoissonSampling
 from fedjax_dp.privacy.accounting import ACCOUNTANTS, Accountant, RoundEvent, parse_rdp_orders
 from fedjax_dp.privacy.budget import BudgetRule, ClientLedger
 from fedjax_dp.privacy.report import PrivacyReport
@@ -57,10 +58,15 @@ def _declared(release: Release, relation: str) -> dict:
 
 
 class PrivacyTracker:
-    def __init__(self, releases_for: Callable[[int], list[Release]], dp_cfg, sampling: str, population: int,
-                 cohort_size: int, rate: float):
-        self.releases_for, self.cfg = releases_for, dp_cfg
-        self.sampling, self.population, self.cohort_size, self.rate = sampling, population, cohort_size, rate
+    def __init__(self, releases_for: Callable[[int], list[Release]], dp_cfg,
+                 sampler: PoissonSampling | FixedSizeSampling):
+        """``sampler``: the one the loop draws cohorts with; each round's event is its ``round_event``."""
+        self.releases_for, self.cfg, self.sampler = releases_for, dp_cfg, sampler
+        fixed = isinstance(sampler, FixedSizeSampling)
+        self.sampling, self.population = ("uniform" if fixed else "poisson"), sampler.num_clients
+        self.cohort_size = sampler.cohort_size if fixed else 0
+        self.rate = sampler.rate if not fixed else sampler.cohort_size / sampler.num_clients
+        population, sampling = self.population, self.sampling
         first = releases_for(1)
         self.local = any(r.locality == "local" for r in first)
         self.rdp_orders = parse_rdp_orders(dp_cfg.get("rdp_orders", ""))
@@ -91,8 +97,8 @@ class PrivacyTracker:
         z = self.multiplier(t)
         if self.sampling == "uniform":  # m drawn from the clients still eligible, not from all K
             eligible = int(self.eligible(t).sum())
-            return RoundEvent("fixed", z, population=max(eligible, self.cohort_size), cohort_size=self.cohort_size)
-        return RoundEvent("poisson", z, sampling_rate=self.rate)
+            return self.sampler.round_event(z, population=max(eligible, self.cohort_size))
+        return self.sampler.round_event(z)
 
     def allows(self, t: int) -> bool:
         """Checked before round t, round t included: False once the budget would be exceeded. Under

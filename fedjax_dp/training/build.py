@@ -11,6 +11,7 @@ from fedjax_dp.core.cohort import client_mesh
 from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.core.strategy import StrategyChoice, choose_strategy
 from fedjax_dp.core.uploads import Chain, chain
+from fedjax_dp.privacy.client_sampling import client_sampler
 from fedjax_dp.privacy.tracker import PrivacyTracker
 
 
@@ -80,8 +81,7 @@ def privacy_tracker(cfg, runner: FederatedRound, dataset):
     if own is not None:
         return own(cfg, dataset, runner.uploads)
     if runner.uploads.releases_anything:
-        s = cfg.sampling
-        return PrivacyTracker(runner.uploads.releases, cfg.dp, s.method, dataset.num_clients, s.cohort_size, s.rate)
+        return PrivacyTracker(runner.uploads.releases, cfg.dp, client_sampler(cfg.sampling, dataset.num_clients))
     return None
 
 

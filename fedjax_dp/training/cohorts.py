@@ -6,18 +6,17 @@ import math
 
 import numpy as np
 
-from fedjax_dp.data import sampling
+from fedjax_dp.privacy.client_sampling import client_sampler
 from fedjax_dp.data.packing import num_steps, pack_cohort, pack_sampled_cohort, pack_uga_cohort
 
 
 def expected_cohort(cfg, num_clients: int) -> float:
-    return cfg.sampling.cohort_size if cfg.sampling.method == "uniform" else cfg.sampling.rate * num_clients
+    return client_sampler(cfg.sampling, num_clients).expected_cohort()
 
 
 def sample_cohort(cfg, num_clients: int, generator: np.random.Generator, eligible=None) -> np.ndarray:
-    if cfg.sampling.method == "uniform":
-        return sampling.uniform(num_clients, cfg.sampling.cohort_size, generator, eligible)
-    return sampling.poisson(num_clients, cfg.sampling.rate, generator, eligible)
+    """The round's client ids, drawn by the same sampler whose ``round_event`` the accountant composes."""
+    return client_sampler(cfg.sampling, num_clients).sample(generator, eligible)
 
 
 def poisson_slots(rate: float, num_clients: int, drawn: int) -> int:

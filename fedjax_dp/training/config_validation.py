@@ -6,6 +6,7 @@ from __future__ import annotations
 import fedjax_dp.algorithms  # noqa: F401  (registers every algorithm)
 from fedjax_dp.algorithms import registry
 from fedjax_dp.core.cohort import STRATEGIES
+from fedjax_dp.data.builders import NATURAL_SOURCES, PARTITIONS, SOURCES
 from fedjax_dp.core.optimizers import OPTIMIZERS
 from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES
 from fedjax_dp.models.conv import CONV_IMPLS
@@ -31,6 +32,12 @@ def validate_config(cfg) -> None:
     need(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0 = only at exit), got {cfg.checkpoint_every}")
     need(cfg.data.num_clients >= 1, f"data.num_clients must be >= 1, got {cfg.data.num_clients}")
     need(0 <= cfg.data.test_fraction < 1, f"data.test_fraction must lie in [0, 1), got {cfg.data.test_fraction}")
+    need(cfg.data.partition in PARTITIONS, f"data.partition {cfg.data.partition!r} unknown; available: {PARTITIONS}")
+    need(cfg.data.source in SOURCES or cfg.data.source.startswith("tfds:"),
+         f"data.source {cfg.data.source!r} unknown; available: {SOURCES}")
+    need(cfg.data.source not in NATURAL_SOURCES or cfg.data.partition == "natural",
+         f"data.source {cfg.data.source!r} is partitioned by its natural clients: set data.partition='natural', "
+         f"got {cfg.data.partition!r}")
     need(cfg.data.partition != "dirichlet" or cfg.data.alpha > 0, f"data.alpha must be > 0, got {cfg.data.alpha}")
     need(cfg.model.name in MODEL_NAMES, f"model.name {cfg.model.name!r} unknown; available: {MODEL_NAMES}")
     shape = KNOWN_INPUT_SHAPES.get(cfg.data.source.removeprefix("tfds:"))

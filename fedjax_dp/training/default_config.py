@@ -1,5 +1,6 @@
-"""Every configuration value an experiment can set, with its default; configs in
-``experiments/configs/`` start from ``default_config()`` and change what they need."""
+"""Every configuration value an experiment can set, with its default; the shipped configs
+(``fedjax_dp/configs/``) start from ``default_config()`` and change what they need. The config comes
+back locked: assigning a key it does not have raises, naming the closest one (``ml_collections``)."""
 
 import ml_collections
 
@@ -12,6 +13,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.rounds = 100
     c.eval_every = 5
+    c.eval_initial = True  # evaluate the initial model as round 0 (metrics.jsonl, the plots)
     c.checkpoint_every = 0  # > 0: checkpoint every k rounds (always at exit); resume with --resume
     c.algorithm = fedjax_dp.algorithms.DEFAULT_ALGORITHM  # any registered name: algorithms.registry.names()
     c.data = ml_collections.ConfigDict(dict(
@@ -42,6 +44,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.engine = ml_collections.ConfigDict(dict(strategy="auto", chunk_size=0, unroll="auto", conv_impl="auto", num_devices=0))
     for name, section in registry.sections().items():  # each algorithm's and wrapper's own section
         c[name] = section
+    c.lock()
     return c
 
 

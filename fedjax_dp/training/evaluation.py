@@ -55,6 +55,23 @@ def evaluate(model: Model, params, dataset: FederatedDataset, batch_size: int = 
     return metrics
 
 
+def client_accuracies(model: Model, algorithm, state, dataset: FederatedDataset, client_states=None,
+                      personalized=None) -> tuple[np.ndarray, str]:
+    """Each client's accuracy on its own test data (clients without test data left out) and what was
+    measured: the personalised models where the algorithm has them, else the global model."""
+    if algorithm.requirements.personalized:
+        personalized = PersonalizedEvaluator(dataset) if personalized is None else personalized
+        return (np.asarray(personalized.per_client_accuracy(algorithm, state, client_states)),
+                "final personalised accuracy per client")
+    client_idx = [i for i in dataset.client_test if len(i)]
+    if not client_idx:
+        return np.zeros(0), ""
+    needed = np.unique(np.concatenate(client_idx))
+    corrects = per_example_stats(model, state.params, dataset.x[needed], dataset.y[needed])[1]
+    accuracy = [corrects[np.searchsorted(needed, i)].mean() for i in client_idx]
+    return np.asarray(accuracy), "final global-model accuracy per client (own test data)"
+
+
 def evaluate_state(model: Model, algorithm, state, dataset: FederatedDataset, client_states=None,
                    validation_set=None, personalized=None) -> dict:
     """``evaluate`` of the global model (where ``requirements.global_classifier``), and for an algorithm

@@ -23,29 +23,32 @@ from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.data.builders import build_dataset, build_server_set
 from fedjax_dp.data.shared_set import share_with_clients
 from fedjax_dp.models import get_model
-from fedjax_dp.training import results
+from fedjax_dp.training import plots, results
 from fedjax_dp.training.build import (build_round, compression_rates, needs_server_set, privacy_tracker,
                                       resolve_engine, server_set_breaches, server_set_notes, shares_server_set,
                                       validates_on_server_set)
 from fedjax_dp.training.checkpointing import Checkpointer, Interruption, truncate_metrics  # noqa: F401
 from fedjax_dp.training.cohorts import cohort_slots, expected_cohort, make_packer, sample_cohort
 from fedjax_dp.training.config_validation import validate_config
-from fedjax_dp.training.evaluation import evaluate_state
+from fedjax_dp.training.evaluation import client_accuracies, evaluate_state
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
-from fedjax_dp.training.reporting import RunSummary, format_summary, privacy_record, progress_postfix  # noqa: F401
+from fedjax_dp.training.reporting import RunSummary, format_summary, privacy_record, progress_postfix, run_title  # noqa: F401
 from fedjax_dp.training.run_state import LoopState
+from fedjax_dp.training.tensorboard import TensorBoardScalars
 
 STALL_ROUNDS = 3  # rounds in a row with every client update non-finite before the run stops
 
 
 def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = True,
-                   resume: bool = False) -> RunSummary:
+                   resume: bool = False, tensorboard: bool = False) -> RunSummary:
     """Runs one configured experiment and writes its results directory.
 
     ``resume`` continues the run in ``workdir`` from its newest checkpoint: the result is identical to
     an uninterrupted run. SIGINT / SIGTERM finish the round, checkpoint and return ``interrupted``.
+    ``tensorboard`` also writes every round's scalars under ``<workdir>/tensorboard`` (tensorboardX).
     """
     validate_config(cfg)
+    scalars = TensorBoardScalars(os.path.join(workdir, "tensorboard")) if tensorboard else None
     start = time.perf_counter()
     dataset = build_dataset(cfg.data, cfg.seed)
     server_set = None
@@ -72,9 +75,14 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
     if resume:
         state = loop.restore(checkpointer, state, tracker, workdir)
-    writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite, append=resume)
+    writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite, append=resume,
+                                   scalars=scalars)
     template_bytes = dense_upload_bytes(runner.algorithm.upload_template(params))
 
+    if cfg.eval_initial and not resume:  # round 0: the initial model, before any client has been read
+        loop.evaluated(0, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation,
+                                         personalized))
+        writer.log({"round": 0, **loop.last_eval, "client_updates": 0, **({"epsilon": 0.0} if tracker else {})})
     interruption, stop_reason = Interruption(), None
     bar = tqdm(range(loop.rounds_run + 1, cfg.rounds + 1), disable=not progress, desc=cfg.algorithm, unit="round",
                initial=loop.rounds_run, total=cfg.rounds)
@@ -144,6 +152,11 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
         loop.evaluated(loop.rounds_run, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation,
                                                                  personalized))
         writer.log({"round": loop.rounds_run, "final_evaluation": True, **loop.last_eval})
+    accuracies, accuracies_label = client_accuracies(model, runner.algorithm, state, dataset, loop.client_states,
+                                                     personalized)
+    writer.write_json("client_accuracies.json", {"measured": accuracies_label, "round": loop.rounds_run,
+                                                 "client_ids": [i for i, t in enumerate(dataset.client_test) if len(t)],
+                                                 "accuracy": accuracies})
     writer.close()
     summary = RunSummary(workdir, loop.rounds_run, loop.last_eval, loop.best[0], loop.best[1], loop.client_updates,
                          time.perf_counter() - start, uplink_gb=loop.meter.uplink / 1e9,
@@ -157,6 +170,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
         summary.stopped_early = tracker.stopped_at is not None
     writer.write_json("summary.json", {**dataclasses.asdict(summary),
                                        "engine": dataclasses.asdict(choice), "backend": jax.default_backend()})
-    results.plot_accuracy(results.read_metrics(workdir), os.path.join(workdir, "accuracy.png"),
-                          f"{cfg.algorithm} on {dataset.name}")
+    plots.plot_run(results.read_metrics(workdir), os.path.join(workdir, "results.png"),
+                   run_title(cfg, dataset.name, dataset.num_clients, tracker.report() if tracker else None),
+                   accuracies, accuracies_label)
     return summary

@@ -26,6 +26,10 @@ class RunSummary:
     stop_reason: str | None = None  # privacy budget, divergence, or an interrupting signal
     interrupted: bool = False  # stopped by SIGINT / SIGTERM: resume with ``resume=True`` / ``--resume``
 
+    def format(self) -> str:
+        """The table the CLI prints (``format_summary``)."""
+        return format_summary(self)
+
 
 OUTSIDE_GUARANTEE = {
     "train_loss": "mean training loss of the cohort, from raw client data",
@@ -102,3 +106,19 @@ def progress_postfix(evaluation: dict, row: dict, tracker) -> dict:
     if tracker is not None:
         postfix["eps"] = f"{row['epsilon']:.3f}" + ("" if row.get("formal", True) else " (formal: false)")
     return postfix
+
+
+def run_title(cfg, dataset_name: str, num_clients: int, report=None) -> str:
+    """A figure title naming the setting and its privacy parameters: algorithm, model, data, K, the
+    cohort (m, or Poisson q), E and B, and with privacy z, S, epsilon, delta and the accountant."""
+    s = cfg.sampling
+    cohort = f"m={s.cohort_size}" if s.method == "uniform" else f"Poisson q={s.rate:g}"
+    title = (f"{cfg.algorithm}: {cfg.model.name} on {dataset_name}, K={num_clients}, {cohort}, "
+             f"E={cfg.client.epochs}, B={cfg.client.batch_size}")
+    if report is None:
+        return title + "; no DP (epsilon unbounded)"
+    z = ",".join(f"{v:.3g}" for v in report.noise_multipliers[:3]) or "?"
+    epsilon = "unbounded" if report.epsilon is None or not math.isfinite(report.epsilon) else f"{report.epsilon:.3g}"
+    clip = f", S={cfg.dp.clip_norm:g} ({cfg.dp.clip})" if cfg.algorithm in ("dp_fedavg", "dp_uga") else ""
+    return (title + f"\n{report.noise_mode} DP: z={z}{clip}, epsilon={epsilon} at delta={report.delta:g} "
+            f"({report.accountant})" + ("" if report.formal else ", formal: false (NO guarantee)"))

@@ -1,8 +1,12 @@
-"""The results directory: ``config.json``, ``metrics.jsonl``, ``summary.json`` and the accuracy plot."""
+"""The results directory: ``config.json``, ``metrics.jsonl``, ``summary.json``, ``privacy.json`` and
+``results.png``. Every file is strict JSON (RFC 8259): a non-finite number is written as ``null`` with a
+sibling key ``<key>_nonfinite`` saying which it was ("nan", "inf" or "-inf"), so ``jq`` and
+``JSON.parse`` read every file."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -11,9 +15,11 @@ import numpy as np
 class ResultsWriter:
     """Appends one JSON line per round; refuses to overwrite a previous run unless told to."""
 
-    def __init__(self, workdir: str, config_json: str, overwrite: bool = False, append: bool = False):
-        """``append``: continue a resumed run's ``metrics.jsonl`` (its config must be the same)."""
-        self.workdir = workdir
+    def __init__(self, workdir: str, config_json: str, overwrite: bool = False, append: bool = False,
+                 scalars=None):
+        """``append``: continue a resumed run's ``metrics.jsonl`` (its config must be the same);
+        ``scalars``: also given every row (``tensorboard.TensorBoardScalars``)."""
+        self.workdir, self.scalars = workdir, scalars
         self.metrics_path = os.path.join(workdir, "metrics.jsonl")
         if append:
             with open(os.path.join(workdir, "config.json")) as f:
@@ -31,56 +37,52 @@ class ResultsWriter:
         self._file = open(self.metrics_path, "w")
 
     def log(self, row: dict) -> None:
-        self._file.write(json.dumps(_jsonable(row)) + "\n")
+        self._file.write(dumps(row) + "\n")
         self._file.flush()
+        if self.scalars is not None:
+            self.scalars.log(row)
 
     def write_json(self, name: str, payload: dict) -> str:
         path = os.path.join(self.workdir, name)
         with open(path, "w") as f:
-            json.dump(_jsonable(payload), f, indent=2)
+            f.write(dumps(payload, indent=2))
         return path
 
     def close(self) -> None:
         self._file.close()
+        if self.scalars is not None:
+            self.scalars.close()
+
+
+def dumps(value, indent: int | None = None) -> str:
+    """Strict JSON of ``value`` (numpy scalars and arrays converted; non-finite numbers as described
+    in the module docstring); ``allow_nan=False`` makes any that slipped through an error, not a file
+    that strict parsers reject."""
+    return json.dumps(_jsonable(value), indent=indent, allow_nan=False)
+
+
+def _nonfinite_name(value: float) -> str:
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
 def _jsonable(value):
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        out = {}
+        for key, item in value.items():
+            item = _jsonable(item)
+            if isinstance(item, float) and not math.isfinite(item):
+                out[f"{key}_nonfinite"] = _nonfinite_name(item)
+                item = None
+            out[key] = item
+        return out
+    if isinstance(value, (list, tuple, np.ndarray)):  # a non-finite entry of a list: null
+        items = [_jsonable(v) for v in (value.tolist() if isinstance(value, np.ndarray) else value)]
+        return [None if isinstance(v, float) and not math.isfinite(v) else v for v in items]
     if hasattr(value, "item") and np.ndim(value) == 0:
         return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
     return value
 
 
 def read_metrics(workdir: str) -> list[dict]:
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def plot_accuracy(rows: list[dict], path: str, title: str) -> str:
-    """Accuracy vs round (central test, mean per-client, mean personalised) as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    evaluated = [r for r in rows if "test_accuracy" in r or "personalized_accuracy" in r]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("test_accuracy", "central test"), ("client_accuracy", "mean per-client"),
-                       ("personalized_accuracy", "mean personalised (own model, own test data)")):
-        points = [(r["round"], r[key]) for r in evaluated if key in r]
-        if points:
-            ax.plot(*zip(*points), marker="o", markersize=3, label=label)
-    ax.set_xlabel("round")
-    ax.set_ylabel("accuracy")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

@@ -18,8 +18,8 @@ FILES = ("metrics.jsonl", "privacy.json")
 def run(name: str, cfg, workdir: str) -> dict:
     """Runs one golden configuration; returns ``{file name: parsed content}``."""
     run_experiment(cfg, workdir, progress=False)
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        metrics = [json.loads(line) for line in f if line.strip()]
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:  # round 0 (the initial model, issue 19) is
+        metrics = [row for line in f if line.strip() and (row := json.loads(line))["round"] > 0]  # not golden
     with open(os.path.join(workdir, "privacy.json")) as f:
         privacy = json.load(f)
     return {"metrics.jsonl": metrics, "privacy.json": privacy}

@@ -1,7 +1,9 @@
-"""The main job: FedAvg on the embedded real-MNIST subset (5,000 images, no download), 100 clients,
+"""The main job: FedAvg on embedded real MNIST (no download), 100 non-IID clients.
+
+The main job: FedAvg on the embedded real-MNIST subset (5,000 images, no download), 100 clients,
 the McMahan/Geyer non-IID shards split (2 shards per client), 10 clients per round, MLP 2NN.
 
-Run: ``fedjax-dp --config experiments/configs/fedavg_mnist.py`` (override any value, e.g.
+Run: ``fedjax-dp --config fedavg_mnist`` (override any value, e.g.
 ``--config.rounds=20 --config.model.name=cnn_fedavg``).
 """
 

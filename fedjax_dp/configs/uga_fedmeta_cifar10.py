@@ -1,4 +1,6 @@
-"""Seed 002, Table 1 / Fig. 2 setting: CIFAR-10 split IID over 10 clients, C = 0.2 (2 clients per
+"""UGA / FedMeta paper, Table 1 setting: CIFAR-10 over 10 IID clients.
+
+Seed 002, Table 1 / Fig. 2 setting: CIFAR-10 split IID over 10 clients, C = 0.2 (2 clients per
 round), FedAvg CNN (2 conv, 2 pool, 2 dense), SGD lr 0.002 (= eta_meta = eta_g) decayed 0.992 per
 round, (E, B) = (1, 64) by default ((1, 16) and (5, 64) by override). D_meta / the shared set: 1 % of
 the training examples, IID. Method by override: ``algorithm`` fedavg | fedprox | fedshare | uga and

@@ -1,6 +1,8 @@
-"""Geyer et al. 2017, Table 1: DP-FedAvg on real MNIST, non-IID (2 label-sorted shards per client).
+"""Geyer et al. 2017 Table 1: DP-FedAvg on real MNIST with K = 100 / 1000 / 10000 clients.
 
-``--config=experiments/configs/geyer_mnist.py:K`` with K in {100, 1000, 10000} picks the authors'
+Geyer et al. 2017, Table 1: DP-FedAvg on real MNIST, non-IID (2 label-sorted shards per client).
+
+``--config=geyer_mnist:K`` with K in {100, 1000, 10000} picks the authors'
 code settings: m = 30 / 100 / 300 clients per round, sigma = 1, Q = 1e-3 / 1e-5 / 1e-6 at epsilon = 8,
 MLP 784-600-100-10. Local training: E = 1 epoch of batch 10, lr 0.1 (our choice; the paper does not
 state it). Clipping: private adaptive quantile clipping at the median (Andrew et al. 2021), the sound

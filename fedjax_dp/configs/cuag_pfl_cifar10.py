@@ -1,10 +1,12 @@
-"""CUAG-PFL on CIFAR-10 ACID-3 (seed 004 §7, Table 2): N = 100 clients, lambda = 0.1 (10 a round), T = 300,
+"""CUAG-PFL (compressed, adaptively noised personalised FL) on CIFAR-10 ACID-3 (Table 2 setting).
+
+CUAG-PFL on CIFAR-10 ACID-3 (seed 004 §7, Table 2): N = 100 clients, lambda = 0.1 (10 a round), T = 300,
 P = 25 local steps of two batches of B = 50, beta = 0.1 decaying 0.997 a round, alpha = 0.1, weight decay
 1e-3, the seed-004 CNN (``cnn_pfl``), Alg. 2 dynamic rates in [0.2, 0.5] with the Alg. 3 block operator,
 Alg. 4 noise as written (``cuag.mode='paper'``: NO formal guarantee, labelled) at mu = 0.25.
 
-    fedjax-dp --config experiments/configs/cuag_pfl_cifar10.py --config.cuag.mode=sound
-    fedjax-dp --config experiments/configs/cuag_pfl_cifar10.py --config.algorithm=pfldyn_proto \\
+    fedjax-dp --config cuag_pfl_cifar10 --config.cuag.mode=sound
+    fedjax-dp --config cuag_pfl_cifar10 --config.algorithm=pfldyn_proto \\
         --config.compression.enabled=False      # the utility upper bound, PFLDyn(Proto)
 
 Needs the CIFAR-10 files (``data.data_dir``); ``data.source='cifar100'`` for CIFAR-100 (non-canonical

@@ -1,4 +1,6 @@
-"""FedAvg on FEMNIST by writer (LEAF): 100 writers as clients, 10 per round, FedAvg CNN with 62
+"""FedAvg on FEMNIST by writer (LEAF), FedAvg CNN (needs the FEMNIST files).
+
+FedAvg on FEMNIST by writer (LEAF): 100 writers as clients, 10 per round, FedAvg CNN with 62
 outputs, E=5, B=64 (the UGA/FedMeta FEMNIST setting, ALGORITHMS.md §2, with FedAvg clients).
 Needs the FEMNIST files (``data.data_dir``; default ``$FEDJAX_DP_DATA`` or ``../shared/data``)."""
 

@@ -1,4 +1,6 @@
-"""Seed 002, Fig. 4 setting: Shakespeare, 100 speaking roles as clients, C = 0.1, character GRU
+"""UGA / FedMeta paper, Shakespeare setting: roles as clients, character GRU.
+
+Seed 002, Fig. 4 setting: Shakespeare, 100 speaking roles as clients, C = 0.1, character GRU
 (embedding 8, GRU 256 x 2), SGD lr 0.1 (= eta_meta) decayed 0.992 per round. The seed gives no E;
 E = 2 here, so that UGA has a keep-trace epoch (with E = 1 UGA is FedSGD). D_meta / the
 shared set: 1 % of the training windows. Needs the Shakespeare files (``data.data_dir``)."""

@@ -1,4 +1,6 @@
-"""Seed 002, Tables 2-3 / Fig. 3 / Fig. 5 setting: FEMNIST, 100 writers as clients, C = 0.1, FedAvg
+"""UGA / FedMeta paper, Tables 2-3 setting: FEMNIST by writer.
+
+Seed 002, Tables 2-3 / Fig. 3 / Fig. 5 setting: FEMNIST, 100 writers as clients, C = 0.1, FedAvg
 CNN (62 classes), E = 5, B = 64, SGD lr 0.002 decayed 0.992 per round, eta_g = eta_meta = eta.
 D_meta / FedShare's shared set: 1 % of the training examples (``server_data.overlap`` in [0, 1] draws
 it from 20 writers with that writer overlap, Fig. 5). Needs the FEMNIST files (``data.data_dir``)."""

@@ -1,4 +1,6 @@
-"""FedAvg on Shakespeare by speaking role (TFF files): 100 roles as clients, 10 per round, character
+"""FedAvg on Shakespeare by speaking role, character GRU (needs the TFF files).
+
+FedAvg on Shakespeare by speaking role (TFF files): 100 roles as clients, 10 per round, character
 GRU, client lr 0.1 (the UGA/FedMeta Shakespeare setting, ALGORITHMS.md §2, with FedAvg clients).
 Accuracy is over non-padding target characters. Needs the Shakespeare files (``data.data_dir``)."""
 

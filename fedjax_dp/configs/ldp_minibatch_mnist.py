@@ -1,4 +1,6 @@
-"""Seed 003 (local mini-batch gradient DP patent) on the embedded MNIST subset: every local step draws
+"""Local mini-batch gradient DP with per-client thresholds (the patent) on embedded MNIST.
+
+Seed 003 (local mini-batch gradient DP patent) on the embedded MNIST subset: every local step draws
 16 of the client's examples, clips each example's gradient to C = 1 and adds the client's own noise;
 per-client thresholds epsilon_n = 4 (delta 1e-5), correlation-weighted aggregation, the global model
 validated on 1 % of the training examples held out of every client. The patent's CNN; gamma 0.05

@@ -1,4 +1,6 @@
-"""FedAvg on CIFAR-10 ACID-3 (each of 100 clients holds 3 classes, local test data of the same
+"""FedAvg on CIFAR-10 ACID-3: the non-personalised reference for CUAG-PFL.
+
+FedAvg on CIFAR-10 ACID-3 (each of 100 clients holds 3 classes, local test data of the same
 classes; PFLDyn/CUAG-PFL split, ALGORITHMS.md §4): the non-personalised reference. Switch to ALID
 with ``--config.data.partition=alid``. Needs the CIFAR-10 files (``data.data_dir``)."""
 

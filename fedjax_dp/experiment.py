@@ -1,0 +1,75 @@
+"""``Experiment``: the one obvious way to run fedjax_dp from Python.
+
+    import fedjax_dp
+    summary = fedjax_dp.Experiment("dp_fedavg_mnist", {"rounds": 20}).run("results/dp")
+    print(summary.format(), summary.epsilon)
+
+The config is a shipped config's name, a config file's path, or a ``ConfigDict`` (start from
+``fedjax_dp.default_config()``); it is copied, locked (a misspelt key raises, naming the closest one)
+and validated when the ``Experiment`` is made, before any data is loaded. Client sampling and privacy
+accounting both come from ``config.sampling``, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import ml_collections
+
+from fedjax_dp import configs
+from fedjax_dp.training import plots, results
+from fedjax_dp.training.config_validation import validate_config
+from fedjax_dp.training.loop import run_experiment
+from fedjax_dp.training.quiet import quiet_console
+from fedjax_dp.training.reporting import RunSummary
+from fedjax_dp.training.seeds import SeedsSummary, curves, summarize
+from fedjax_dp.training.tensorboard import require_tensorboardx
+
+__all__ = ["Experiment", "RunSummary", "SeedsSummary"]
+
+
+class Experiment:
+    """A validated configuration, ready to run once or over several seeds."""
+
+    def __init__(self, config: str | ml_collections.ConfigDict = configs.DEFAULT, overrides: dict | None = None):
+        """``overrides``: dotted keys to values, e.g. ``{"dp.noise_multiplier": 1.2, "rounds": 50}``."""
+        if isinstance(config, str):
+            cfg = configs.get(config, overrides)
+        else:
+            cfg = copy.deepcopy(config)
+            cfg.lock()
+            for key, value in (overrides or {}).items():
+                configs.set_value(cfg, key, value)
+        validate_config(cfg)
+        self.config = cfg
+
+    def run(self, workdir: str | None = None, *, overwrite: bool = False, progress: bool = True,
+            resume: bool = False, tensorboard: bool = False, verbose: bool = False) -> RunSummary:
+        """Trains, evaluates and writes ``workdir`` (default ``results/<algorithm>``); returns the summary
+        (``.final`` metrics, ``.epsilon`` and ``.formal`` where privacy is tracked, ``.format()``)."""
+        if tensorboard:
+            require_tensorboardx()
+        with quiet_console(verbose):
+            return run_experiment(self.config, workdir or os.path.join("results", self.config.algorithm),
+                                  overwrite=overwrite, progress=progress, resume=resume, tensorboard=tensorboard)
+
+    def run_seeds(self, seeds, workdir: str | None = None, **options) -> SeedsSummary:
+        """One run per seed in ``<workdir>/seed_<s>``; writes ``seeds_summary.json`` (mean and 95 %
+        t-interval of each final metric, best accuracy and epsilon) and ``seeds.png``."""
+        seeds = [int(s) for s in seeds]
+        if not seeds or len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
+        workdir = workdir or os.path.join("results", f"{self.config.algorithm}-seeds")
+        summaries, workdirs = [], []
+        for seed in seeds:
+            one = copy.deepcopy(self.config)
+            one.seed = seed
+            workdirs.append(os.path.join(workdir, f"seed_{seed}"))
+            summaries.append(Experiment(one).run(workdirs[-1], **options))
+        summary = summarize(workdir, seeds, summaries, workdirs)
+        with open(os.path.join(workdir, "seeds_summary.json"), "w") as f:
+            f.write(results.dumps({**vars(summary), "rounds_min": summary.rounds_min}, indent=2))
+        plots.plot_seeds(curves([results.read_metrics(w) for w in workdirs]), os.path.join(workdir, "seeds.png"),
+                         f"{self.config.algorithm}, seeds {','.join(map(str, seeds))}: mean and 95 % interval")
+        return summary

@@ -1,0 +1,125 @@
+"""What every config key means (``fedjax-dp --help`` prints these beside the defaults). A test checks
+that each key of ``default_config()`` has its line here and that no line is stale."""
+
+from __future__ import annotations
+
+KEY_DOCS = {
+    "seed": "seed of every random stream (model init, sampling, shuffles, noise; see privacy.secure_rng)",
+    "rounds": "federated rounds T",
+    "eval_every": "evaluate the global (and personalised) models every this many rounds",
+    "eval_initial": "also evaluate the initial model, logged as round 0",
+    "checkpoint_every": "orbax checkpoint every k rounds (0: only at exit); continue with --resume",
+    "algorithm": "fedavg | fedprox | fedshare | uga | scaffold | dp_fedavg | dp_uga | ldp_minibatch | pfldyn_proto | "
+                 "cuag_pfl (algorithms.registry.names())",
+    "data.source": "mnist_5k (embedded, no download) | mnist | cifar10 | cifar100 | femnist | shakespeare | tfds:<name>",
+    "data.data_dir": "folder of the local files, or the TFDS data_dir",
+    "data.cache_dir": "decoded-array cache: '' = $FEDJAX_DP_CACHE or ~/.cache/fedjax_dp, 'off' = none",
+    "data.download": "TFDS only: allow downloading",
+    "data.manual_dir": "TFDS only: manual download folder",
+    "data.partition": "iid | shards (McMahan's label shards) | dirichlet | iid_split | acid | alid | natural (by writer/role)",
+    "data.num_clients": "number of clients K",
+    "data.shards_per_client": "shards partition: label-sorted shards per client",
+    "data.alpha": "dirichlet partition: concentration (smaller = more skewed)",
+    "data.test_fraction": "fraction of each client's examples held out as its own test data",
+    "data.classes_per_client": "acid / alid partitions: classes each client holds",
+    "data.max_train_per_client": "acid / alid: cap on a client's training examples (0 = none)",
+    "data.max_test_per_client": "acid / alid: cap on a client's test examples (0 = none)",
+    "data.invert": "femnist: invert the pixel convention",
+    "data.sequence_length": "shakespeare: characters per training window",
+    "model.name": "logistic | mlp_2nn | mlp_600_100 | cnn_fedavg | cnn_pfl | vgg16 | char_gru",
+    "model.compute_dtype": "'' (float32) or 'bfloat16' (mixed precision; parameters and DP noise stay float32)",
+    "client.optimizer": "local optimizer: sgd (with client.momentum) | adam",
+    "client.learning_rate": "local learning rate eta",
+    "client.momentum": "local momentum (sgd with momentum > 0)",
+    "client.batch_size": "local batch size B",
+    "client.epochs": "local epochs E",
+    "client.lr_decay": "local learning rate x lr_decay**t in round t",
+    "server.optimizer": "server optimizer applied to the aggregate (FedOpt): sgd (with server.momentum) | adam",
+    "server.learning_rate": "server learning rate eta_g (1.0 with sgd = plain FedAvg)",
+    "server.momentum": "server momentum",
+    "server.lr_decay": "server learning rate x lr_decay**t in round t",
+    "compression.enabled": "compressed-sensing uploads (CUAG-PFL Alg. 2-3), composable with any algorithm and DP",
+    "compression.kind": "measurement operator: block (Alg. 3, O(I)) | gaussian | bernoulli",
+    "compression.rates": "'dynamic' (Alg. 2, layer-wise) or a fixed rate such as '0.5'",
+    "compression.r_min": "Alg. 2: the least measurement rate",
+    "compression.r_max": "Alg. 2: the largest measurement rate",
+    "compression.method": "server reconstruction: min_norm | ista_dct",
+    "compression.seed": "seed of the measurement matrices (shared by clients and server)",
+    "server_data.fraction": "server-held set (FedMeta's D_meta, FedShare's shared set): fraction of training examples",
+    "server_data.overlap": "< 0: drawn IID from the clients (no formal DP); 0-1: writer overlap on natural partitions "
+                           "(0 keeps the guarantee)",
+    "server_data.num_writers": "writers drawn for the server-held set on natural partitions",
+    "sampling.method": "uniform (exactly m clients, replace-one) | poisson (each client with probability q, add/remove-one)",
+    "sampling.cohort_size": "uniform sampling: clients per round m",
+    "sampling.rate": "poisson sampling: probability q that a client takes part in a round",
+    "privacy.secure_rng": "True: DP noise, sampling and shuffles from OS entropy, never written (not reproducible)",
+    "engine.strategy": "how clients run: auto | vmap | chunked | sequential | loop (same numbers, different speed)",
+    "engine.chunk_size": "chunked strategy: clients per vmapped chunk",
+    "engine.unroll": "local-training scan unroll: auto | full | an integer",
+    "engine.conv_impl": "convolutions: auto | xla | im2col",
+    "engine.num_devices": "spread the cohort over this many devices (0 = no mesh)",
+    "dp.noise_multiplier": "z: Gaussian noise std on the clipped sum / S",
+    "dp.noise_schedule": "piecewise-constant z_t, e.g. '1:1.2,100:1.0' ('' = constant z)",
+    "dp.calibrate_epsilon": "> 0: choose z so that `rounds` rounds spend this epsilon at dp.delta",
+    "dp.clip": "fixed | per_layer | adaptive (private quantile, Andrew et al. 2021) | median (NOT private, labelled)",
+    "dp.clip_norm": "S: per-client clip norm (initial S for adaptive)",
+    "dp.target_quantile": "adaptive clipping: the quantile of update norms S tracks",
+    "dp.clip_learning_rate": "adaptive clipping: geometric step of S per round",
+    "dp.noise_mode": "central (server adds noise to the sum) | local (each client noises its own update)",
+    "dp.accountant": "rdp | pld (dp_accounting)",
+    "dp.pld_discretization": "PLD value discretisation (pessimistic: epsilon over-reported by about this)",
+    "dp.rdp_orders": "RDP order grid, e.g. '1.5,2,4,8,16,32,64' ('' = privacy.accounting.RDP_ORDERS)",
+    "dp.delta": "delta at which epsilon is reported",
+    "dp.target_epsilon": "Geyer's stop: with dp.max_delta, stop when delta(target_epsilon) would exceed max_delta",
+    "dp.max_delta": "Geyer's stop: Q, the largest delta allowed at dp.target_epsilon",
+    "dp.max_epsilon": "stop before a round that would take epsilon(dp.delta) above this (0 = no stop)",
+    "dp.client_epsilon_budget": "per-client epsilon budget (ledger): a client that would exceed it is no longer sampled",
+    "fedmeta.enabled": "FedMeta: meta step(s) on the server-held set D_meta after every aggregation",
+    "fedmeta.learning_rate": "FedMeta: eta_meta",
+    "fedmeta.steps": "FedMeta: meta steps per round",
+    "fedmeta.lr_decay": "FedMeta: eta_meta x lr_decay**t",
+    "fedmeta.batch_size": "FedMeta: meta batch size (0 = all of D_meta at once)",
+    "fedprox.mu": "FedProx: proximal coefficient mu",
+    "uga.remat": "UGA: off | step | sqrt | <k>: rematerialise every step / sqrt(S)-step / k-step segments",
+    "uga.first_order": "UGA: stop gradients through inner gradients (first-order UGA)",
+    "uga.gradient_reduction": "UGA: mean (Eq. 13 as written) | sum_of_batch_means",
+    "uga.eval_batch_size": "UGA: batch of the whole-data gradient evaluation (0 = client.batch_size)",
+    "ldp.clip_norm": "local mini-batch DP: C, per example (or per batch)",
+    "ldp.per_example": "local mini-batch DP: False clips the batch's mean gradient (sensitivity 2C)",
+    "ldp.noise_multiplier": "local mini-batch DP: z_0, the least noise a step gets",
+    "ldp.max_noise_multiplier": "local mini-batch DP: z_max; a client that cannot afford a participation at it stops",
+    "ldp.adaptive": "local mini-batch DP: the threshold-driven noise schedule (False: fixed z_0, same stop rule)",
+    "ldp.thresholds": "local mini-batch DP: per-client epsilon thresholds epsilon_n, one value or a comma list",
+    "ldp.delta": "local mini-batch DP: delta of the per-client ledgers",
+    "ldp.local_steps": "local mini-batch DP: steps S per participation, each a fresh batch of client.batch_size",
+    "ldp.alpha": "local mini-batch DP: history weight, w_{t+1} = (1 - alpha) w_t + alpha sum_k a_k w_k",
+    "ldp.weighting": "local mini-batch DP: correlation (softmax of cosine to the mean update) | uniform",
+    "ldp.temperature": "local mini-batch DP: tau of a_k = softmax(tau cos(Delta_k, mean Delta))",
+    "ldp.rdp_orders": "local mini-batch DP: the ledgers' RDP orders ('' = privacy.example_ledger.LEDGER_ORDERS)",
+    "pfldyn.alpha": "PFLDyn: alpha of the dynamic regulariser (CUAG-PFL Eqs. 9-12)",
+    "pfldyn.local_steps": "PFLDyn: local steps P, each two fresh batches of client.batch_size",
+    "pfldyn.weight_decay": "PFLDyn: local weight decay",
+    "pfldyn.server_mean": "PFLDyn: cohort (as written) | population (FedDyn's 1/N)",
+    "cuag.mode": "CUAG-PFL noise: paper (Alg. 4 as written: NO formal guarantee, labelled) | sound | none",
+    "cuag.mu": "CUAG-PFL: the GDP target mu (paper: 0.25, epsilon 0.92 at delta 1e-5 claimed)",
+    "cuag.client_mu": "CUAG-PFL: per-client mu, '0.1:4' (evenly spaced, shuffled) or 'a,b,c' ('' = cuag.mu for all)",
+    "cuag.clip_norm": "CUAG-PFL sound mode: C per measured layer",
+    "cuag.participations": "CUAG-PFL sound mode: participations each client's mu covers (0 = ceil(lambda T))",
+    "cuag.noise_multiplier": "CUAG-PFL sound mode: > 0 fixes z instead of calibrating it (epsilon accounted)",
+    "cuag.delta": "CUAG-PFL: delta at which epsilon is reported",
+}
+
+
+def describe_keys(cfg=None) -> str:
+    """Every key of ``cfg`` (default: ``default_config()``) with its default and meaning, one per line."""
+    from fedjax_dp.configs import all_keys
+    from fedjax_dp.training.default_config import default_config
+
+    cfg = default_config() if cfg is None else cfg
+    lines = []
+    for key in all_keys(cfg):
+        value = cfg
+        for part in key.split("."):
+            value = value[part]
+        lines.append(f"  {key + '=' + repr(value):<40} {KEY_DOCS.get(key, '(undocumented)')}")
+    return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""Figures of a run and of a set of runs: ``results.png`` (accuracy, loss and epsilon against rounds,
+and the final per-client accuracy distribution), ``seeds.png`` (mean and 95 % confidence band over
+seeds) and accuracy against epsilon for sweeps. Every figure names its privacy parameters in the title."""
+
+from __future__ import annotations
+
+import numpy as np
+
+ACCURACY_CURVES = (("test_accuracy", "central test", "-", "o"),
+                   ("client_accuracy", "mean per-client (global model)", "--", "s"),
+                   ("personalized_accuracy", "mean personalised (own model, own test data)", "-", "^"),
+                   ("validation_accuracy", "server validation set", ":", "x"))
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series(rows: list[dict], key: str) -> tuple[list, list]:
+    points = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
+    return ([p[0] for p in points], [p[1] for p in points]) if points else ([], [])
+
+
+def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
+             client_accuracy_label: str = "") -> str:
+    """One PNG with up to four panels: accuracy (every evaluated curve, round 0 = the initial model),
+    training loss, epsilon spent (where privacy is tracked; dashed where it has no formal guarantee),
+    and a histogram of the final per-client accuracies."""
+    plt = _pyplot()
+    has_eps = any(r.get("epsilon") is not None for r in rows)
+    panels = ["accuracy", "loss"] + (["epsilon"] if has_eps else []) + (
+        ["clients"] if client_accuracies is not None and len(client_accuracies) else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    axes = dict(zip(panels, axes[0]))
+    ax = axes["accuracy"]
+    drawn = []  # (x, y, line) already plotted: an identical curve joins its label instead of hiding under it
+    for key, label, style, marker in ACCURACY_CURVES:
+        x, y = _series(rows, key)
+        same = [line for (x0, y0, line) in drawn if x0 == x and np.allclose(y0, y)]
+        if same:
+            same[0].set_label(f"{same[0].get_label()} = {label}")
+        elif x:
+            drawn.append((x, y, ax.plot(x, y, linestyle=style, marker=marker, markersize=3, label=label)[0]))
+    ax.set(xlabel="round", ylabel="accuracy", title="accuracy")
+    ax.legend(fontsize=7)
+    ax = axes["loss"]
+    for key, label in (("train_loss", "cohort training loss"), ("test_loss", "central test loss")):
+        x, y = _series(rows, key)
+        if x:
+            ax.plot(x, y, label=label)
+    ax.set(xlabel="round", ylabel="loss", title="loss")
+    ax.legend(fontsize=7)
+    if has_eps:
+        ax = axes["epsilon"]
+        x, y = _series(rows, "epsilon")
+        formal = all(r.get("formal", True) for r in rows if r.get("epsilon") is not None)
+        ax.plot(x, y, linestyle="-" if formal else "--",
+                label="epsilon spent" + ("" if formal else " (formal: false, no DP guarantee)"))
+        ax.set(xlabel="round", ylabel="epsilon", title="privacy spent")
+        ax.legend(fontsize=7)
+    if "clients" in axes:
+        ax = axes["clients"]
+        values = np.asarray(client_accuracies, float)
+        ax.hist(values, bins=min(20, max(5, len(values) // 5)), range=(0, 1))
+        ax.axvline(values.mean(), color="k", linestyle="--", label=f"mean {values.mean():.3f}")
+        ax.set(xlabel=client_accuracy_label or "final accuracy per client", ylabel="clients",
+               title="per-client accuracy")
+        ax.legend(fontsize=7)
+    for ax in axes.values():
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_seeds(curves: dict[str, tuple], path: str, title: str) -> str:
+    """``curves``: metric -> (rounds, mean, low, high) over seeds; lines with their 95 % bands."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.6), squeeze=False)
+    for ax, (metric, (x, mean, low, high)) in zip(axes[0], curves.items()):
+        ax.plot(x, mean, label="mean over seeds")
+        ax.fill_between(x, low, high, alpha=0.25, label="95 % confidence interval")
+        ax.set(xlabel="round", ylabel=metric, title=metric)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_accuracy_vs_epsilon(points: dict[str, list[tuple]], path: str, title: str) -> str:
+    """``points``: method -> [(epsilon, accuracy, half_width or 0), ...]; one line per method with error
+    bars (the 95 % interval over seeds where there are several)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.8))
+    for method, rows in points.items():
+        rows = sorted(rows)
+        ax.errorbar([r[0] for r in rows], [r[1] for r in rows], yerr=[r[2] for r in rows], marker="o",
+                    capsize=3, label=method)
+    ax.set(xscale="log", xlabel="epsilon (at the run's delta)", ylabel="final accuracy", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

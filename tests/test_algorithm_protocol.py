@@ -78,7 +78,7 @@ def test_a_toy_algorithm_registered_here_runs_in_the_loop_with_dp_and_compressio
     c = _config(toy_algorithm)
     c.compression.update(enabled=True, rates="0.5")
     summary = run_experiment(c, str(tmp_path / "run"), progress=False)
-    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")][1:]  # [0]: the initial model
     privacy = json.load(open(tmp_path / "run" / "privacy.json"))
     assert summary.rounds == 3 and np.isfinite(summary.final["test_loss"])
     assert privacy["formal"] and privacy["epsilon"] == pytest.approx(summary.epsilon) and privacy["rounds"] == 3
@@ -103,7 +103,7 @@ def test_scaffold_compresses_both_of_its_uploads(tmp_path):
     c = _config("scaffold")
     c.compression.update(enabled=True, rates="0.5")
     run_experiment(c, str(tmp_path / "s"), progress=False)
-    rows = [json.loads(line) for line in open(tmp_path / "s" / "metrics.jsonl")]
+    rows = [json.loads(line) for line in open(tmp_path / "s" / "metrics.jsonl")][1:]  # [0]: the initial model
     assert len(rows[0]["compression_rates"]) == 4  # model and control deltas, weights and bias each
     assert rows[0]["uplink_bytes"] < 4 * 2 * 4 * (7850) * 0.6
 
@@ -138,8 +138,12 @@ def test_unknown_algorithm_foreign_section_and_unknown_key_are_refused_before_lo
     c.dp.noise_multiplier = 2.0
     assert "dp.noise_multiplier=2.0 is set, but algorithm 'fedavg' does not read section 'dp'" in _refused(c, tmp_path)
     c = _config("fedavg")
+    with pytest.raises(AttributeError, match='Did you mean "learning_rate"'):  # configs are locked (issue 19)
+        c.client.learnig_rate = 0.1
+    c.unlock()  # a config someone unlocked (or built without default_config) is still checked
     c.client.learnig_rate = 0.1
-    assert "unknown config key client.learnig_rate=0.1" in _refused(c, tmp_path)
+    assert ("unknown config key 'client.learnig_rate' (= 0.1); did you mean 'client.learning_rate'?"
+            in _refused(c, tmp_path))
 
 
 @pytest.mark.parametrize("mode", ["paper", "sound"])

@@ -87,7 +87,7 @@ def test_a_diverged_model_stops_the_run_with_a_clear_reason(tmp_path):
     c.server.learning_rate = 1e39  # the first server step overflows float32: the parameters become inf
     summary = run_experiment(c, str(tmp_path), progress=False)
     assert summary.stop_reason == "the global model diverged in round 1 (non-finite parameters)"
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")][1:]  # [0]: round 0
     assert rows[-1]["diverged"] is True and summary.rounds == 0
 
 
@@ -129,7 +129,7 @@ def test_a_non_finite_client_update_is_dropped_and_named_with_its_client_id(tmp_
     c = _config("fedavg")
     c.rounds = 2
     summary = run_experiment(c, str(tmp_path), progress=False)
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")][1:]  # [0]: round 0
     assert all(r["dropped_clients"] == 1 and len(r["dropped_client_ids"]) == 1 for r in rows)
     assert summary.stop_reason is None and np.isfinite(summary.final["test_loss"])
 

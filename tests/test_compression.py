@@ -183,7 +183,7 @@ def test_loop_records_traffic_and_dynamic_rates(tmp_path):
     c.sampling.cohort_size = 4
     c.compression.enabled = True
     summary = run_experiment(c, str(tmp_path), progress=False)
-    rows = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
+    rows = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))][1:]  # [0]: round 0
     params_bytes = rows[0]["downlink_bytes"] / 4
     assert all(0 < r["uplink_bytes"] <= 0.5 * params_bytes * 4 + 4 * 64 for r in rows)
     assert all(set(r["compression_rates"]) <= {0.2, 0.3, 0.4, 0.5} for r in rows)

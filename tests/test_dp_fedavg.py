@@ -142,3 +142,20 @@ def test_bad_arguments():
     with pytest.raises(ValueError) as error:
         validate_config(cfg)
     assert "dp.clip 'huge' unknown" in str(error.value) and "got -0.5" in str(error.value)
+
+
+def test_calibrated_local_noise_spends_the_target_epsilon_not_more(tmp_path):
+    """Bug (found for issue 19): ``dp.calibrate_epsilon`` under ``dp.noise_mode='local'`` calibrated z
+    for the central, sampling-amplified event, so a client in every round spent far more than the
+    target (the report said so: the accounting was right, the calibration wrong). Local noise is
+    accounted per client without amplification, replace-one (sensitivity 2S): z must be calibrated for
+    that. Every client takes part in every round here (q = 1), so the report is the worst client's."""
+    from fedjax_dp.experiment import Experiment
+
+    summary = Experiment("fedavg_mnist", {
+        "algorithm": "dp_fedavg", "rounds": 3, "eval_every": 3, "data.num_clients": 8, "sampling.method": "poisson",
+        "sampling.rate": 1.0, "client.epochs": 1, "client.batch_size": 50, "dp.noise_mode": "local",
+        "dp.calibrate_epsilon": 8.0, "dp.delta": 1e-5, "model.name": "logistic"}).run(str(tmp_path / "r"), progress=False)
+    assert summary.rounds == 3
+    assert summary.epsilon <= 8.0 + 1e-3
+    assert summary.epsilon == pytest.approx(8.0, rel=0.02)  # calibrated, not merely over-noised

@@ -129,6 +129,15 @@ def test_client_state_store_gathers_pads_and_keeps_dropped_clients_state():
         store.gather([1, 2, 3], slots=2)
 
 
+@pytest.mark.parametrize("bad", [{"w": np.zeros((1, 3))}, {"w": np.zeros((1, 2), np.int32)}, {"v": np.zeros((1, 2))}])
+def test_client_state_store_refuses_a_state_unlike_its_template(bad):
+    """A state of another shape, dtype or structure (a checkpoint of another model) is never stored."""
+    store = ClientStateStore({"w": np.zeros(2, np.float32)})
+    with pytest.raises(AssertionError):
+        store.scatter([5], bad, [True])
+    assert len(store) == 0
+
+
 def _config():
     c = default_config()
     c.rounds, c.eval_every, c.checkpoint_every = 6, 2, 2

@@ -38,6 +38,7 @@ from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.pfldyn_proto import build_pfldyn_algorithm, check_pfldyn
 from fedjax_dp.core.uploads import UniformWeights, chain
 from fedjax_dp.privacy import gdp
+from fedjax_dp.privacy.client_sampling import client_sampler
 from fedjax_dp.privacy.tracker import PrivacyTracker
 from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, cuag_sound_noise
 
@@ -111,8 +112,7 @@ class CuagTracker(PrivacyTracker):
         settings = ml_collections.ConfigDict(dict(
             delta=c.delta, accountant="rdp", pld_discretization=1e-4, rdp_orders="", target_epsilon=0.0,
             max_delta=0.0, max_epsilon=0.0, client_epsilon_budget=budgets))
-        s = cfg.sampling
-        super().__init__(uploads.releases, settings, s.method, dataset.num_clients, s.cohort_size, s.rate)
+        super().__init__(uploads.releases, settings, client_sampler(cfg.sampling, dataset.num_clients))
         self.mode, self.participations = c.mode, planned_participations(cfg, dataset.num_clients)
 
     def report(self):

@@ -19,10 +19,9 @@ released with ``formal=False``. ``UpdateStatistics`` adds Geyer's Fig. 2 diagnos
 from __future__ import annotations
 
 from fedjax_dp.algorithms import registry
-from fedjax_dp.algorithms.dp_section import check_dp
+from fedjax_dp.algorithms.dp_section import calibrated_noise_multiplier, check_dp
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.uploads import Chain, chain, fixed_denominator
-from fedjax_dp.privacy.client_sampling import client_sampler
 from fedjax_dp.privacy.update_statistics import UpdateStatistics
 from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, FlatClip, MedianClip, PerLayerClip
 from fedjax_dp.privacy.upload_noise import GaussianNoise, parse_schedule
@@ -33,8 +32,7 @@ def noise_schedule(ctx) -> tuple[tuple[int, float], ...]:
     dp = ctx.cfg.dp
     if not dp.calibrate_epsilon:
         return parse_schedule(dp.noise_schedule, dp.noise_multiplier)
-    sampler = client_sampler(ctx.cfg.sampling, ctx.num_clients)
-    return ((1, sampler.calibrate(dp.calibrate_epsilon, dp.delta, ctx.cfg.rounds, dp.accountant)),)
+    return ((1, calibrated_noise_multiplier(ctx.cfg, ctx.num_clients)),)
 
 
 def dp_uploads(ctx) -> Chain:

@@ -43,8 +43,7 @@ def check_dp(cfg, need) -> None:
          f"dp.calibrate_epsilon={dp.calibrate_epsilon} and dp.noise_schedule={dp.noise_schedule!r} both choose z; set one")
     if dp.calibrate_epsilon > 0 and 0 < dp.delta < 1:
         try:  # cached: the build calibrates with the same arguments
-            client_sampler(cfg.sampling, cfg.data.num_clients).calibrate(dp.calibrate_epsilon, dp.delta, cfg.rounds,
-                                                                          dp.accountant)
+            calibrated_noise_multiplier(cfg, cfg.data.num_clients)
         except ValueError as error:
             need(False, f"dp.calibrate_epsilon={dp.calibrate_epsilon}: {error}")
     try:
@@ -58,6 +57,18 @@ def check_dp(cfg, need) -> None:
             key, value, limit = spent
             need(value <= limit, f"{key}={limit} is spent before round 1 ends ({value:.4g} for one round at "
                                  f"z={schedule[0][1]}): the run could not train; raise the budget or the noise")
+
+
+def calibrated_noise_multiplier(cfg, num_clients: int) -> float:
+    """z such that ``rounds`` rounds spend ``dp.calibrate_epsilon`` at ``dp.delta`` as the tracker
+    accounts them. Central noise: the sampler's own (amplified) event, dp_accounting's calibration.
+    Local noise: each client's ledger composes, without amplification, a Gaussian of sensitivity 2S
+    (replace-one) per participation, i.e. mu = 2 sqrt(T) / z for a client in all T rounds (exact GDP:
+    Dong, Roth and Su 2022, Cor. 3.3), so z = 2 sqrt(T) / mu(epsilon, delta)."""
+    dp = cfg.dp
+    if dp.noise_mode == "local":
+        return 2.0 * math.sqrt(cfg.rounds) / gdp.mu_from_epsilon(dp.calibrate_epsilon, dp.delta)
+    return client_sampler(cfg.sampling, num_clients).calibrate(dp.calibrate_epsilon, dp.delta, cfg.rounds, dp.accountant)
 
 
 def first_round_spends(cfg, z: float):

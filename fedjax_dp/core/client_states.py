@@ -9,6 +9,7 @@ whose update was kept. ``export``/``load`` give the arrays a checkpoint saves (`
 
 from __future__ import annotations
 
+import chex
 import jax
 import numpy as np
 
@@ -35,11 +36,14 @@ class ClientStateStore:
 
     def scatter(self, ids, stacked, keep) -> None:
         """Stores row k of ``stacked`` as the state of ``ids[k]`` where ``keep[k]`` (a dropped client
-        keeps its old state)."""
+        keeps its old state). A row whose structure, shapes or dtypes differ from the template's (a
+        restored checkpoint of another model, a buggy algorithm) is refused, never stored."""
         stacked = jax.tree_util.tree_map(np.asarray, stacked)
         for k, client_id in enumerate(ids):
             if keep[k]:
-                self._states[int(client_id)] = jax.tree_util.tree_map(lambda x: x[k].copy(), stacked)
+                row = jax.tree_util.tree_map(lambda x: x[k].copy(), stacked)
+                chex.assert_trees_all_equal_shapes_and_dtypes(row, self._template)
+                self._states[int(client_id)] = row
 
     def export(self) -> tuple[list[int], object]:
         """``(ids, stacked states)`` of every client that holds its own state (sorted ids)."""

@@ -52,20 +52,18 @@ def describe(ds: FederatedDataset) -> str:
 
 def plot_label_distribution(ds: FederatedDataset, path: str, max_clients: int = 50) -> str:
     """Stacked bars of each client's label counts (first ``max_clients`` clients) to a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure  # not pyplot: no backend switch under a notebook
 
     counts = label_matrix(ds, "train")[:max_clients]
-    fig, ax = plt.subplots(figsize=(max(6, 0.18 * len(counts)), 4))
+    fig = Figure(figsize=(max(6, 0.18 * len(counts)), 4))
+    ax = fig.add_subplot()
     bottom = np.zeros(len(counts))
-    cmap = plt.get_cmap("tab20", ds.num_classes)
+    cmap = colormaps["tab20"].resampled(ds.num_classes)
     for c in range(ds.num_classes):
         ax.bar(np.arange(len(counts)), counts[:, c], bottom=bottom, color=cmap(c), width=0.9)
         bottom += counts[:, c]
     ax.set_xlabel("client"), ax.set_ylabel("training examples"), ax.set_title(f"label distribution: {ds.name}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path

@@ -45,7 +45,11 @@ def decode(ids: np.ndarray) -> str:
 
 def read_snippets(path: str) -> dict[str, list[bytes]]:
     """``{role: [snippet bytes, ...]}`` of one TFF Shakespeare HDF5 file."""
-    import h5py  # optional at import time: only this loader needs it
+    try:
+        import h5py  # an optional dependency: only this loader needs it
+    except ImportError as error:
+        raise ValueError('data.source=shakespeare reads HDF5 files: pip install "fedjax_dp[shakespeare]" '
+                         "(or pip install h5py)") from error
 
     with h5py.File(path, "r") as f:
         if "examples" not in f:

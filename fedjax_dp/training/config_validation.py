@@ -3,6 +3,8 @@ sections here, each algorithm's own section through the registry."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import fedjax_dp.algorithms  # noqa: F401  (registers every algorithm)
 from fedjax_dp.algorithms import registry
 from fedjax_dp.core.cohort import STRATEGIES
@@ -38,6 +40,8 @@ def validate_config(cfg) -> None:
     need(cfg.data.source not in NATURAL_SOURCES or cfg.data.partition == "natural",
          f"data.source {cfg.data.source!r} is partitioned by its natural clients: set data.partition='natural', "
          f"got {cfg.data.partition!r}")
+    need(cfg.data.source != "shakespeare" or importlib.util.find_spec("h5py") is not None,
+         'data.source=shakespeare needs h5py: pip install "fedjax_dp[shakespeare]"')
     need(cfg.data.partition != "dirichlet" or cfg.data.alpha > 0, f"data.alpha must be > 0, got {cfg.data.alpha}")
     need(cfg.model.name in MODEL_NAMES, f"model.name {cfg.model.name!r} unknown; available: {MODEL_NAMES}")
     shape = KNOWN_INPUT_SHAPES.get(cfg.data.source.removeprefix("tfds:"))
@@ -81,14 +85,19 @@ def validate_config(cfg) -> None:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
 
 
-def _refuse_unknown_keys(cfg, defaults, prefix: str, need) -> None:
-    """Every key must be one the defaults define (a misspelt key would otherwise be silently ignored)."""
+def _refuse_unknown_keys(cfg, defaults, prefix: str, need, root=None) -> None:
+    """Every key must be one the defaults define (a misspelt key would otherwise be silently ignored);
+    each unknown key is named with the closest known one."""
+    from fedjax_dp.configs import unknown_key_message
+
+    root = defaults if root is None else root
     for key in cfg.keys():
         path = f"{prefix}{key}"
         if key not in defaults:
-            need(False, f"unknown config key {path}={cfg[key]!r}; known keys here: {sorted(defaults.keys())}")
+            message = unknown_key_message(path, root)
+            need(False, message.replace(f"{path!r}", f"{path!r} (= {cfg[key]!r})", 1))
         elif hasattr(cfg[key], "keys") and hasattr(defaults[key], "keys"):
-            _refuse_unknown_keys(cfg[key], defaults[key], path + ".", need)
+            _refuse_unknown_keys(cfg[key], defaults[key], path + ".", need, root)
 
 
 def _validate_compression(cfg, need) -> None:

@@ -12,13 +12,12 @@ ACCURACY_CURVES = (("test_accuracy", "central test", "-", "o"),
                    ("validation_accuracy", "server validation set", ":", "x"))
 
 
-def _pyplot():
-    import matplotlib
+def _figure(panels: int, width: float = 4.2, height: float = 3.6):
+    """A figure not registered with pyplot (no backend switch: a notebook's inline plots keep working)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=(width * panels, height))
+    return fig, [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
 
 
 def _series(rows: list[dict], key: str) -> tuple[list, list]:
@@ -31,12 +30,11 @@ def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
     """One PNG with up to four panels: accuracy (every evaluated curve, round 0 = the initial model),
     training loss, epsilon spent (where privacy is tracked; dashed where it has no formal guarantee),
     and a histogram of the final per-client accuracies."""
-    plt = _pyplot()
     has_eps = any(r.get("epsilon") is not None for r in rows)
     panels = ["accuracy", "loss"] + (["epsilon"] if has_eps else []) + (
         ["clients"] if client_accuracies is not None and len(client_accuracies) else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
-    axes = dict(zip(panels, axes[0]))
+    fig, axes = _figure(len(panels))
+    axes = dict(zip(panels, axes))
     ax = axes["accuracy"]
     drawn = []  # (x, y, line) already plotted: an identical curve joins its label instead of hiding under it
     for key, label, style, marker in ACCURACY_CURVES:
@@ -76,15 +74,13 @@ def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
 def plot_seeds(curves: dict[str, tuple], path: str, title: str) -> str:
     """``curves``: metric -> (rounds, mean, low, high) over seeds; lines with their 95 % bands."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.6), squeeze=False)
-    for ax, (metric, (x, mean, low, high)) in zip(axes[0], curves.items()):
+    fig, axes = _figure(len(curves))
+    for ax, (metric, (x, mean, low, high)) in zip(axes, curves.items()):
         ax.plot(x, mean, label="mean over seeds")
         ax.fill_between(x, low, high, alpha=0.25, label="95 % confidence interval")
         ax.set(xlabel="round", ylabel=metric, title=metric)
@@ -93,15 +89,13 @@ def plot_seeds(curves: dict[str, tuple], path: str, title: str) -> str:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
 def plot_accuracy_vs_epsilon(points: dict[str, list[tuple]], path: str, title: str) -> str:
     """``points``: method -> [(epsilon, accuracy, half_width or 0), ...]; one line per method with error
     bars (the 95 % interval over seeds where there are several)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.8))
+    fig, (ax,) = _figure(1, 5, 3.8)
     for method, rows in points.items():
         rows = sorted(rows)
         ax.errorbar([r[0] for r in rows], [r[1] for r in rows], yerr=[r[2] for r in rows], marker="o",
@@ -111,5 +105,4 @@ def plot_accuracy_vs_epsilon(points: dict[str, list[tuple]], path: str, title: s
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

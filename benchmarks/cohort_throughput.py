@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from fedjax_dp.training.results import dumps as strict_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.dirname(HERE))  # the repository, so a machine without `pip install -e .` runs it
@@ -176,7 +177,7 @@ def main():
               "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+        f.write(strict_json(report, indent=2))
     print(f"matmul peak: XLA {peaks['jax']:.1f}, numpy {peaks['numpy']:.1f} GFLOP/s; wrote {args.out}")
 
 

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from fedjax_dp.training.results import dumps as strict_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -72,7 +73,7 @@ def main():
         table.append(row)
         print(json.dumps(row), flush=True)
     with open(args.out, "w") as f:
-        json.dump({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": table}, f, indent=2)
+        f.write(strict_json({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": table}, indent=2))
 
 
 if __name__ == "__main__":

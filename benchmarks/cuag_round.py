@@ -21,13 +21,12 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "experiments", "configs"))
 sys.path.insert(1, os.path.dirname(HERE))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-import cuag_pfl_cifar10  # noqa: E402
+from fedjax_dp.configs import cuag_pfl_cifar10  # noqa: E402
 from fedjax_dp.core import rng as rng_lib  # noqa: E402
 from fedjax_dp.core.client_states import ClientStateStore  # noqa: E402
 from fedjax_dp.data.builders import build_dataset  # noqa: E402
@@ -35,6 +34,7 @@ from fedjax_dp.models import get_model  # noqa: E402
 from fedjax_dp.training.build import build_round, resolve_engine  # noqa: E402
 from fedjax_dp.training.cohorts import make_packer  # noqa: E402
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator  # noqa: E402
+from fedjax_dp.training.results import dumps as strict_json
 
 
 def timed(fn, repeats: int) -> tuple[float, float]:
@@ -95,7 +95,7 @@ def main():
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+            f.write(strict_json(result, indent=2))
 
 
 if __name__ == "__main__":

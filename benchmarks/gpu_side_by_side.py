@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from fedjax_dp.training.results import dumps as strict_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -113,8 +114,8 @@ def main():
                       f"round {row['median_round_s'] * 1e3:8.1f} ms  device peak {row['device_peak_mib'] or 0:8.0f} MiB",
                       flush=True)
     with open(args.out, "w") as f:
-        json.dump({"benchmark": "workload W on GPU, side by side", "matmul_peak_tflops": matmul,
-                   "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}, f, indent=2)
+        f.write(strict_json({"benchmark": "workload W on GPU, side by side", "matmul_peak_tflops": matmul,
+                   "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
 import time
 
 import jax
+from fedjax_dp.training.results import dumps as strict_json
 
 
 def compiled_cost(fn, *args, repeats: int = 3) -> dict:
@@ -33,5 +33,5 @@ def write_result(path: str, result: dict) -> None:
                "jax": jax.__version__}
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"machine": machine, **result}, f, indent=2)
+        f.write(strict_json({"machine": machine, **result}, indent=2))
     print("wrote", path)

@@ -15,6 +15,7 @@ import numpy as np
 
 from fedjax_dp.compression.coherence import BASES, basis, coherence
 from fedjax_dp.compression.operators import make_operator
+from fedjax_dp.training.results import dumps as strict_json
 
 MATRICES = ("block", "gaussian", "bernoulli")
 
@@ -36,7 +37,7 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
     with open(os.path.join(args.out, "coherence.json"), "w") as f:
-        json.dump({"size": args.size, "seed": args.seed, "rows": rows}, f, indent=2)
+        f.write(strict_json({"size": args.size, "seed": args.seed, "rows": rows}, indent=2))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

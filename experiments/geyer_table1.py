@@ -15,18 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "configs"))
 
-import geyer_mnist  # noqa: E402
+from fedjax_dp.configs import geyer_mnist  # noqa: E402
 
 from fedjax_dp.privacy.accounting import Accountant, RoundEvent  # noqa: E402
 from fedjax_dp.training import results  # noqa: E402
 from fedjax_dp.training.default_config import default_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
+from fedjax_dp.training.results import dumps as strict_json
 
 EPSILON = 8.0
 
@@ -113,7 +112,7 @@ def main():
             report["runs"].append(run)
             print(json.dumps(run), flush=True)
     with open(os.path.join(args.out, "table1.json"), "w") as f:
-        json.dump(report, f, indent=2, default=str)
+        f.write(strict_json(report, indent=2))
     lines = ["| K | variant | ACC | CR | CC (to CR) | rounds run | epsilon | delta | time (s) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in report["runs"]:

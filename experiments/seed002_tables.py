@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 
+from fedjax_dp import configs
 from fedjax_dp.training import results
 from fedjax_dp.training.loop import run_experiment
+from fedjax_dp.training.results import dumps as strict_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS = {
@@ -34,11 +35,7 @@ THRESHOLDS = {"cifar10": (0.5, 0.6, 0.75), "femnist": (0.7, 0.8, 0.9), "shakespe
 
 
 def base_config(dataset: str):
-    path = os.path.join(HERE, "configs", f"seed002_{dataset}.py")
-    spec = importlib.util.spec_from_file_location(f"seed002_{dataset}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return configs.get(f"uga_fedmeta_{dataset}")
 
 
 def apply_overrides(cfg, items):
@@ -82,7 +79,7 @@ def summarise(name, workdir, summary: dict, thresholds):
 
 def write_outputs(out, rows, thresholds, settings, title):
     with open(os.path.join(out, "table.json"), "w") as f:
-        json.dump({"settings": settings, "rows": rows}, f, indent=2)
+        f.write(strict_json({"settings": settings, "rows": rows}, indent=2))
     head = ("| run | final acc | best acc | " + " | ".join(f"rounds to {t:g}" for t in thresholds)
             + " | seconds | stopped |")
     lines = [f"Settings: {settings}", "", head, "|" + " --- |" * (5 + len(thresholds))]

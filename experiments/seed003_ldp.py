@@ -31,6 +31,7 @@ from fedjax_dp.privacy import gdp  # noqa: E402
 from fedjax_dp.privacy.accounting import calibrate_noise_multiplier  # noqa: E402
 from fedjax_dp.training.default_config import default_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
+from fedjax_dp.training.results import dumps as strict_json
 
 DELTA = 1e-5
 
@@ -136,7 +137,7 @@ def main():
         rows.append(run(f"ldp-tau{tau:g}", ldp(args, middle, temperature=tau), args,
                         {"method": "ldp", "epsilon": middle, "tau": tau}))
     with open(os.path.join(args.out, "rows.json"), "w") as f:
-        json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+        f.write(strict_json({"args": vars(args), "rows": rows}, indent=2))
     plot(rows, os.path.join(args.out, "accuracy_vs_epsilon.png"))
 
 

@@ -1,4 +1,4 @@
-"""Seed 004 (CUAG-PFL) tables: each table is a list of variants of ``configs/cuag_pfl_cifar10.py`` (the
+"""Seed 004 (CUAG-PFL) tables: each table is a list of variants of ``fedjax_dp/configs/cuag_pfl_cifar10.py`` (the
 paper's setting: N = 100, lambda = 0.1, P = 25, B = 50, beta = 0.1, alpha = 0.1, lr decay 0.997, weight
 decay 1e-3, CNN ``cnn_pfl``), run for ``--rounds`` rounds (300 in the paper) on ``--splits``.
 
@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "configs"))
 
-import cuag_pfl_cifar10  # noqa: E402
+from fedjax_dp.configs import cuag_pfl_cifar10  # noqa: E402
 
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
+from fedjax_dp.training.results import dumps as strict_json
 
 BASELINE = {"client.epochs": 5, "compression.enabled": False}
 
@@ -132,7 +131,7 @@ def main():
             rows.append(run(args, split, name, overrides))
             print(json.dumps(rows[-1]), flush=True)
             with open(os.path.join(args.out, "rows.json"), "w") as f:
-                json.dump(rows, f, indent=2)
+                f.write(strict_json(rows, indent=2))
             with open(os.path.join(args.out, "table.md"), "w") as f:
                 f.write(markdown(rows))
 

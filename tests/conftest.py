@@ -1,12 +1,23 @@
 """Shared test fixtures: tiny models and data, and the location of the optional shared data."""
 
 import os
+import tempfile
 
 import jax
 import numpy as np
 import pytest
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# One persistent XLA compilation cache for the whole session, the CLI and resume subprocesses included
+# (through the environment): many tests compile the same programs (the default MNIST round, the same
+# evaluation), and a hit loads the executable XLA built before instead of compiling it again (the same
+# numbers: the same executable). A fresh folder per session, so nothing stale is ever loaded.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="fedjax_dp_tests_xla_"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 

@@ -14,7 +14,7 @@ import time
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm  # (not tqdm.auto: no ipywidgets warning in notebooks)
 
 from fedjax_dp.compression.traffic import dense_upload_bytes
 from fedjax_dp.core import rng as rng_lib

@@ -56,9 +56,9 @@ class ResultsWriter:
 
 def dumps(value, indent: int | None = None) -> str:
     """Strict JSON of ``value`` (numpy scalars and arrays converted; non-finite numbers as described
-    in the module docstring); ``allow_nan=False`` makes any that slipped through an error, not a file
-    that strict parsers reject."""
-    return json.dumps(_jsonable(value), indent=indent, allow_nan=False)
+    in the module docstring; other objects as their ``str``); ``allow_nan=False`` makes any that slipped
+    through an error, not a file that strict parsers reject."""
+    return json.dumps(_jsonable(value), indent=indent, allow_nan=False, default=str)
 
 
 def _nonfinite_name(value: float) -> str:

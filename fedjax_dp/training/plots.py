@@ -4,6 +4,8 @@ seeds) and accuracy against epsilon for sweeps. Every figure names its privacy p
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 
 ACCURACY_CURVES = (("test_accuracy", "central test", "-", "o"),
@@ -100,7 +102,8 @@ def plot_accuracy_vs_epsilon(points: dict[str, list[tuple]], path: str, title: s
         rows = sorted(rows)
         ax.errorbar([r[0] for r in rows], [r[1] for r in rows], yerr=[r[2] for r in rows], marker="o",
                     capsize=3, label=method)
-    ax.set(xscale="log", xlabel="epsilon (at the run's delta)", ylabel="final accuracy", title=title)
+    ax.set(xscale="log", xlabel="epsilon (at the run's delta)", ylabel="final accuracy")
+    ax.set_title(textwrap.fill(title, 70), fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -56,6 +56,7 @@ def test_clopper_pearson_and_bound_arithmetic():
         _round("slightly_broken")
 
 
+@pytest.mark.slow  # 23 s quiet; the mechanism-level audits above run in the default suite
 def test_end_to_end_audit_of_a_short_training_run():
     import jax
     import optax

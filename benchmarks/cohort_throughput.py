@@ -19,10 +19,11 @@ import subprocess
 import sys
 import threading
 import time
-from fedjax_dp.training.results import dumps as strict_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.dirname(HERE))  # the repository, so a machine without `pip install -e .` runs it
+
+from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 
 # model:cohort:strategy[:chunk:unroll:conv[:dtype]]  ('-' = none, unroll 'full' = every step unrolled,
 # dtype 'bf16' = bfloat16 compute with float32 parameters)

@@ -120,8 +120,12 @@ def make_local_trainer(
         def skip_step(state):  # an all-padding step: nothing changes, nothing is computed
             return state, jnp.zeros(loss_shape.shape, loss_shape.dtype)
 
-        loss_shape = jax.eval_shape(take_step, carry)[1]
+        step_jaxpr, (_, loss_shape) = jax.make_jaxpr(take_step, return_shape=True)(carry)
         real = jnp.any(mask)
+        if _slow_in_control_flow(step_jaxpr.jaxpr):  # compute the step, keep the old state if padding
+            new_carry, loss = take_step(carry)
+            keep = lambda new, old: jnp.where(real, new, old)  # noqa: E731
+            return jax.tree_util.tree_map(keep, new_carry, carry), (jnp.where(real, loss, 0.0), jnp.sum(mask), real)
         # lax.cond skips the padded steps of small clients where clients run one at a time (sequential,
         # loop strategies: with natural partitions most steps of a padded cohort are padding); under vmap
         # it becomes a select and both branches run, as the masked update did.
@@ -150,6 +154,27 @@ def make_local_trainer(
         return final_params, LocalStats(mean_loss, num_examples, jnp.sum(real))
 
     return train
+
+
+def _slow_in_control_flow(jaxpr) -> bool:
+    """Whether a step holds an XLA convolution and runs on XLA:CPU, which executes a convolution inside
+    a conditional (or loop) body several times slower than at the top level: a 6-step FedAvg-CNN client
+    with XLA convolutions took 597 ms with the padded-step ``lax.cond`` vs 95 ms with im2col (issue 20,
+    ``benchmarks/cohort_throughput.py`` case ``cnn:10:loop:-:full:xla``). Such steps are masked with a
+    select instead (padding steps computed and discarded): the same numbers, no conditional."""
+    return jax.default_backend() == "cpu" and "conv_general_dilated" in _primitive_names(jaxpr)
+
+
+def _primitive_names(jaxpr) -> set[str]:
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)  # ClosedJaxpr -> Jaxpr
+                if hasattr(inner, "eqns"):
+                    names |= _primitive_names(inner)
+    return names
 
 
 def remat_segment_length(remat):

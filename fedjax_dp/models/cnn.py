@@ -7,6 +7,7 @@ conv5x5-32, ReLU, max-pool 2x2, conv5x5-64, ReLU, max-pool 2x2, dense 512, ReLU,
 import flax.linen as nn
 
 from fedjax_dp.models.conv import Conv2D
+from fedjax_dp.models.pooling import max_pool_2x2
 
 
 class FedAvgCNN(nn.Module):
@@ -17,7 +18,7 @@ class FedAvgCNN(nn.Module):
     def __call__(self, x):
         for features in (32, 64):
             x = nn.relu(Conv2D(features, (5, 5), impl=self.conv_impl)(x))
-            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+            x = max_pool_2x2(x)
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(512)(x))
         return nn.Dense(self.num_classes)(x)

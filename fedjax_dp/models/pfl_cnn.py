@@ -17,6 +17,7 @@ inputs whose side is a multiple of 32 (five 2x2 pools), so 28x28 MNIST-like inpu
 import flax.linen as nn
 
 from fedjax_dp.models.conv import Conv2D
+from fedjax_dp.models.pooling import max_pool_2x2
 
 VGG16_LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
 
@@ -31,7 +32,7 @@ class PflCNN(nn.Module):
     def __call__(self, x):
         for features in self.features:
             x = nn.relu(Conv2D(features, (5, 5), impl=self.conv_impl)(x))
-            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+            x = max_pool_2x2(x)
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(self.hidden)(x))
         return nn.Dense(self.num_outputs)(x)
@@ -48,7 +49,7 @@ class VGG16(nn.Module):
                              f"got {tuple(x.shape[1:])}")
         for layer in VGG16_LAYERS:
             if layer == "M":
-                x = nn.max_pool(x, (2, 2), strides=(2, 2))
+                x = max_pool_2x2(x)
             else:
                 x = nn.relu(Conv2D(layer, (3, 3), impl=self.conv_impl)(x))
         x = x.reshape((x.shape[0], -1))

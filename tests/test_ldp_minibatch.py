@@ -23,8 +23,9 @@ from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
 from fedjax_dp.training.default_config import default_config
 
 
-def _ledger(sizes=(200,), thresholds=4.0, adaptive=True, steps=5, z0=1.0, zmax=8.0, rounds=10, rate=0.5):
-    return ExampleLevelLedger(np.asarray(sizes), 10, steps, thresholds, 1e-5, z0, zmax, rate, rounds, adaptive)
+def _ledger(sizes=(200,), thresholds=4.0, adaptive=True, steps=5, z0=1.0, zmax=8.0, rounds=10, rate=0.5, **options):
+    return ExampleLevelLedger(np.asarray(sizes), 10, steps, thresholds, 1e-5, z0, zmax, rate, rounds, adaptive,
+                              **options)
 
 
 def test_the_ledger_is_dp_accountings_subsampled_gaussian_over_the_steps_run():
@@ -38,11 +39,76 @@ def test_the_ledger_is_dp_accountings_subsampled_gaussian_over_the_steps_run():
     assert ledger.steps_run[0] == 15
 
 
+@pytest.mark.parametrize("per_example,effective", [(True, 1.0), (False, 0.5)])
+def test_the_poisson_ledger_is_dp_accountings_poisson_gaussian_at_the_delta_left_after_truncation(per_example, effective):
+    """Poisson step batches: add/remove one example, multiplier z (per-example clip, sensitivity C) or z / 2
+    (clipped batch mean, 2C), epsilon at (1 - TRUNCATION_SHARE) delta; the PLD ledger is dp_accounting's PLD
+    of the same steps (two noise levels, composed per client) and below the RDP one."""
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from fedjax_dp.privacy.example_ledger import LEDGER_PLD_DISCRETIZATION, TRUNCATION_SHARE
+
+    ledgers = {kind: _ledger(thresholds=50.0, z0=1.3, zmax=2.6, adaptive=False, step_sampling="poisson",
+                             per_example=per_example, accountant=kind) for kind in ("rdp", "pld")}
+    for ledger in ledgers.values():
+        ledger.record([0], 1)
+        ledger.record([0], 2, z=[2.6])
+    delta = 1e-5 * (1 - TRUNCATION_SHARE)
+    event = lambda z: dp_accounting.PoissonSampledDpEvent(10 / 200, dp_accounting.GaussianDpEvent(z * effective))  # noqa: E731
+    direct = rdp.RdpAccountant(orders=list(LEDGER_ORDERS))
+    direct.compose(event(1.3), 5).compose(event(2.6), 5)
+    assert ledgers["rdp"].epsilons()[0] == pytest.approx(direct.get_epsilon(delta), rel=1e-9)
+    pld = pld_privacy_accountant.PLDAccountant(value_discretization_interval=LEDGER_PLD_DISCRETIZATION)
+    pld.compose(event(1.3), 5).compose(event(2.6), 5)
+    assert ledgers["pld"].pld_epsilons()[0] == pytest.approx(pld.get_epsilon(delta), rel=1e-9)
+    assert ledgers["pld"].epsilons()[0] < ledgers["rdp"].epsilons()[0]
+
+
+@pytest.mark.parametrize("sizes,batch,steps", [((30, 200, 5000), 10, 100), ((64,), 16, 3000)])
+def test_the_poisson_cap_is_the_least_that_keeps_truncation_within_its_share_of_delta(sizes, batch, steps):
+    from scipy import stats
+
+    from fedjax_dp.privacy.example_ledger import TRUNCATION_SHARE, poisson_batch_cap
+
+    cap, tail = poisson_batch_cap(sizes, batch, steps, 1e-5), TRUNCATION_SHARE * 1e-5 / steps
+    assert all(stats.binom.sf(cap, n, batch / n) <= tail for n in sizes)
+    assert cap == max(sizes) or any(stats.binom.sf(cap - 1, n, batch / n) > tail for n in sizes)
+
+
+def test_poisson_packing_takes_each_example_with_probability_b_over_n():
+    from fedjax_dp.data.packing import pack_poisson_cohort
+
+    x, y = np.arange(400, dtype=np.float32)[:, None], np.zeros(400, np.int32)
+    clients = [np.arange(0, 40), np.arange(40, 400)]
+    cohort = pack_poisson_cohort(x, y, clients, 8, 2000, 30, np.random.default_rng(0), num_slots=3)
+    assert cohort["mask"].shape == (3, 2000, 30) and not cohort["mask"][2].any()
+    for c, idx in enumerate(clients):
+        taken = cohort["example_index"][c][cohort["mask"][c]]
+        assert set(taken) <= set(idx)
+        frequency = np.bincount(taken - idx[0], minlength=len(idx)) / 2000  # each example: Bernoulli(8 / n)
+        p = 8 / len(idx)
+        assert abs(frequency.mean() - p) < 4 * np.sqrt(p * (1 - p) / (2000 * len(idx)))
+        sizes = cohort["mask"][c].sum(axis=1)
+        assert abs(sizes.mean() - 8) < 0.3 and sizes.max() <= 30  # expected B; never beyond the cap
+        np.testing.assert_array_equal(cohort["batches"]["x"][c][cohort["mask"][c]][:, 0], taken)
+
+
+def test_a_poisson_step_divides_the_noised_sum_by_the_expected_batch_not_the_padding():
+    model_loss = lambda p, batch, key: 0.5 * jnp.sum((batch["x"] * p["w"]) ** 2, axis=-1)  # noqa: E731
+    params, batch = {"w": jnp.ones(3)}, {"x": jnp.ones((12, 3)) * 0.1}
+    mask = jnp.arange(12) < 5  # 5 real examples in 12 slots
+    for normalizer, want in ((8, 5 / 8), (0, 5 / 12)):
+        _, grads = ClippedNoisyGradient(100.0, 0.0, normalizer=normalizer)(model_loss, params, batch, mask, jax.random.key(0))
+        np.testing.assert_allclose(grads["w"], 0.01 * want * np.ones(3), rtol=1e-6)
+
+
 @settings(max_examples=15, deadline=None)
 @given(thresholds=st.lists(st.floats(0.3, 6.0), min_size=4, max_size=4), seed=st.integers(0, 2**16),
-       adaptive=st.booleans(), rate=st.floats(0.2, 1.0))
-def test_no_client_ever_exceeds_its_threshold_and_a_spent_client_is_not_sampled_again(thresholds, seed, adaptive, rate):
-    ledger = _ledger(sizes=(50, 80, 120, 400), thresholds=np.array(thresholds), adaptive=adaptive, rounds=12, rate=rate)
+       adaptive=st.booleans(), rate=st.floats(0.2, 1.0), poisson=st.booleans())
+def test_no_client_ever_exceeds_its_threshold_and_a_spent_client_is_not_sampled_again(thresholds, seed, adaptive, rate,
+                                                                                       poisson):
+    ledger = _ledger(sizes=(50, 80, 120, 400), thresholds=np.array(thresholds), adaptive=adaptive, rounds=12, rate=rate,
+                     step_sampling="poisson" if poisson else "fixed", accountant="pld" if poisson else "rdp")
     rng = np.random.default_rng(seed)
     for t in range(1, 13):
         eligible = ledger.eligible(t)
@@ -162,12 +228,31 @@ def test_a_run_reports_per_client_epsilons_and_resume_restores_every_ledger(tmp_
     assert "validation_accuracy" in rows[1] and "max_client_weight" in rows[0]
 
 
+def test_a_poisson_pld_run_reports_what_ran_and_resumes_its_ledgers(tmp_path, monkeypatch):
+    from fedjax_dp.training.loop import run_experiment
+    from test_checkpoint_resume import _interrupt_at
+
+    config = lambda: _ldp_config(step_sampling="poisson", accountant="pld")  # noqa: E731
+    full = run_experiment(config(), str(tmp_path / "full"), progress=False)
+    with monkeypatch.context() as m:
+        _interrupt_at(m, 2)
+        assert run_experiment(config(), str(tmp_path / "resumed"), progress=False).interrupted
+    resumed = run_experiment(config(), str(tmp_path / "resumed"), progress=False, resume=True)
+    a, b = (json.load(open(tmp_path / d / "privacy.json")) for d in ("full", "resumed"))
+    assert a["epsilons"] == b["epsilons"] and full.epsilon == resumed.epsilon
+    assert a["neighboring_relation"] == "add-or-remove-one" and a["accountant"] == "per-client PLD ledger"
+    assert a["accounting"]["step_sampling"] == "poisson" and a["accounting"]["batch_cap"] > 10
+    assert 0 < a["epsilon"] <= 3.0 and a["formal"] is True
+
+
 @pytest.mark.parametrize("path,value,message", [
     ("ldp__thresholds", "0,2", "every threshold epsilon_n must be > 0"),
     ("ldp__clip_norm", 0.0, "ldp.clip_norm C must be > 0"),
     ("client__learning_rate", -0.01, "client.learning_rate"),
     ("ldp__alpha", 1.5, r"ldp.alpha must lie in \(0, 1\]"),
     ("server_data__overlap", -1.0, "must be held out of every client's data"),
+    ("ldp__step_sampling", "shuffle", "ldp.step_sampling 'shuffle' unknown"),
+    ("ldp__accountant", "gdp", "ldp.accountant 'gdp' unknown"),
 ])
 def test_bad_input_is_refused_by_name_before_training(path, value, message):
     from fedjax_dp.training.config_validation import validate_config

@@ -6,7 +6,9 @@ The patent's formulas are images missing from its text; this is the reading impl
 stated:
 
 * Client (steps s3-s5, claim 3): from w_t, S local steps; step i draws a batch of B of the client's
-  n_k examples without replacement (independently per step: the sampling the accountant composes),
+  n_k examples without replacement (independently per step: the sampling the accountant composes;
+  ``ldp.step_sampling = 'poisson'``: each example with probability B / n_k, padded to a cap whose
+  overflow is charged to delta, see ``privacy.example_ledger``),
   clips each example's gradient to C (``ldp.per_example``; or the batch's mean gradient), sums, adds
   N(0, (z C)^2 I), divides by B and steps with learning rate gamma (``client.learning_rate``; 0.01 in
   the patent's experiment): w <- w - gamma (sum_i clip(g_i) + N(0, z^2 C^2 I)) / B
@@ -41,7 +43,8 @@ from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.optimizers import build_optimizer
 from fedjax_dp.core.uploads import UniformWeights, chain
 from fedjax_dp.privacy.accounting import parse_rdp_orders
-from fedjax_dp.privacy.example_ledger import LEDGER_ORDERS, ExampleLevelLedger
+from fedjax_dp.privacy.example_ledger import (LEDGER_ACCOUNTANTS, LEDGER_ORDERS, STEP_SAMPLINGS, ExampleLevelLedger,
+                                               poisson_batch_cap)
 from fedjax_dp.privacy.example_tracker import STEP_NOISE_KEY, ExampleLevelTracker
 from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
 
@@ -55,14 +58,17 @@ class LdpMinibatch(FedAvg):
     clip_norm: float = 1.0
     per_example: bool = True
     local_steps: int = 10
+    batch_size: int = 0  # B: the expected Poisson batch, which the noised sum is divided by
+    poisson_batch_cap: int = 0  # > 0: Poisson step batches padded to this (0: B without replacement)
 
     @property
     def requirements(self) -> Requirements:
-        return Requirements(sampled_steps=self.local_steps)
+        return Requirements(sampled_steps=self.local_steps, poisson_batch_cap=self.poisson_batch_cap)
 
     def client_update(self, shared, client, client_state, key) -> ClientOut:
         params, round_index = shared
-        hook = ClippedNoisyGradient(self.clip_norm, 1.0, self.per_example)  # z: the client's, per round
+        hook = ClippedNoisyGradient(self.clip_norm, 1.0, self.per_example,  # z: the client's, per round
+                                    normalizer=self.batch_size if self.poisson_batch_cap else 0)
         train = make_local_trainer(self.per_example_loss, self.client_optimizer, unroll=self.unroll,
                                    gradient_hook=hook)
         trained, stats = train(params, client["batches"], client["mask"], client["key"],
@@ -93,6 +99,8 @@ def check_ldp(cfg, need) -> None:
     need(c.weighting in WEIGHTINGS, f"ldp.weighting {c.weighting!r} unknown; use one of {WEIGHTINGS}")
     need(c.local_steps >= 1, f"ldp.local_steps S must be >= 1, got {c.local_steps}")
     need(0 < c.delta < 1, f"ldp.delta must lie in (0, 1), got {c.delta}")
+    need(c.step_sampling in STEP_SAMPLINGS, f"ldp.step_sampling {c.step_sampling!r} unknown; use one of {STEP_SAMPLINGS}")
+    need(c.accountant in LEDGER_ACCOUNTANTS, f"ldp.accountant {c.accountant!r} unknown; use one of {LEDGER_ACCOUNTANTS}")
     need(cfg.client.learning_rate > 0, f"client.learning_rate gamma must be > 0, got {cfg.client.learning_rate}")
     need(cfg.server_data.overlap == 0,
          f"server_data.overlap={cfg.server_data.overlap}: ldp_minibatch validates on a server-held set that must be "
@@ -109,9 +117,14 @@ def check_ldp(cfg, need) -> None:
 
 def build_ldp_minibatch(ctx) -> tuple:
     c, cfg = ctx.cfg.ldp, ctx.cfg
+    cap = 0
+    if c.step_sampling == "poisson":
+        if ctx.client_sizes is None:
+            raise ValueError("ldp.step_sampling='poisson' needs the clients' data sizes to size its batches")
+        cap = poisson_batch_cap(ctx.client_sizes, cfg.client.batch_size, cfg.rounds * c.local_steps, c.delta)
     algorithm = LdpMinibatch(ctx.model.per_example_loss, ctx.client_optimizer(),
                              build_optimizer("sgd", c.alpha, 0.0), cfg.client.lr_decay, ctx.unroll,
-                             c.clip_norm, c.per_example, c.local_steps)
+                             c.clip_norm, c.per_example, c.local_steps, cfg.client.batch_size, cap)
     if c.weighting == "uniform":  # the plain mean: no cohort-level step, uploads summed inside the engine
         return algorithm, chain(UniformWeights())
     return algorithm, chain(CorrelationWeights(c.temperature), UniformWeights())
@@ -124,7 +137,8 @@ def make_tracker(cfg, dataset, uploads=None) -> ExampleLevelTracker:
     orders = parse_rdp_orders(c.rdp_orders, default=LEDGER_ORDERS)
     ledger = ExampleLevelLedger(dataset.train_sizes(), cfg.client.batch_size, c.local_steps,
                                 parse_thresholds(c.thresholds, dataset.num_clients, cfg.seed), c.delta,
-                                c.noise_multiplier, c.max_noise_multiplier, rate, cfg.rounds, c.adaptive, orders)
+                                c.noise_multiplier, c.max_noise_multiplier, rate, cfg.rounds, c.adaptive, orders,
+                                c.step_sampling, c.per_example, c.accountant)
     return ExampleLevelTracker(ledger, c.clip_norm, c.per_example)
 
 
@@ -140,7 +154,9 @@ registry.register_section("ldp", {
     "alpha": 1.0,  # history weight: w_{t+1} = (1 - alpha) w_t + alpha sum_k a_k w_k
     "weighting": "correlation",  # correlation | uniform
     "temperature": 1.0,  # tau of a_k = softmax(tau cos(Delta_k, mean Delta))
-    "rdp_orders": ""})  # the ledgers' RDP orders ("" = privacy.example_ledger.LEDGER_ORDERS)
+    "rdp_orders": "",  # the ledgers' RDP orders ("" = privacy.example_ledger.LEDGER_ORDERS)
+    "step_sampling": "fixed",  # fixed: B without replacement per step | poisson: each example w.p. B / n_k
+    "accountant": "rdp"})  # rdp | pld: what the reported per-client epsilons use (decisions: RDP)
 registry.register("ldp_minibatch", build=build_ldp_minibatch, sections=("ldp",), validate=check_ldp,
                   server_validation=True, tracker=make_tracker,
                   summary="Local mini-batch gradient DP with per-client thresholds and history/correlation-weighted "

@@ -73,6 +73,8 @@ class Requirements:
       replacement (PFLDyn's two disjoint batches D, D' are one draw of 2B, split in halves).
     global_classifier: the global model's output is class scores (central test accuracy is reported);
       False for a representation (PFLDyn's meta-model), scored only through ``personalized_correct``.
+    poisson_batch_cap: > 0: with ``sampled_steps``, each step is a Poisson batch instead (each example
+      with probability B / n_k; ``data.packing.pack_poisson_cohort``) padded to this many slots.
     """
 
     server_set: bool = False
@@ -83,6 +85,7 @@ class Requirements:
     sampled_steps: int = 0
     batches_per_step: int = 1
     global_classifier: bool = True
+    poisson_batch_cap: int = 0
 
 
 @flax.struct.dataclass

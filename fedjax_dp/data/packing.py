@@ -103,3 +103,34 @@ def pack_sampled_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.nd
     sizes = [len(i) for i in client_indices] + [0] * (n - len(client_indices))
     return {"batches": {"x": x[gather], "y": y[gather].astype(np.int32)}, "mask": mask,
             "num_examples": np.array(sizes, dtype=np.int32), "example_index": np.where(mask, gather, -1)}
+
+
+def pack_poisson_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], batch_size: int, steps: int,
+                        cap: int, rng: np.random.Generator, num_slots: int | None = None) -> dict:
+    """A cohort of Poisson-sampled local steps: in each of ``steps`` steps every example of a client is
+    in the batch independently with probability ``batch_size / n_k`` (expected size B, the sampling
+    ``PoissonSampledDpEvent`` accounts); batches are padded to ``cap`` slots and one larger than ``cap``
+    is cut to ``cap`` examples at random (``privacy.example_ledger.poisson_batch_cap`` bounds how often
+    and charges it to delta). Same layout as ``pack_cohort``; a step may be empty."""
+    if steps < 1 or cap < 1:
+        raise ValueError(f"steps and cap must be >= 1, got steps={steps}, cap={cap}")
+    small = [k for k, idx in enumerate(client_indices) if len(idx) < batch_size]
+    if small:
+        raise ValueError(f"batch size B={batch_size} is larger than the data of clients at cohort positions {small} "
+                         f"({[len(client_indices[k]) for k in small]} examples)")
+    n = len(client_indices) if num_slots is None else num_slots
+    if n < len(client_indices):
+        raise ValueError(f"num_slots={num_slots} is smaller than the cohort of {len(client_indices)} clients")
+    gather = np.zeros((n, steps, cap), dtype=np.int64)
+    mask = np.zeros((n, steps, cap), dtype=bool)
+    for c, idx in enumerate(client_indices):
+        idx = np.asarray(idx)
+        for step in range(steps):
+            chosen = idx[rng.random(len(idx)) < batch_size / len(idx)]
+            if len(chosen) > cap:
+                chosen = rng.choice(chosen, cap, replace=False)
+            gather[c, step, :len(chosen)] = chosen
+            mask[c, step, :len(chosen)] = True
+    sizes = [len(i) for i in client_indices] + [0] * (n - len(client_indices))
+    return {"batches": {"x": x[gather], "y": y[gather].astype(np.int32)}, "mask": mask,
+            "num_examples": np.array(sizes, dtype=np.int32), "example_index": np.where(mask, gather, -1)}

@@ -12,7 +12,7 @@ import logging
 
 import numpy as np
 
-from fedjax_dp.privacy.example_ledger import ExampleLevelLedger
+from fedjax_dp.privacy.example_ledger import LEDGER_PLD_DISCRETIZATION, TRUNCATION_SHARE, ExampleLevelLedger
 from fedjax_dp.privacy.report import PrivacyReport
 
 STEP_NOISE_KEY = "step_noise_multiplier"
@@ -71,10 +71,22 @@ class ExampleLevelTracker:
                   "stopped_before_round": {str(k): r for k, r in self.stopped_clients().items()}}
         clip = "each example's gradient" if self.per_example else "the minibatch gradient"
         z = sorted(set(np.round(led.multipliers_used, 6).tolist()))
+        poisson = led.step_sampling == "poisson"
+        if poisson:
+            drawn = (f"a step takes each of the client's n_k examples with probability B / n_k (B = {led.batch_size}), "
+                     f"padded to {led.batch_cap} slots: a Poisson-subsampled Gaussian (add/remove one example, "
+                     f"sensitivity {'C' if self.per_example else '2C'}); a batch over {led.batch_cap} is cut at random, "
+                     f"which over all steps has probability <= {TRUNCATION_SHARE * led.delta:.3g}, charged to delta: "
+                     f"epsilon is computed at delta = {led.accounting_delta:.6g}")
+        else:
+            drawn = (f"a step draws B = {led.batch_size} of the client's n_k examples without replacement: a subsampled "
+                     "Gaussian (replace-one, sensitivity 2C)")
+        accountant = ("dp_accounting RDP" if led.accountant == "rdp" else
+                      f"dp_accounting PLD (discretisation {LEDGER_PLD_DISCRETIZATION}; each client's epsilon is "
+                      "min(PLD, RDP), both bounds of the same mechanism; the schedule and stops use RDP)")
         notes = [
-            f"every local step clips {clip} to C = {self.clip_norm} and adds N(0, (z C)^2); a step draws B = "
-            f"{led.batch_size} of the client's n_k examples without replacement: a subsampled Gaussian "
-            "(dp_accounting RDP, replace-one, sensitivity 2C), composed over the steps each client ran",
+            f"every local step clips {clip} to C = {self.clip_norm} and adds N(0, (z C)^2); {drawn}; composed "
+            f"over the steps each client ran with {accountant}",
             f"threshold rule ({'adaptive' if led.adaptive else 'fixed noise'}): z in [{led.base_multiplier}, "
             f"{led.max_multiplier}] per participation; a client whose next participation would exceed its threshold "
             "is no longer sampled; no client's epsilon exceeds its threshold",
@@ -83,13 +95,17 @@ class ExampleLevelTracker:
             "(the server included): example-level local DP, not client-level"]
         return PrivacyReport(
             mechanism=f"per-step clipped gradient + Gaussian ({'per example' if self.per_example else 'per batch'})",
-            unit="example", neighboring_relation="replace-one", sampling="per step: B of n_k without replacement",
-            noise_mode="local (every step)", accountant="per-client RDP ledger", delta=led.delta,
-            epsilon=self.epsilon(), epsilons={"per_client_rdp_max": float(eps.max()), "per_client": spread},
+            unit="example", neighboring_relation="add-or-remove-one" if poisson else "replace-one",
+            sampling=f"per step: {'Poisson, rate B / n_k' if poisson else 'B of n_k without replacement'}",
+            noise_mode="local (every step)", accountant=f"per-client {led.accountant.upper()} ledger", delta=led.delta,
+            epsilon=float(eps.max()), epsilons={f"per_client_{led.accountant}_max": float(eps.max()), "per_client": spread},
             rounds=self.rounds, noise_multipliers=z[:1] + z[-1:] if len(z) > 2 else z,
             sampling_rates=[led.batch_size / int(led.client_sizes.max()), led.batch_size / int(led.client_sizes.min())],
             formal=True, notes=notes,
             releases=[{"mechanism": "clipped gradient + Gaussian at every local step", "locality": "local",
-                       "bound": f"C = {self.clip_norm}", "neighboring_relation": "replace-one",
+                       "bound": f"C = {self.clip_norm}",
+                       "neighboring_relation": "add-or-remove-one" if poisson else "replace-one",
                        "unit": "example", "steps_per_participation": led.steps}],
-            accounting={"rdp_orders": list(led.orders), "noise_grid_points": len(led.grid)})
+            accounting={"rdp_orders": list(led.orders), "noise_grid_points": len(led.grid),
+                        "step_sampling": led.step_sampling, "batch_cap": led.batch_cap,
+                        "accounting_delta": led.accounting_delta})

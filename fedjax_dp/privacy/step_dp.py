@@ -3,9 +3,9 @@
 
 * ``per_example=True``: DP-SGD (Abadi et al. 2016, Alg. 1): each example's gradient is clipped to C,
   the clipped gradients of the real examples are summed, N(0, (z C)^2 I) is added, and the sum is
-  divided by the FIXED batch size B (the real count would leak; padded slots count as absent). One
-  step is the Gaussian mechanism with sensitivity C on the sum (add/remove one example): noise
-  multiplier z.
+  divided by the FIXED batch size B (the real count would leak; padded slots count as absent; with
+  Poisson batches padded beyond B, ``normalizer`` = the expected size B). One step is the Gaussian
+  mechanism with sensitivity C on the sum (add/remove one example): noise multiplier z.
 * ``per_example=False``: the minibatch-gradient reading of the local-DP patent (seed 003,
   ALGORITHMS.md Sec. 3): the batch's mean gradient is clipped to C and N(0, (z C)^2 I) added. Replacing
   one example can move the clipped mean anywhere in the ball of radius C, so the sensitivity is 2C
@@ -35,6 +35,7 @@ class ClippedNoisyGradient:
     clip_norm: float
     noise_multiplier: float
     per_example: bool = True
+    normalizer: int = 0  # what the noised sum is divided by (0: the padded batch length, = B for fixed batches)
 
     def __post_init__(self):
         if not self.clip_norm > 0:
@@ -61,7 +62,7 @@ class ClippedNoisyGradient:
         real = lambda g: jnp.where(mask.reshape(mask.shape + (1,) * (g.ndim - 1)), g, 0.0)  # noqa: E731
         summed = jax.tree_util.tree_map(lambda g: jnp.sum(real(g), axis=0), clipped)
         noised = add_gaussian_noise(summed, std, noise_key)
-        batch_size = mask.shape[0]
+        batch_size = self.normalizer or mask.shape[0]
         return masked_mean(losses, mask), jax.tree_util.tree_map(lambda g: g / batch_size, noised)
 
     def step_release(self) -> Release:

@@ -7,7 +7,8 @@ import math
 import numpy as np
 
 from fedjax_dp.privacy.client_sampling import client_sampler
-from fedjax_dp.data.packing import num_steps, pack_cohort, pack_sampled_cohort, pack_uga_cohort
+from fedjax_dp.data.packing import (num_steps, pack_cohort, pack_poisson_cohort, pack_sampled_cohort,
+                                    pack_uga_cohort)
 
 
 def expected_cohort(cfg, num_clients: int) -> float:
@@ -43,6 +44,10 @@ def make_packer(cfg, dataset, requirements):
             raise ValueError(f"client.batch_size={batch}: each local step draws {drawn} examples without replacement "
                              f"({requirements.batches_per_step} batches of B), more than the training data of "
                              f"{len(small)} clients (e.g. client {int(small[0])} holds {int(dataset.train_sizes()[small[0]])})")
+        if requirements.poisson_batch_cap:
+            return lambda ids, rng, slots: pack_poisson_cohort(dataset.x, dataset.y, indices(ids), drawn,
+                                                               requirements.sampled_steps,
+                                                               requirements.poisson_batch_cap, rng, slots)
         return lambda ids, rng, slots: pack_sampled_cohort(dataset.x, dataset.y, indices(ids), drawn,
                                                            requirements.sampled_steps, rng, slots)
     if not requirements.evaluation_pass:

@@ -54,11 +54,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", required=True, help="a copy of ../shared/bench/peers with its venvs built")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workloads", nargs="*", default=[label for label, _, _ in PAIRS],
+                        choices=[label for label, _, _ in PAIRS])
     parser.add_argument("--out", default=os.path.join(HERE, "out", "compare_peers.json"))
     args = parser.parse_args()
     os.makedirs(os.path.join(HERE, "out"), exist_ok=True)
     table = []
     for label, ours_case, peers in PAIRS:
+        if label not in args.workloads:
+            continue
         model, cohort = ours_case.split(":")[0], int(ours_case.split(":")[1])
         ours = run_ours(ours_case, args.rounds)
         row = {"workload": label, "fedjax_dp_auto": ours["client_updates_per_s"], "peers": {}}

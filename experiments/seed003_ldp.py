@@ -6,10 +6,12 @@ Methods, each at per-client epsilon in ``--epsilons`` (delta 1e-5):
   ldp_fixed    the same with one fixed z per run: calibrated so that a client taking part as often as
                expected (q T participations of S steps) spends exactly epsilon (same stopping rule)
   ldp_mean     the method with uniform weights (a_k = 1/K): no correlation weighting
+  ldp_poisson  the method with Poisson step batches (each example w.p. B / n_k) and per-client PLD
+               ledgers: the same threshold, accounted as what ran
   dpfedavg     DP-FedAvg, local noise, client-level: z so that q T participations spend epsilon
                (GDP, sensitivity 2S), per-client budget epsilon (a different unit: a whole client)
   fedavg       non-private reference (once)
-and ``--alphas`` / ``--taus`` sweeps of the method at the middle epsilon. Writes ``rows.json``, a
+(``--methods`` picks a subset) and ``--alphas`` / ``--taus`` sweeps of the method at the middle epsilon. Writes ``rows.json``, a
 markdown table and ``accuracy_vs_epsilon.png`` under ``--out``.
 
     python experiments/seed003_ldp.py --data-dir ../shared/data/mnist --out results/seed003
@@ -34,6 +36,7 @@ from fedjax_dp.training.loop import run_experiment  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json
 
 DELTA = 1e-5
+METHODS = ("fedavg", "ldp", "ldp_fixed", "ldp_mean", "ldp_poisson", "dpfedavg")
 
 
 def base(args):
@@ -109,26 +112,35 @@ def main():
     p.add_argument("--source", default="mnist")
     p.add_argument("--data-dir", default="")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--out", default="results/seed003")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    rows = []
-    fedavg = base(args)
-    fedavg.algorithm = "fedavg"
-    rows.append(run("fedavg", fedavg, args, {"method": "fedavg", "epsilon": None}))
+    rows, wanted = [], set(args.methods)
+    if "fedavg" in wanted:
+        fedavg = base(args)
+        fedavg.algorithm = "fedavg"
+        rows.append(run("fedavg", fedavg, args, {"method": "fedavg", "epsilon": None}))
     client_size = None
     for eps in args.epsilons:
-        rows.append(run(f"ldp-eps{eps:g}", ldp(args, eps), args, {"method": "ldp", "epsilon": eps}))
-        if client_size is None:  # the clients' sizes (IID: all equal up to one) from the first run's dataset
-            from fedjax_dp.data.builders import build_dataset
-            client_size = int(build_dataset(base(args).data, args.seed).train_sizes().min())
-        z = fixed_z(args, eps, client_size)
-        rows.append(run(f"ldp_fixed-eps{eps:g}", ldp(args, eps, adaptive=False, noise_multiplier=z,
-                                                     max_noise_multiplier=z), args,
-                        {"method": "ldp_fixed", "epsilon": eps, "z_fixed": z}))
-        rows.append(run(f"ldp_mean-eps{eps:g}", ldp(args, eps, weighting="uniform"), args,
-                        {"method": "ldp_mean", "epsilon": eps}))
-        rows.append(run(f"dpfedavg-eps{eps:g}", dp_fedavg(args, eps), args, {"method": "dpfedavg", "epsilon": eps}))
+        if "ldp" in wanted:
+            rows.append(run(f"ldp-eps{eps:g}", ldp(args, eps), args, {"method": "ldp", "epsilon": eps}))
+        if "ldp_fixed" in wanted:
+            if client_size is None:  # the clients' sizes (IID: all equal up to one)
+                from fedjax_dp.data.builders import build_dataset
+                client_size = int(build_dataset(base(args).data, args.seed).train_sizes().min())
+            z = fixed_z(args, eps, client_size)
+            rows.append(run(f"ldp_fixed-eps{eps:g}", ldp(args, eps, adaptive=False, noise_multiplier=z,
+                                                         max_noise_multiplier=z), args,
+                            {"method": "ldp_fixed", "epsilon": eps, "z_fixed": z}))
+        if "ldp_mean" in wanted:
+            rows.append(run(f"ldp_mean-eps{eps:g}", ldp(args, eps, weighting="uniform"), args,
+                            {"method": "ldp_mean", "epsilon": eps}))
+        if "ldp_poisson" in wanted:
+            rows.append(run(f"ldp_poisson-eps{eps:g}", ldp(args, eps, step_sampling="poisson", accountant="pld"), args,
+                            {"method": "ldp_poisson", "epsilon": eps}))
+        if "dpfedavg" in wanted:
+            rows.append(run(f"dpfedavg-eps{eps:g}", dp_fedavg(args, eps), args, {"method": "dpfedavg", "epsilon": eps}))
     middle = args.epsilons[len(args.epsilons) // 2]
     for alpha in args.alphas:
         rows.append(run(f"ldp-alpha{alpha:g}", ldp(args, middle, alpha=alpha), args,
@@ -143,7 +155,7 @@ def main():
 
 def plot(rows, path):
     fig, ax = plt.subplots(figsize=(6, 4))
-    for method in ("ldp", "ldp_fixed", "ldp_mean", "dpfedavg"):
+    for method in METHODS[1:]:
         pts = sorted((r["epsilon"], r["accuracy"]) for r in rows if r["method"] == method and "alpha" not in r
                      and "tau" not in r)
         if pts:

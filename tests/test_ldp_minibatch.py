@@ -75,6 +75,15 @@ def test_the_poisson_cap_is_the_least_that_keeps_truncation_within_its_share_of_
     assert cap == max(sizes) or any(stats.binom.sf(cap - 1, n, batch / n) > tail for n in sizes)
 
 
+def test_poisson_steps_refuse_a_client_smaller_than_the_expected_batch_by_name():
+    """B / n_k is the inclusion probability: a FEMNIST writer with 4 examples and B = 16 crashed with
+    'cannot convert float NaN to integer' while the cap was computed."""
+    from fedjax_dp.privacy.example_ledger import poisson_batch_cap
+
+    with pytest.raises(ValueError, match=r"batch size B=16 is larger than the data of 2 clients \(e.g. 4 examples\)"):
+        poisson_batch_cap([4, 100, 7], 16, 100, 1e-5)
+
+
 def test_poisson_packing_takes_each_example_with_probability_b_over_n():
     from fedjax_dp.data.packing import pack_poisson_cohort
 

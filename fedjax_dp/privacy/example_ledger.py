@@ -61,11 +61,16 @@ upper bound either way; RDP on ``RDP_ORDERS`` gives 3.39)."""
 def poisson_batch_cap(sizes, batch_size: int, max_steps: int, delta: float) -> int:
     """The padded batch length of Poisson steps: the least b with P(Binomial(n_k, B / n_k) > b) <=
     TRUNCATION_SHARE * delta / max_steps for every client size n_k (see the module docstring)."""
+    sizes = np.asarray(sizes, np.int64)
+    small = sizes[sizes < batch_size]
+    if len(small):
+        raise ValueError(f"batch size B={batch_size} is larger than the data of {len(small)} clients (e.g. {int(small.min())} "
+                         "examples): a Poisson step takes each example with probability B / n_k, which must be <= 1")
     tail = TRUNCATION_SHARE * delta / max(1, max_steps)
-    caps = [int(stats.binom.isf(tail, n, batch_size / n)) for n in np.unique(np.asarray(sizes, np.int64))]
-    caps = [c + 1 if stats.binom.sf(c, n, batch_size / n) > tail else c
-            for c, n in zip(caps, np.unique(np.asarray(sizes, np.int64)))]
-    return int(min(max(caps), int(np.max(sizes))))
+    distinct = np.unique(sizes)
+    caps = [int(stats.binom.isf(tail, n, batch_size / n)) for n in distinct]
+    caps = [c + 1 if stats.binom.sf(c, n, batch_size / n) > tail else c for c, n in zip(caps, distinct)]
+    return int(min(max(caps), int(sizes.max())))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -46,6 +46,7 @@ def base(args):
     c.data.num_clients, c.data.partition = args.clients, args.partition
     if args.data_dir:
         c.data.source, c.data.data_dir = args.source, args.data_dir
+    c.data.min_train_per_client = args.min_train
     c.sampling.cohort_size = args.cohort
     c.client.update(batch_size=args.batch, learning_rate=args.gamma, epochs=1)
     c.server_data.overlap, c.server_data.fraction = 0.0, 0.01  # the held-out validation set (step s6)
@@ -111,6 +112,8 @@ def main():
     p.add_argument("--partition", default="iid")
     p.add_argument("--source", default="mnist")
     p.add_argument("--data-dir", default="")
+    p.add_argument("--min-train", type=int, default=0, help="natural partitions: writers with at least this many "
+                   "training examples (each step draws B of them)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--out", default="results/seed003")

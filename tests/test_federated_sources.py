@@ -107,6 +107,20 @@ def test_natural_partition_selects_writers_with_their_own_data():
         natural_partition(train, test, 7, 62, np.random.default_rng(0), kind="writer")
 
 
+def test_natural_partition_can_skip_writers_with_too_few_training_examples():
+    """LEAF's minimum-samples filter (``data.min_train_per_client``): per-step batches of B need n_k >= B."""
+    writers = [f"w{i}" for i in range(6)]
+    per_writer = [3, 9, 4, 12, 8, 20]
+    rng = np.random.default_rng(0)
+    train = GroupedSplit(rng.random((sum(per_writer), 2)).astype(np.float32), rng.integers(0, 62, sum(per_writer)),
+                         np.repeat(writers, per_writer))
+    test = grouped(writers, 2, seed=1)
+    ds = natural_partition(train, test, 0, 62, np.random.default_rng(0), kind="writer", min_train=8)
+    assert ds.metadata["client_ids"] == ("w1", "w3", "w4", "w5") and min(ds.train_sizes()) == 8
+    with pytest.raises(ValueError, match=r"only 4 writers have training data \(at least 8 examples\) and test data"):
+        natural_partition(train, test, 5, 62, np.random.default_rng(0), kind="writer", min_train=8)
+
+
 @pytest.mark.parametrize("overlap", [0.0, 0.25, 0.5, 0.75, 1.0])
 def test_meta_set_writer_overlap_is_exact(overlap):
     train, test = grouped([f"w{i}" for i in range(40)], 10), grouped([f"h{i}" for i in range(30)], 10, seed=1)

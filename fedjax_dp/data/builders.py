@@ -69,11 +69,13 @@ def _natural(cfg, rng) -> FederatedDataset:
     if cfg.source not in NATURAL_SOURCES:
         raise ValueError(f"partition 'natural' needs a source with natural clients {NATURAL_SOURCES}, got {cfg.source!r}")
     train, test = _natural_splits(cfg)
+    min_train = int(cfg.get("min_train_per_client", 0))
     if cfg.source == "femnist":
-        return natural_partition(train, test, cfg.num_clients, FEMNIST_CLASSES, rng, name=name, kind="writer")
+        return natural_partition(train, test, cfg.num_clients, FEMNIST_CLASSES, rng, name=name, kind="writer",
+                                 min_train=min_train)
     seq = int(cfg.get("sequence_length", SEQUENCE_LENGTH))
     return natural_partition(train, test, cfg.num_clients, VOCAB_SIZE, rng, name=name, kind="role",
-                             metadata={"pad_id": PAD_ID, "sequence_length": seq})
+                             metadata={"pad_id": PAD_ID, "sequence_length": seq}, min_train=min_train)
 
 
 def _from_splits(cfg, x, y, x_test, y_test, num_classes, rng) -> FederatedDataset:

@@ -35,14 +35,17 @@ class GroupedSplit:
 
 
 def select_clients(train: GroupedSplit, test: GroupedSplit, num_clients: int, rng: np.random.Generator,
-                   require_test: bool = True, kind: str = "client") -> list[str]:
-    """``num_clients`` ids (all eligible ones when 0) with train data, and test data if required."""
-    eligible = set(train.client_ids().tolist())
+                   require_test: bool = True, kind: str = "client", min_train: int = 0) -> list[str]:
+    """``num_clients`` ids (all eligible ones when 0) with train data (at least ``min_train`` examples,
+    LEAF's minimum-samples filter), and test data if required."""
+    names, counts = np.unique(train.client, return_counts=True)
+    eligible = set(names[counts >= max(1, min_train)].tolist())
     if require_test:
         eligible &= set(test.client_ids().tolist())
     eligible = sorted(eligible)
     if num_clients < 0 or num_clients > len(eligible):
         raise ValueError(f"num_clients={num_clients} but only {len(eligible)} {kind}s have training data"
+                         + (f" (at least {min_train} examples)" if min_train > 1 else "")
                          + (" and test data" if require_test else "") + " (0 selects all of them)")
     if num_clients == 0:
         return eligible
@@ -51,10 +54,10 @@ def select_clients(train: GroupedSplit, test: GroupedSplit, num_clients: int, rn
 
 def natural_partition(train: GroupedSplit, test: GroupedSplit, num_clients: int, num_classes: int,
                       rng: np.random.Generator, require_test: bool = True, name: str = "natural",
-                      kind: str = "client", metadata: dict | None = None) -> FederatedDataset:
+                      kind: str = "client", metadata: dict | None = None, min_train: int = 0) -> FederatedDataset:
     """A ``FederatedDataset`` of the selected natural clients. The central test set is the union of
     the selected clients' test examples (the LEAF/TFF convention)."""
-    chosen = select_clients(train, test, num_clients, rng, require_test, kind)
+    chosen = select_clients(train, test, num_clients, rng, require_test, kind, min_train)
     train_idx, test_idx = train.indices_by_client(), test.indices_by_client()
     offset = len(train.x)
     empty = np.zeros(0, dtype=np.int64)

@@ -23,6 +23,7 @@ KEY_DOCS = {
     "data.test_fraction": "fraction of each client's examples held out as its own test data",
     "data.classes_per_client": "acid / alid partitions: classes each client holds",
     "data.max_train_per_client": "acid / alid: cap on a client's training examples (0 = none)",
+    "data.min_train_per_client": "natural: select only writers / roles with at least this many training examples (0 = all)",
     "data.max_test_per_client": "acid / alid: cap on a client's test examples (0 = none)",
     "data.invert": "femnist: invert the pixel convention",
     "data.sequence_length": "shakespeare: characters per training window",

@@ -43,6 +43,11 @@ def validate_config(cfg) -> None:
     need(cfg.data.source != "shakespeare" or importlib.util.find_spec("h5py") is not None,
          'data.source=shakespeare needs h5py: pip install "fedjax_dp[shakespeare]"')
     need(cfg.data.partition != "dirichlet" or cfg.data.alpha > 0, f"data.alpha must be > 0, got {cfg.data.alpha}")
+    need(cfg.data.min_train_per_client >= 0,
+         f"data.min_train_per_client must be >= 0 (0 = every client), got {cfg.data.min_train_per_client}")
+    need(cfg.data.min_train_per_client == 0 or cfg.data.partition == "natural",
+         f"data.min_train_per_client={cfg.data.min_train_per_client} selects natural clients (writers, roles); "
+         f"data.partition={cfg.data.partition!r} makes its own clients")
     need(cfg.model.name in MODEL_NAMES, f"model.name {cfg.model.name!r} unknown; available: {MODEL_NAMES}")
     shape = KNOWN_INPUT_SHAPES.get(cfg.data.source.removeprefix("tfds:"))
     if shape is not None and cfg.model.name in MODEL_NAMES:

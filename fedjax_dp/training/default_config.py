@@ -24,6 +24,7 @@ def default_config() -> ml_collections.ConfigDict:
         partition="shards",     # iid | shards | dirichlet | iid_split | acid | alid | natural
         num_clients=100, shards_per_client=2, alpha=0.5, test_fraction=0.2,
         classes_per_client=3, max_train_per_client=0, max_test_per_client=0,  # acid / alid
+        min_train_per_client=0,  # natural: only writers / roles with at least this many training examples
         invert=False, sequence_length=80))  # femnist pixel convention; shakespeare window
     c.model = ml_collections.ConfigDict(dict(name="mlp_2nn", compute_dtype=""))  # "bfloat16": mixed precision
     c.client = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.05, momentum=0.0, batch_size=10, epochs=5,

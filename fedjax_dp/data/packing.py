@@ -79,6 +79,18 @@ def pack_uga_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarra
     return {**cohort, "eval_batches": whole["batches"], "eval_mask": whole["mask"]}
 
 
+def _checked_slots(client_indices, batch_size: int, num_slots: int | None) -> int:
+    """The cohort's slot count, after refusing clients smaller than a step's batch and too few slots."""
+    small = [k for k, idx in enumerate(client_indices) if len(idx) < batch_size]
+    if small:
+        raise ValueError(f"batch size B={batch_size} is larger than the data of clients at cohort positions {small} "
+                         f"({[len(client_indices[k]) for k in small]} examples)")
+    n = len(client_indices) if num_slots is None else num_slots
+    if n < len(client_indices):
+        raise ValueError(f"num_slots={num_slots} is smaller than the cohort of {len(client_indices)} clients")
+    return n
+
+
 def pack_sampled_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], batch_size: int, steps: int,
                         rng: np.random.Generator, num_slots: int | None = None) -> dict:
     """A cohort for example-level DP with per-step sampling: each of ``steps`` local steps draws its
@@ -87,13 +99,7 @@ def pack_sampled_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.nd
     accounts; a shuffled epoch partition would not match it). Same layout as ``pack_cohort``."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    small = [k for k, idx in enumerate(client_indices) if len(idx) < batch_size]
-    if small:
-        raise ValueError(f"batch size B={batch_size} is larger than the data of clients at cohort positions {small} "
-                         f"({[len(client_indices[k]) for k in small]} examples)")
-    n = len(client_indices) if num_slots is None else num_slots
-    if n < len(client_indices):
-        raise ValueError(f"num_slots={num_slots} is smaller than the cohort of {len(client_indices)} clients")
+    n = _checked_slots(client_indices, batch_size, num_slots)
     gather = np.zeros((n, steps, batch_size), dtype=np.int64)
     mask = np.zeros((n, steps, batch_size), dtype=bool)
     for c, idx in enumerate(client_indices):
@@ -114,13 +120,7 @@ def pack_poisson_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.nd
     and charges it to delta). Same layout as ``pack_cohort``; a step may be empty."""
     if steps < 1 or cap < 1:
         raise ValueError(f"steps and cap must be >= 1, got steps={steps}, cap={cap}")
-    small = [k for k, idx in enumerate(client_indices) if len(idx) < batch_size]
-    if small:
-        raise ValueError(f"batch size B={batch_size} is larger than the data of clients at cohort positions {small} "
-                         f"({[len(client_indices[k]) for k in small]} examples)")
-    n = len(client_indices) if num_slots is None else num_slots
-    if n < len(client_indices):
-        raise ValueError(f"num_slots={num_slots} is smaller than the cohort of {len(client_indices)} clients")
+    n = _checked_slots(client_indices, batch_size, num_slots)
     gather = np.zeros((n, steps, cap), dtype=np.int64)
     mask = np.zeros((n, steps, cap), dtype=bool)
     for c, idx in enumerate(client_indices):

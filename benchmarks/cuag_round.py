@@ -16,9 +16,7 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.dirname(HERE))
@@ -34,20 +32,10 @@ from fedjax_dp.models import get_model  # noqa: E402
 from fedjax_dp.training.build import build_round, resolve_engine  # noqa: E402
 from fedjax_dp.training.cohorts import make_packer  # noqa: E402
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator  # noqa: E402
-from fedjax_dp.training.results import dumps as strict_json
+from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 
-
-def timed(fn, repeats: int) -> tuple[float, float]:
-    """(first call incl. compilation, median of ``repeats`` later calls), seconds."""
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times)
+sys.path.insert(0, HERE)
+from timing import timed  # noqa: E402
 
 
 def main():

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 
@@ -46,6 +45,9 @@ from fedjax_dp.training.cohorts import cohort_slots, make_packer, sample_cohort 
 from fedjax_dp.training.evaluation import evaluate_state  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 
+sys.path.insert(0, HERE)
+from timing import timed as first_and_median  # noqa: E402
+
 VARIANTS = {
     "plain": {},
     "dp": {"algorithm": "dp_fedavg", "dp.noise_multiplier": 1.0, "dp.clip_norm": 1.0},
@@ -54,16 +56,8 @@ VARIANTS = {
 
 
 def timed(fn, repeats: int) -> dict:
-    """First call (compilation included) and the median of ``repeats`` later calls, in seconds."""
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return {"first_s": first, "median_s": statistics.median(times)}
+    first, median = first_and_median(fn, repeats)
+    return {"first_s": first, "median_s": median}
 
 
 def split_round(cfg, dataset, repeats: int) -> dict:

@@ -1,5 +1,7 @@
 """FedAvg: the weighted mean of client updates, NaN containment, and learning on real data."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,3 +75,25 @@ def test_fedavg_learns_embedded_mnist():
         state, _ = algo.round(state, cohort, jax.random.key(t))
     after = evaluate(model, state.params, ds)["test_accuracy"]
     assert before < 0.3 and after > 0.75, (before, after)
+
+
+def test_final_model_is_evaluated_once_and_its_per_client_accuracies_are_written(tmp_path, monkeypatch):
+    """The final evaluation's per-client accuracies are what ``client_accuracies.json`` holds: the final
+    model's examples pass through the model once (it was twice: the last evaluation, then again for
+    the per-client file)."""
+    from fedjax_dp import configs
+    from fedjax_dp.training import evaluation
+    from fedjax_dp.training.loop import run_experiment
+
+    passes = []
+    real = evaluation.per_example_stats
+    monkeypatch.setattr(evaluation, "per_example_stats", lambda *a, **k: passes.append(1) or real(*a, **k))
+    cfg = configs.get("fedavg_mnist")
+    cfg.update(rounds=2, eval_every=2, eval_initial=False)
+    cfg.model.name, cfg.sampling.cohort_size = "logistic", 4
+    run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    assert len(passes) == 1
+    written = json.load(open(tmp_path / "run" / "client_accuracies.json"))
+    logged = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")][-1]
+    assert written["round"] == 2 and len(written["accuracy"]) == len(written["client_ids"]) > 0
+    np.testing.assert_allclose(np.mean(written["accuracy"]), logged["client_accuracy"], rtol=1e-6)

@@ -4,6 +4,7 @@ accuracy through ``personalized_evaluation``."""
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,9 +38,17 @@ def per_example_stats(model: Model, params, x: np.ndarray, y: np.ndarray, batch_
     return losses, corrects
 
 
-def evaluate(model: Model, params, dataset: FederatedDataset, batch_size: int = 1000) -> dict:
-    """``test_accuracy``/``test_loss`` on the central test set and the unweighted mean over clients
-    of each client's accuracy on its own test data (``client_accuracy``)."""
+class Evaluation(NamedTuple):
+    """One evaluation: the logged metrics and each client's accuracy on its own test data (clients
+    without test data left out), with what that accuracy measured."""
+
+    metrics: dict
+    per_client: np.ndarray
+    per_client_label: str
+
+
+def _global_evaluation(model: Model, params, dataset: FederatedDataset, batch_size: int = 1000):
+    """(metrics, per-client accuracies) of the global model, from ONE pass over the examples needed."""
     central = dataset.central_test
     client_idx = [i for i in dataset.client_test if len(i)]
     needed = np.unique(np.concatenate([central] + client_idx)) if client_idx else central
@@ -50,44 +59,41 @@ def evaluate(model: Model, params, dataset: FederatedDataset, batch_size: int = 
         "test_accuracy": float(corrects[central_pos].mean()),
         "test_loss": float(losses[central_pos].mean()),
     }
+    per_client = np.asarray([corrects[pick(i)].mean() for i in client_idx])
     if client_idx:
-        metrics["client_accuracy"] = float(np.mean([corrects[pick(i)].mean() for i in client_idx]))
-    return metrics
+        metrics["client_accuracy"] = float(per_client.mean())
+    return metrics, per_client
 
 
-def client_accuracies(model: Model, algorithm, state, dataset: FederatedDataset, client_states=None,
-                      personalized=None) -> tuple[np.ndarray, str]:
-    """Each client's accuracy on its own test data (clients without test data left out) and what was
-    measured: the personalised models where the algorithm has them, else the global model."""
-    if algorithm.requirements.personalized:
-        personalized = PersonalizedEvaluator(dataset) if personalized is None else personalized
-        return (np.asarray(personalized.per_client_accuracy(algorithm, state, client_states)),
-                "final personalised accuracy per client")
-    client_idx = [i for i in dataset.client_test if len(i)]
-    if not client_idx:
-        return np.zeros(0), ""
-    needed = np.unique(np.concatenate(client_idx))
-    corrects = per_example_stats(model, state.params, dataset.x[needed], dataset.y[needed])[1]
-    accuracy = [corrects[np.searchsorted(needed, i)].mean() for i in client_idx]
-    return np.asarray(accuracy), "final global-model accuracy per client (own test data)"
+def evaluate(model: Model, params, dataset: FederatedDataset, batch_size: int = 1000) -> dict:
+    """``test_accuracy``/``test_loss`` on the central test set and the unweighted mean over clients
+    of each client's accuracy on its own test data (``client_accuracy``)."""
+    return _global_evaluation(model, params, dataset, batch_size)[0]
 
 
 def evaluate_state(model: Model, algorithm, state, dataset: FederatedDataset, client_states=None,
-                   validation_set=None, personalized=None) -> dict:
+                   validation_set=None, personalized=None) -> Evaluation:
     """``evaluate`` of the global model (where ``requirements.global_classifier``), and for an algorithm
     with ``requirements.personalized`` the mean and distribution over clients of each personalised
     model's accuracy on that client's own test data (``personalized``: the run's
     ``PersonalizedEvaluator``, built here if None; ``client_states``: the loop's per-client state
-    store). With a ``validation_set`` (a server-held set with ``x``, ``y``), ``validation_accuracy``."""
+    store). With a ``validation_set`` (a server-held set with ``x``, ``y``), ``validation_accuracy``.
+    The per-client accuracies are the personalised ones where the algorithm has them, else the global
+    model's: computed once here, not again for ``client_accuracies.json``."""
     requirements = algorithm.requirements
-    metrics = evaluate(model, state.params, dataset) if requirements.global_classifier else {}
+    metrics, per_client, label = {}, np.zeros(0), ""
+    if requirements.global_classifier:
+        metrics, per_client = _global_evaluation(model, state.params, dataset)
+        label = "final global-model accuracy per client (own test data)" if len(per_client) else ""
     if validation_set is not None:
         correct = per_example_stats(model, state.params, validation_set.x, validation_set.y)[1]
         metrics["validation_accuracy"] = float(correct.mean())
-    if not requirements.personalized:
-        return metrics
-    personalized = PersonalizedEvaluator(dataset) if personalized is None else personalized
-    return {**metrics, **personalized(algorithm, state, client_states)}
+    if requirements.personalized:
+        personalized = PersonalizedEvaluator(dataset) if personalized is None else personalized
+        accuracy = personalized.per_client_accuracy(algorithm, state, client_states)
+        metrics = {**metrics, **personalized.summary(accuracy)}
+        per_client, label = accuracy[np.isfinite(accuracy)], "final personalised accuracy per client"
+    return Evaluation(metrics, per_client, label)
 
 
 def headline_accuracy(metrics: dict) -> float:

@@ -30,7 +30,7 @@ from fedjax_dp.training.build import (build_round, compression_rates, needs_serv
 from fedjax_dp.training.checkpointing import Checkpointer, Interruption, truncate_metrics  # noqa: F401
 from fedjax_dp.training.cohorts import cohort_slots, expected_cohort, make_packer, sample_cohort
 from fedjax_dp.training.config_validation import validate_config
-from fedjax_dp.training.evaluation import client_accuracies, evaluate_state
+from fedjax_dp.training.evaluation import evaluate_state
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
 from fedjax_dp.training.reporting import RunSummary, format_summary, privacy_record, progress_postfix, run_title  # noqa: F401
 from fedjax_dp.training.run_state import LoopState
@@ -152,11 +152,11 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
         loop.evaluated(loop.rounds_run, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation,
                                                                  personalized))
         writer.log({"round": loop.rounds_run, "final_evaluation": True, **loop.last_eval})
-    accuracies, accuracies_label = client_accuracies(model, runner.algorithm, state, dataset, loop.client_states,
-                                                     personalized)
-    writer.write_json("client_accuracies.json", {"measured": accuracies_label, "round": loop.rounds_run,
+    final = loop.last_per_client if loop.last_per_client_round == loop.rounds_run else evaluate_state(
+        model, runner.algorithm, state, dataset, loop.client_states, None, personalized)  # interrupted: not yet evaluated
+    writer.write_json("client_accuracies.json", {"measured": final.per_client_label, "round": loop.rounds_run,
                                                  "client_ids": [i for i, t in enumerate(dataset.client_test) if len(t)],
-                                                 "accuracy": accuracies})
+                                                 "accuracy": final.per_client})
     writer.close()
     summary = RunSummary(workdir, loop.rounds_run, loop.last_eval, loop.best[0], loop.best[1], loop.client_updates,
                          time.perf_counter() - start, uplink_gb=loop.meter.uplink / 1e9,
@@ -172,5 +172,5 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                                        "engine": dataclasses.asdict(choice), "backend": jax.default_backend()})
     plots.plot_run(results.read_metrics(workdir), os.path.join(workdir, "results.png"),
                    run_title(cfg, dataset.name, dataset.num_clients, tracker.report() if tracker else None),
-                   accuracies, accuracies_label)
+                   final.per_client, final.per_client_label)
     return summary

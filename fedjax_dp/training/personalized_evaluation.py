@@ -63,7 +63,10 @@ class PersonalizedEvaluator:
             return np.where(self.test_sizes > 0, counts / self.test_sizes, np.nan)
 
     def __call__(self, algorithm, state, client_states=None) -> dict:
-        accuracy = self.per_client_accuracy(algorithm, state, client_states)
+        return self.summary(self.per_client_accuracy(algorithm, state, client_states))
+
+    def summary(self, accuracy: np.ndarray) -> dict:
+        """Mean and distribution over the clients with test data of ``per_client_accuracy``'s values."""
         scored = accuracy[np.isfinite(accuracy)]
         if not len(scored):
             return {}

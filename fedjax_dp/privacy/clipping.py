@@ -34,11 +34,16 @@ def _check_positive(clip_norm):
         raise ValueError(f"clip norm S must be > 0, got {clip_norm}")
 
 
+def clip_scale(norm, clip_norm):
+    """The factor 1 / max(1, norm / S) that brings a vector of L2 norm ``norm`` within ``clip_norm``."""
+    return 1.0 / jnp.maximum(1.0, norm / clip_norm)
+
+
 def clip_by_global_norm(update, clip_norm: float | jax.Array) -> ClipResult:
     """Scales ``update`` so its global L2 norm is at most ``clip_norm``."""
     _check_positive(clip_norm)
     norm = tree.l2_norm(update)
-    scale = 1.0 / jnp.maximum(1.0, norm / clip_norm)
+    scale = clip_scale(norm, clip_norm)
     return ClipResult(jax.tree_util.tree_map(lambda x: x * scale, update), norm, norm > clip_norm)
 
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from fedjax_dp.core import tree
 from fedjax_dp.core.local_training import masked_mean
 from fedjax_dp.core.uploads import Release
-from fedjax_dp.privacy.clipping import clip_by_global_norm
+from fedjax_dp.privacy.clipping import clip_by_global_norm, clip_scale
 from fedjax_dp.privacy.mechanisms import add_gaussian_noise
 
 
@@ -39,7 +39,7 @@ def clipped_sum(grads, mask, clip_norm):
     zero inputs under the same parameters, so finite whenever the real ones are.
     """
     norms = jax.vmap(tree.l2_norm)(grads)
-    weights = jnp.where(mask, 1.0 / jnp.maximum(1.0, norms / clip_norm), 0.0)
+    weights = jnp.where(mask, clip_scale(norms, clip_norm), 0.0)
     return jax.tree_util.tree_map(lambda g: jnp.tensordot(weights.astype(g.dtype), g, axes=1), grads)
 
 

@@ -152,7 +152,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
         loop.evaluated(loop.rounds_run, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation,
                                                                  personalized))
         writer.log({"round": loop.rounds_run, "final_evaluation": True, **loop.last_eval})
-    final = loop.last_per_client if loop.last_per_client_round == loop.rounds_run else evaluate_state(
+    final = loop.last_evaluation if loop.last_evaluation_round == loop.rounds_run else evaluate_state(
         model, runner.algorithm, state, dataset, loop.client_states, None, personalized)  # interrupted: not yet evaluated
     writer.write_json("client_accuracies.json", {"measured": final.per_client_label, "round": loop.rounds_run,
                                                  "client_ids": [i for i, t in enumerate(dataset.client_test) if len(t)],

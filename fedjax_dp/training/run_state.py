@@ -29,8 +29,8 @@ class LoopState:
     rounds_run: int = 0
     best: list = dataclasses.field(default_factory=lambda: [-1.0, -1])
     last_eval: dict = dataclasses.field(default_factory=dict)
-    last_per_client: object = None  # the last evaluation.Evaluation (not checkpointed: recomputed after a resume)
-    last_per_client_round: int = -1
+    last_evaluation: object = None  # the last evaluation.Evaluation (not checkpointed: recomputed after a resume)
+    last_evaluation_round: int = -1
     participation: list = dataclasses.field(default_factory=list)  # [round, client ids] per round run
     all_dropped_streak: int = 0  # consecutive rounds in which every client update was non-finite
     meter: TrafficMeter = dataclasses.field(default_factory=TrafficMeter)
@@ -76,7 +76,7 @@ class LoopState:
 
     def evaluated(self, t: int, evaluation) -> None:
         """Records an ``evaluation.Evaluation`` of the state after round ``t``."""
-        self.last_per_client, self.last_per_client_round = evaluation, t
+        self.last_evaluation, self.last_evaluation_round = evaluation, t
         metrics = self.last_eval = evaluation.metrics
         if headline_accuracy(metrics) > self.best[0]:
             self.best = [headline_accuracy(metrics), t]

@@ -64,6 +64,27 @@ def test_the_poisson_ledger_is_dp_accountings_poisson_gaussian_at_the_delta_left
     assert ledgers["pld"].epsilons()[0] < ledgers["rdp"].epsilons()[0]
 
 
+def test_a_pld_ledger_decides_on_pld_so_a_client_spends_its_threshold_by_pld():
+    """With ``accountant='pld'`` the schedule and the stop use the PLD bound the run reports: a client taking
+    part in every round runs until one more participation at z_max would pass its threshold by PLD, and
+    ends closer to it (by PLD) than under RDP decisions, which stop it early because RDP is looser."""
+    spent = {}
+    for kind in ("rdp", "pld"):
+        ledger = _ledger(thresholds=1.0, rounds=12, rate=0.25, step_sampling="poisson", accountant=kind, zmax=4.0)
+        for t in range(1, 13):
+            if ledger.eligible(t)[0]:
+                ledger.record([0], t)
+        spent[kind] = ledger
+    pld = spent["pld"]
+    final = pld.pld_epsilons()[0]
+    assert final <= 1.0 and pld.stopped_round[0] > 0
+    assert not pld._fits(0, pld.grid[-1], 1)  # stopped because one more participation would pass it by PLD
+    assert final > spent["rdp"].pld_epsilons()[0] + 0.1
+    rdp_z = spent["rdp"].multipliers_used  # the same threshold with less noise in every participation
+    assert np.all(np.array(pld.multipliers_used[:len(rdp_z)]) <= rdp_z) and pld.multipliers_used[0] < rdp_z[0]
+    assert pld.steps_run[0] >= spent["rdp"].steps_run[0]
+
+
 @pytest.mark.parametrize("sizes,batch,steps", [((30, 200, 5000), 10, 100), ((64,), 16, 3000)])
 def test_the_poisson_cap_is_the_least_that_keeps_truncation_within_its_share_of_delta(sizes, batch, steps):
     from scipy import stats

@@ -156,7 +156,7 @@ registry.register_section("ldp", {
     "temperature": 1.0,  # tau of a_k = softmax(tau cos(Delta_k, mean Delta))
     "rdp_orders": "",  # the ledgers' RDP orders ("" = privacy.example_ledger.LEDGER_ORDERS)
     "step_sampling": "fixed",  # fixed: B without replacement per step | poisson: each example w.p. B / n_k
-    "accountant": "rdp"})  # rdp | pld: what the reported per-client epsilons use (decisions: RDP)
+    "accountant": "rdp"})  # rdp | pld: the per-client ledger that decides the schedule and stops, and reports
 registry.register("ldp_minibatch", build=build_ldp_minibatch, sections=("ldp",), validate=check_ldp,
                   server_validation=True, tracker=make_tracker,
                   summary="Local mini-batch gradient DP with per-client thresholds and history/correlation-weighted "

@@ -19,17 +19,22 @@ as what it is (``step_sampling``):
   Poisson batches amplify by about half the noise of fixed-size ones under PLD (no replace-one factor 2).
 
 A client's loss is the composition of the steps it actually ran; the guarantee holds whatever the
-server does with the uploads (they are post-processing of the noised steps). Decisions (the noise
-schedule and stopping, below) use the RDP ledger. ``accountant='pld'`` also composes each client's
-steps with dp_accounting's PLD accountant (pessimistic, discretisation ``LEDGER_PLD_DISCRETIZATION``)
-and reports min(PLD, RDP) per client: both bound the same mechanism, so the smaller holds, and neither
-exceeds the threshold the RDP decisions kept.
+server does with the uploads (they are post-processing of the noised steps). ``accountant`` is the
+ledger that decides (the noise schedule and stopping, below) and reports: ``rdp`` composes RDP curves;
+``pld`` composes each client's steps with dp_accounting's PLD accountant (pessimistic, discretisation
+``LEDGER_PLD_DISCRETIZATION``), decides on it, and reports min(PLD, RDP) per client (both bound the
+same mechanism, so the smaller holds; the PLD one never exceeds the threshold its decisions kept).
+PLD is the tighter bound (RDP's conversion to (epsilon, delta) is loose), so PLD decisions let a
+client run more steps or less noise for the same threshold. Cost (2-core CPU): building the PLD of S
+steps at one (n_k, z) takes 20-40 ms (cached), composing it onto a client's history and reading epsilon
+about 3 ms, so a 12-round schedule for one client took 1.7 s against 0.07 s by RDP.
 
 The threshold rule (the patent's formula is an image missing from its text; this is the reading
 implemented): client n has a threshold epsilon_n. Before each participation in round t it takes the
-smallest noise multiplier z on a geometric grid [z_0, z_max] such that its spent RDP curve plus the
+smallest noise multiplier z on a geometric grid [z_0, z_max] such that its spent loss plus the
 participations it still expects, R = max(1, q (T - t + 1)) participations of S steps at z, stays
-within epsilon_n. Early on, with budget to spare, that is z_0 (the least noise); as the spent loss
+within epsilon_n (by the deciding ledger; PLD composes whole participations, so R is rounded to the
+nearest integer, at least 1). Early on, with budget to spare, that is z_0 (the least noise); as the spent loss
 approaches the threshold, or a client takes part more often than expected, R participations fit
 only under more noise, so z rises. A client whose next participation would exceed epsilon_n even at
 z_max is no longer sampled (eligibility depends only on past sampling and public sizes, never on
@@ -43,10 +48,13 @@ import dataclasses
 import functools
 
 import numpy as np
+from dp_accounting import NeighboringRelation
+from dp_accounting.pld import privacy_loss_distribution
+from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import stats
 
-from fedjax_dp.privacy.accounting import RoundEvent, event_rdp, check_delta, check_rdp_orders, make_accountant
+from fedjax_dp.privacy.accounting import RoundEvent, event_rdp, check_delta, check_rdp_orders
 
 STEP_SAMPLINGS = ("fixed", "poisson")
 LEDGER_ACCOUNTANTS = ("rdp", "pld")
@@ -73,13 +81,17 @@ def poisson_batch_cap(sizes, batch_size: int, max_steps: int, delta: float) -> i
     return int(min(max(caps), int(sizes.max())))
 
 
-@functools.lru_cache(maxsize=4096)
-def _pld_epsilon(runs: tuple, delta: float) -> float:
-    """epsilon at ``delta`` of the PLD composition of ``runs`` = ((RoundEvent, count), ...)."""
-    accountant = make_accountant("pld", runs[0][0].neighboring_relation, LEDGER_PLD_DISCRETIZATION)
-    for event, count in runs:
-        accountant.compose(event.dp_event("pld"), count)
-    return float(accountant.get_epsilon(delta))
+@functools.lru_cache(maxsize=2048)
+def _steps_pld(event: RoundEvent, count: int) -> PrivacyLossDistribution:
+    """dp_accounting's PLD of ``count`` steps of ``event`` (a Poisson-subsampled Gaussian, add/remove;
+    pessimistic, discretisation ``LEDGER_PLD_DISCRETIZATION``): what ``PLDAccountant.compose(event,
+    count)`` composes, cached because the ledgers compose the same few (n_k, z) over and over."""
+    poisson = event.dp_event("pld")
+    return privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=poisson.event.noise_multiplier, sampling_prob=poisson.sampling_probability,
+        value_discretization_interval=LEDGER_PLD_DISCRETIZATION,
+        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE).self_compose(count)
+
 
 GRID_POINTS = 32
 LEDGER_ORDERS = (1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0, 128.0)
@@ -103,7 +115,7 @@ class ExampleLevelLedger:
     orders: tuple = LEDGER_ORDERS
     step_sampling: str = "fixed"  # STEP_SAMPLINGS
     per_example: bool = True  # False: the clipped batch mean (sensitivity 2C under add/remove)
-    accountant: str = "rdp"  # LEDGER_ACCOUNTANTS: what the reported epsilons use (decisions: RDP)
+    accountant: str = "rdp"  # LEDGER_ACCOUNTANTS: what decides the schedule and stops, and reports
 
     def __post_init__(self):
         check_delta(self.delta)
@@ -134,6 +146,8 @@ class ExampleLevelLedger:
         self.multipliers_used: list[float] = []
         self.participations: list[dict[float, int]] = [{} for _ in self.client_sizes]  # per client: z -> count
         self._curves: dict[tuple[int, float], np.ndarray] = {}
+        self._history_pld = [privacy_loss_distribution.identity(LEDGER_PLD_DISCRETIZATION)] * len(self.client_sizes)
+        self._uncomposed: list[list[float]] = [[] for _ in self.client_sizes]  # z of participations not in it yet
 
     def _participation(self, size: int, z: float) -> np.ndarray:
         """RDP curve of one participation (S steps) of a client holding ``size`` examples, at z (cached:
@@ -152,8 +166,26 @@ class ExampleLevelLedger:
         return float(rdp_privacy_accountant.compute_epsilon(self.orders, curve, self.accounting_delta)[0])
 
     def _fits(self, client: int, z: float, participations: float) -> bool:
-        curve = self.spent[client] + participations * self._participation(int(self.client_sizes[client]), float(z))
+        """Whether the client's spent loss plus ``participations`` more at z stays within its threshold,
+        by the deciding accountant."""
+        size = int(self.client_sizes[client])
+        if self.accountant == "pld":
+            more = _steps_pld(self.step_event(size, float(z)), max(1, round(participations)) * self.steps)
+            return self._pld_epsilon(self._client_pld(client).compose(more)) <= self.thresholds[client]
+        curve = self.spent[client] + participations * self._participation(size, float(z))
         return self._epsilon(curve) <= self.thresholds[client]
+
+    def _client_pld(self, client: int) -> PrivacyLossDistribution:
+        """The PLD of the client's participations, composed in the order they ran (as a PLDAccountant
+        would; lazily, so an RDP ledger composes only if its PLD epsilons are asked for)."""
+        size = int(self.client_sizes[client])
+        for z in self._uncomposed[client]:
+            self._history_pld[client] = self._history_pld[client].compose(_steps_pld(self.step_event(size, z), self.steps))
+        self._uncomposed[client] = []
+        return self._history_pld[client]
+
+    def _pld_epsilon(self, distribution: PrivacyLossDistribution) -> float:
+        return float(distribution.get_epsilon_for_delta(self.accounting_delta))
 
     def eligible(self, t: int) -> np.ndarray:
         """Clients whose next participation fits their threshold at the largest noise (marks the others
@@ -167,7 +199,10 @@ class ExampleLevelLedger:
         expected = max(1.0, self.participation_rate * (self.rounds - t + 1))
         out = []
         for k in np.asarray(client_ids, np.int64):
-            low, high = -1, len(self.grid) - 1  # epsilon falls as z grows: bisect for the first z that fits
+            if self._fits(k, self.grid[0], expected):  # budget to spare: the least noise (saves the bisection)
+                out.append(self.grid[0])
+                continue
+            low, high = 0, len(self.grid) - 1  # epsilon falls as z grows: bisect for the first z that fits
             while high - low > 1:
                 mid = (low + high) // 2
                 low, high = (low, mid) if self._fits(k, self.grid[mid], expected) else (mid, high)
@@ -182,6 +217,7 @@ class ExampleLevelLedger:
             self.spent[k] += self._participation(int(self.client_sizes[k]), float(zk))
             self.steps_run[k] += self.steps
             self.participations[k][float(zk)] = self.participations[k].get(float(zk), 0) + 1
+            self._uncomposed[k].append(float(zk))
         self.multipliers_used.extend(z.tolist())
         return z
 
@@ -194,11 +230,6 @@ class ExampleLevelLedger:
         return np.minimum(rdp, self.pld_epsilons())
 
     def pld_epsilons(self) -> np.ndarray:
-        """Each client's steps composed by dp_accounting's PLD accountant (cached per history)."""
-        out = np.zeros(len(self.client_sizes))
-        for k, history in enumerate(self.participations):
-            if history:
-                size = int(self.client_sizes[k])
-                runs = tuple((self.step_event(size, z), count * self.steps) for z, count in sorted(history.items()))
-                out[k] = _pld_epsilon(runs, self.accounting_delta)
-        return out
+        """Each client's steps composed by dp_accounting's PLD (``_client_pld``)."""
+        return np.array([self._pld_epsilon(self._client_pld(k)) if history else 0.0
+                         for k, history in enumerate(self.participations)])

@@ -83,7 +83,7 @@ class ExampleLevelTracker:
                      "Gaussian (replace-one, sensitivity 2C)")
         accountant = ("dp_accounting RDP" if led.accountant == "rdp" else
                       f"dp_accounting PLD (discretisation {LEDGER_PLD_DISCRETIZATION}; each client's epsilon is "
-                      "min(PLD, RDP), both bounds of the same mechanism; the schedule and stops use RDP)")
+                      "min(PLD, RDP), both bounds of the same mechanism; the schedule and stops use PLD)")
         notes = [
             f"every local step clips {clip} to C = {self.clip_norm} and adds N(0, (z C)^2); {drawn}; composed "
             f"over the steps each client ran with {accountant}",

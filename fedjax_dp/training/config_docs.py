@@ -98,7 +98,7 @@ KEY_DOCS = {
     "ldp.temperature": "local mini-batch DP: tau of a_k = softmax(tau cos(Delta_k, mean Delta))",
     "ldp.rdp_orders": "local mini-batch DP: the ledgers' RDP orders ('' = privacy.example_ledger.LEDGER_ORDERS)",
     "ldp.step_sampling": "local mini-batch DP: fixed (B without replacement per step) | poisson (each example w.p. B/n_k)",
-    "ldp.accountant": "local mini-batch DP: rdp | pld, the accountant of the reported per-client epsilons",
+    "ldp.accountant": "local mini-batch DP: rdp | pld, the per-client ledger that decides the noise schedule and stops and reports each epsilon",
     "pfldyn.alpha": "PFLDyn: alpha of the dynamic regulariser (CUAG-PFL Eqs. 9-12)",
     "pfldyn.local_steps": "PFLDyn: local steps P, each two fresh batches of client.batch_size",
     "pfldyn.weight_decay": "PFLDyn: local weight decay",

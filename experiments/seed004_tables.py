@@ -6,8 +6,9 @@ decay 1e-3, CNN ``cnn_pfl``), run for ``--rounds`` rounds (300 in the paper) on 
               E = 5 epochs of B = 50, the same 2,500 examples per client and round as P = 25 pairs of 50)
   --table 6   dynamic rates vs fixed 0.5 / 0.4 / 0.3 (CUAG paper mode)
   --table 7   block vs gaussian vs bernoulli measurement matrices (CUAG paper mode)
-  --table 5   fixed sigma in {0.45, 0.65, 1.0} x fixed C in {0.5, 1, 1.5} (sound mode, fixed z) and the
-              paper's adaptive sigma_t with C_l = own norm
+  --table 5   Alg. 4's noise N(0, (2 C sigma / B)^2) with sigma in {0.45, 0.65, 1.0, the sigma_t schedule}
+              x C in {0.5, 1, 1.5 (clipped first: sound mode, a formal but large epsilon), the layer's own
+              norm (paper mode, no guarantee)} (``cuag.sigma``)
   --table 3   mu in {0.1, 0.15, 0.2, 0.5, 1, 2} (paper and sound modes)
   --table 8   heterogeneous mu_n, 100 values evenly spaced in [0.1, 4] (paper and sound modes)
 
@@ -46,10 +47,14 @@ def table_variants(table: int) -> list[tuple[str, dict]]:
         return [("dynamic [0.2, 0.5]", {})] + [(f"fixed {r}", {"compression.rates": r}) for r in ("0.5", "0.4", "0.3")]
     if table == 7:
         return [(kind, {"compression.kind": kind}) for kind in ("block", "gaussian", "bernoulli")]
-    if table == 5:
-        fixed = [(f"sigma {z}, C {c}", {"cuag.mode": "sound", "cuag.noise_multiplier": z, "cuag.clip_norm": c})
-                 for z in (0.45, 0.65, 1.0) for c in (0.5, 1.0, 1.5)]
-        return fixed + [("adaptive sigma_t, adaptive C_l (paper)", {})]
+    if table == 5:  # Alg. 4's noise N(0, (2 C sigma / B)^2), sigma and C each fixed or adaptive
+        rows = []
+        for sigma in ("0.45", "0.65", "1.0", "schedule"):
+            name = "adaptive sigma_t" if sigma == "schedule" else f"sigma {sigma}"
+            rows += [(f"{name}, C {c}", {"cuag.mode": "sound", "cuag.sigma": sigma, "cuag.clip_norm": c})
+                     for c in (0.5, 1.0, 1.5)]
+            rows.append((f"{name}, adaptive C_l (own norm)", {"cuag.mode": "paper", "cuag.sigma": sigma}))
+        return rows
     if table == 3:
         return [(f"{mode} mode, mu {mu}", {"cuag.mode": mode, "cuag.mu": mu})
                 for mode in ("paper", "sound") for mu in (0.1, 0.15, 0.2, 0.5, 1.0, 2.0)]

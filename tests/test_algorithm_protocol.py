@@ -159,7 +159,7 @@ def test_cuag_adaptive_gdp_noise_runs_in_the_loop_and_is_labelled(mode, tmp_path
 
     def build(ctx):
         algorithm = FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer())
-        noise = (CuagPaperNoise(0.5, **setting),) if mode == "paper" else cuag_sound_noise((0.3, 0.1), 2.0)
+        noise = (CuagPaperNoise(0.5, **setting),) if mode == "paper" else cuag_sound_noise((0.3, 0.1), ((1, 2.0),))
         return algorithm, chain(*noise, UniformWeights())
 
     registry.register("toy_cuag_noise", build=build, summary="test-only FedAvg + CUAG noise")

@@ -199,6 +199,43 @@ def test_paper_mode_noise_is_per_layer_and_per_client_as_written():
     assert not release.formal and len(release.client_multipliers) == 2
 
 
+def test_a_fixed_alg4_sigma_keeps_the_papers_noise_formula_in_both_modes(tmp_path):
+    """Table 5's cells: Alg. 4's noise N(0, (2 C_l sigma / B)^2) with sigma fixed. Paper mode: C_l the layer's
+    own norm, sigma the same every round, no guarantee. Sound mode: C_l = cuag.clip_norm after clipping, i.e.
+    a multiplier 2 sigma / (B sqrt(L)) of the sensitivity C sqrt(L), accounted (formal, no budget)."""
+    from fedjax_dp.core.uploads import ClientContext
+    from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, alg4_multipliers
+
+    with pytest.warns(UserWarning, match="NO formal"):
+        paper = CuagPaperNoise(0.25, 0.1, 50, 500, 25, fixed_sigma=0.65)
+    assert paper.inputs(1)["sigma"] == paper.inputs(40)["sigma"] == 0.65
+    layer = [jnp.full((50_000,), 0.01)]
+    ctx = ClientContext((), {"sigma": jnp.float32(0.65)}, jnp.inf, jax.random.key(0), jnp.bool_(True), jnp.bool_(True), 0)
+    noised = paper.client(layer, ctx).upload[0]
+    assert float(jnp.std(noised - layer[0])) == pytest.approx(2 * float(jnp.linalg.norm(layer[0])) * 0.65 / 50, rel=0.03)
+    assert alg4_multipliers([0.45], 50, 8) == ((1, pytest.approx(2 * 0.45 / (50 * np.sqrt(8)))),)
+    assert alg4_multipliers([0.5, 0.5, 0.7], 10, 4) == ((1, 0.05), (3, pytest.approx(0.07)))
+
+    c = _pfl_config("cuag_pfl", **{"cuag.mode": "sound", "cuag.sigma": "0.45", "cuag.clip_norm": 0.5,
+                                   "compression.enabled": True})
+    run_experiment(c, str(tmp_path / "sound"), progress=False)
+    privacy = json.load(open(tmp_path / "sound" / "privacy.json"))
+    layers = 2  # the logistic model: kernel and bias
+    assert privacy["formal"] is True and privacy["noise_multipliers"] == [pytest.approx(2 * 0.45 / (8 * np.sqrt(layers)))]
+    assert privacy["epsilon"] > 50 and "no budget" in " ".join(privacy["notes"])
+
+
+def test_the_sigma_t_schedule_at_a_fixed_clip_is_accounted_round_by_round(tmp_path):
+    from fedjax_dp.privacy import adaptive_gdp
+
+    c = _pfl_config("cuag_pfl", **{"cuag.mode": "sound", "cuag.sigma": "schedule", "compression.enabled": True})
+    run_experiment(c, str(tmp_path / "run"), progress=False)
+    privacy = json.load(open(tmp_path / "run" / "privacy.json"))
+    setting = dict(sampling_rate=0.4, batch_size=8, dataset_size=375, local_steps=2)  # 4 of 10 clients; 375 each
+    want = [2 * adaptive_gdp.noise_scale(t, 0.25, **setting) / (8 * np.sqrt(2)) for t in (1, 2, 3)]
+    assert privacy["formal"] is True and privacy["noise_multipliers"] == pytest.approx(sorted(want), rel=1e-6)
+
+
 def test_heterogeneous_mu_reaches_the_right_clients_and_no_client_exceeds_its_budget(tmp_path):
     from fedjax_dp.algorithms.cuag_pfl import parse_client_mu
     from fedjax_dp.privacy import gdp
@@ -228,6 +265,8 @@ def test_heterogeneous_mu_reaches_the_right_clients_and_no_client_exceeds_its_bu
     ("cuag.client_mu", "0:4", "every mu_n must be > 0"),
     ("compression.enabled", False, "cuag_pfl compresses every upload: set compression.enabled=True"),
     ("cuag.mode", "exact", "cuag.mode 'exact' unknown"),
+    ("cuag.sigma", "wide", "cuag.sigma='wide' must be '', 'schedule' or a positive number"),
+    ("cuag.sigma", "-0.5", "cuag.sigma='-0.5' must be"),
     ("model.name", "vgg16", "model.name='vgg16' needs 32x32"),
 ])
 def test_bad_cuag_input_is_refused_before_loading(tmp_path, path, value, message):
@@ -237,6 +276,19 @@ def test_bad_cuag_input_is_refused_before_loading(tmp_path, path, value, message
     c[section][key] = value
     with pytest.raises(ValueError, match=message):
         run_experiment(c, str(tmp_path / "never"), progress=False)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"cuag.mode": "none"}, "cuag.mode='none' adds none"),
+    ({"cuag.mode": "sound", "cuag.noise_multiplier": 0.45}, "both fix the noise"),
+    ({"cuag.client_mu": "0.1:4"}, "cannot follow cuag.client_mu='0.1:4'"),
+])
+def test_a_fixed_sigma_that_would_be_ignored_or_contradicted_is_refused(overrides, message):
+    from fedjax_dp.training.config_validation import validate_config
+
+    c = _pfl_config("cuag_pfl", **{"compression.enabled": True, "cuag.sigma": "0.45", **overrides})
+    with pytest.raises(ValueError, match=message):
+        validate_config(c)
 
 
 def test_a_batch_pair_larger_than_a_clients_data_is_refused_before_training(tmp_path):

@@ -17,8 +17,14 @@ lines 26-27) before PFLDyn's server step. ``cuag.mode``:
   client's mu_n under replace-one neighbours (each participation is (2/z_n)-GDP, exact composition:
   sqrt(K) 2 / z_n = mu_n); each client's ledger holds its budget mu_n and a client whose next
   participation would exceed it is no longer sampled. The epsilon reported is the ledger's exact GDP
-  composition of what ran (a guarantee). ``cuag.noise_multiplier`` > 0 fixes z instead (Table 5's fixed
-  sigma; PriFedSync's sigma = 0.45 with C = 1): no budget, the epsilon spent is reported.
+  composition of what ran (a guarantee). ``cuag.noise_multiplier`` > 0 fixes z instead (PriFedSync's
+  sigma = 0.45 with C = 1, a multiplier of the sensitivity): no budget, the epsilon spent is reported.
+* ``cuag.sigma`` (Table 5: sigma and C each fixed or adaptive) runs Alg. 4's own noise,
+  N(0, (2 C_l sigma / B)^2) per entry, with sigma fixed (a number) or the sigma_t schedule
+  (``schedule``; |D| the mean client size): in ``paper`` mode with C_l the layer's own norm (no
+  guarantee; ``schedule`` is the default there), in ``sound`` mode with C_l = ``cuag.clip_norm``
+  after clipping, i.e. multiplier z_t = 2 sigma_t / (B sqrt(L)) of the sensitivity C sqrt(L): a formal
+  guarantee whose (very large) epsilon is accounted, no budget.
 * ``none``: no noise (CUAG's compression on PFLDyn(Proto); with rate 1 it is PFLDyn(Proto)).
 
 Heterogeneous DP (Table 8): ``cuag.client_mu`` gives each client its own mu_n ("0.1:4": N values evenly
@@ -37,10 +43,10 @@ import numpy as np
 from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.pfldyn_proto import build_pfldyn_algorithm, check_pfldyn
 from fedjax_dp.core.uploads import UniformWeights, chain
-from fedjax_dp.privacy import gdp
+from fedjax_dp.privacy import adaptive_gdp, gdp
 from fedjax_dp.privacy.client_sampling import client_sampler
 from fedjax_dp.privacy.tracker import PrivacyTracker
-from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, cuag_sound_noise
+from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, alg4_multipliers, cuag_sound_noise
 
 MODES = ("paper", "sound", "none")
 
@@ -59,6 +65,30 @@ def parse_client_mu(text: str, mu: float, num_clients: int, seed: int) -> np.nda
     if not np.all(values > 0):
         raise ValueError(f"cuag.client_mu={text!r} / cuag.mu={mu}: every mu_n must be > 0, got min {values.min()}")
     return values
+
+
+def parse_sigma(text) -> float | str | None:
+    """``cuag.sigma``: ``""`` (the mode's default), ``"schedule"`` (Alg. 4's sigma_t) or a fixed sigma > 0."""
+    text = str(text).strip()
+    if text in ("", "schedule"):
+        return text or None
+    try:
+        sigma = float(text)
+    except ValueError:
+        sigma = float("nan")
+    if not (sigma > 0 and math.isfinite(sigma)):
+        raise ValueError(f"cuag.sigma={text!r} must be '', 'schedule' or a positive number (Alg. 4's sigma held fixed)")
+    return sigma
+
+
+def alg4_sigmas(sigma, cfg, ctx) -> list[float]:
+    """sigma_t for t = 1..T: the fixed ``sigma`` or Alg. 4's schedule at the mean client size."""
+    if sigma != "schedule":
+        return [float(sigma)]
+    size = int(np.mean(ctx.client_sizes)) if ctx.client_sizes else 500
+    setting = dict(sampling_rate=ctx.sampling_rate(), batch_size=cfg.client.batch_size, dataset_size=size,
+                   local_steps=cfg.pfldyn.local_steps)
+    return [adaptive_gdp.noise_scale(t, cfg.cuag.mu, **setting) for t in range(1, cfg.rounds + 1)]
 
 
 def planned_participations(cfg, num_clients: int) -> int:
@@ -83,20 +113,29 @@ def build_cuag(ctx) -> tuple:
         return algorithm, chain()
     mus = parse_client_mu(c.client_mu, c.mu, ctx.num_clients, cfg.seed)
     heterogeneous = bool(str(c.client_mu).strip())
+    sigma = parse_sigma(c.sigma)
     if c.mode == "paper":
         noise = CuagPaperNoise(c.mu, ctx.sampling_rate(), cfg.client.batch_size,
                                int(np.mean(ctx.client_sizes)) if ctx.client_sizes else 500, cfg.pfldyn.local_steps,
                                client_mus=tuple(float(m) for m in mus) if heterogeneous else None,
-                               client_sizes=ctx.client_sizes)
+                               client_sizes=ctx.client_sizes, fixed_sigma=sigma if isinstance(sigma, float) else 0.0)
         return algorithm, chain(noise, UniformWeights())
-    if c.noise_multiplier:  # a fixed z (Table 5's fixed sigma; PriFedSync's sigma = 0.45): accounted, not calibrated
-        z = np.full(ctx.num_clients, float(c.noise_multiplier))
+    layers = len(jax.tree_util.tree_leaves(ctx.params_template))
+    client_z = None
+    if sigma is not None:  # Alg. 4's noise 2 C sigma_t / B at the fixed C: accounted, no budget
+        schedule = alg4_multipliers(alg4_sigmas(sigma, cfg, ctx), cfg.client.batch_size, layers)
+    elif c.noise_multiplier:  # a fixed z (PriFedSync's sigma = 0.45): accounted, not calibrated
+        schedule = ((1, float(c.noise_multiplier)),)
     else:
         z = sound_multipliers(mus, planned_participations(cfg, ctx.num_clients))
-    layers = len(jax.tree_util.tree_leaves(ctx.params_template))
-    noise = cuag_sound_noise((float(c.clip_norm),) * layers, float(z.min()),
-                             tuple(float(v) for v in z) if heterogeneous else None)
+        schedule, client_z = ((1, float(z.min())),), tuple(float(v) for v in z) if heterogeneous else None
+    noise = cuag_sound_noise((float(c.clip_norm),) * layers, schedule, client_z)
     return algorithm, chain(*noise, UniformWeights())
+
+
+def calibrated_to_budget(c) -> bool:
+    """Whether the sound mode's noise is calibrated to each client's mu_n (else fixed: no budget)."""
+    return c.mode == "sound" and not c.noise_multiplier and parse_sigma(c.sigma) is None
 
 
 class CuagTracker(PrivacyTracker):
@@ -107,13 +146,14 @@ class CuagTracker(PrivacyTracker):
         c = cfg.cuag
         self.mus = parse_client_mu(c.client_mu, c.mu, dataset.num_clients, cfg.seed)
         budgets = None
-        if c.mode == "sound" and not c.noise_multiplier:  # each client's own budget, as an epsilon at delta
+        if calibrated_to_budget(c):  # each client's own budget, as an epsilon at delta
             budgets = tuple(gdp.epsilon_from_mu(float(m), c.delta) for m in self.mus)
         settings = ml_collections.ConfigDict(dict(
             delta=c.delta, accountant="rdp", pld_discretization=1e-4, rdp_orders="", target_epsilon=0.0,
             max_delta=0.0, max_epsilon=0.0, client_epsilon_budget=budgets))
         super().__init__(uploads.releases, settings, client_sampler(cfg.sampling, dataset.num_clients))
         self.mode, self.participations = c.mode, planned_participations(cfg, dataset.num_clients)
+        self.calibrated = calibrated_to_budget(c)
 
     def report(self):
         report = super().report()
@@ -134,6 +174,9 @@ class CuagTracker(PrivacyTracker):
                 f"mu_n in [{claimed[0]:g}, {claimed[-1]:g}]") + " for the whole run (epsilons.paper_claim); the "
                 "epsilons listed are the paper's CLT formula composed over the rounds each client ran. Neither is "
                 "a guarantee: formal is false.")
+        elif not self.calibrated:
+            report.notes.append("sound mode with fixed noise (cuag.noise_multiplier or cuag.sigma): no budget; the "
+                                "epsilons listed are the exact composition of the participations each client ran")
         else:
             report.notes.append(
                 f"sound mode: each client's noise is calibrated so that {self.participations} participations spend its "
@@ -160,6 +203,20 @@ def check_cuag(cfg, need) -> None:
          f"cuag.client_mu={c.client_mu!r} (leave one of them unset)")
     need(not c.noise_multiplier or c.mode == "sound",
          f"cuag.noise_multiplier={c.noise_multiplier} applies to cuag.mode='sound' only, got mode {c.mode!r}")
+    try:
+        sigma = parse_sigma(c.sigma)
+    except ValueError as error:
+        need(False, str(error))
+        return
+    if sigma is not None:
+        need(c.mode != "none", f"cuag.sigma={c.sigma!r} sets Alg. 4's noise; cuag.mode='none' adds none")
+        need(not c.noise_multiplier, f"cuag.sigma={c.sigma!r} and cuag.noise_multiplier={c.noise_multiplier} both "
+                                     "fix the noise (leave one of them unset)")
+        need(not (isinstance(sigma, float) and str(c.client_mu).strip()),
+             f"cuag.sigma={c.sigma!r} fixes sigma for every client; it cannot follow cuag.client_mu={c.client_mu!r}")
+        need(not (c.mode == "sound" and str(c.client_mu).strip()),
+             f"cuag.sigma={c.sigma!r} in sound mode is not calibrated to a budget; cuag.client_mu={c.client_mu!r} "
+             "would be ignored (leave one of them unset)")
     need(cfg.compression.enabled, "cuag_pfl compresses every upload: set compression.enabled=True (compression.rates="
                                   "'dynamic' for Alg. 2, or a fixed rate; '1.0' with cuag.mode='none' is PFLDyn(Proto))")
     need(cfg.compression.r_min <= cfg.compression.r_max,
@@ -177,6 +234,7 @@ registry.register_section("cuag", {
     "clip_norm": 1.0,  # sound mode: C per measured layer (sensitivity C sqrt(L))
     "participations": 0,  # sound mode: K participations each client's mu_n covers (0 = ceil(lambda T))
     "noise_multiplier": 0.0,  # sound mode: > 0 fixes z (sigma) instead of calibrating it; epsilon accounted
+    "sigma": "",  # Alg. 4's sigma: "" (mode default), "schedule" (sigma_t) or a fixed number (Table 5)
     "delta": 1e-5})
 registry.register("cuag_pfl", build=build_cuag, sections=("pfldyn", "cuag"), validate=check_cuag, tracker=make_tracker,
                   summary="CUAG-PFL (seed 004): PFLDyn(Proto) + compressed-sensing uploads + adaptive Gaussian DP")

@@ -66,7 +66,14 @@ def set_value(cfg: ml_collections.ConfigDict, dotted: str, value) -> None:
             raise KeyError(unknown_key_message(".".join(parts[:depth + 1]), cfg))
         if depth < len(parts) - 1:
             node = node[part]
-    node[parts[-1]] = value
+    current = node[parts[-1]]
+    if isinstance(current, str) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)  # a text key that takes numbers too ("0.5" rates, "4" thresholds, "0.45" sigma)
+    try:
+        node[parts[-1]] = value
+    except TypeError:
+        raise ValueError(f"config key {dotted!r} expects {type(current).__name__} (default {current!r}), "
+                         f"got {value!r}") from None
 
 
 def all_keys(cfg, prefix: str = "") -> list[str]:

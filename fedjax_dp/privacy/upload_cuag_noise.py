@@ -10,7 +10,8 @@ composes in quadrature, so the recorded epsilon is the paper's claim for the sch
 
 ``sound``: ``cuag_sound_noise``: the same structure with fixed per-layer thresholds C_l and local
 Gaussian noise z sqrt(sum_l C_l^2) on every entry: a per-layer clip followed by local Gaussian noise,
-both already transforms, so the chain and the ledger account it like any local-DP run.
+both already transforms, so the chain and the ledger account it like any local-DP run. Alg. 4's own
+noise at a fixed C (std 2 C sigma_t / B, Table 5's fixed-C cells) is this with ``alg4_multipliers``.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ class CuagPaperNoise(UploadTransform):
     local_steps: int = 25  # P
     client_mus: tuple | None = None  # heterogeneous DP: mu_n per population client (Table 8)
     client_sizes: tuple | None = None  # |D_n| per population client (else ``dataset_size`` for all)
+    fixed_sigma: float = 0.0  # > 0: Alg. 4's sigma held fixed instead of the sigma_t schedule (Table 5)
 
     def __post_init__(self):
+        if not (self.fixed_sigma >= 0 and np.isfinite(self.fixed_sigma)):
+            raise ValueError(f"a fixed Alg. 4 sigma must be a finite number >= 0, got {self.fixed_sigma!r}")
         for mu, size in self._clients():
             adaptive_gdp.noise_scale(1, mu, **self._setting(size))  # validates every field by name
         warnings.warn(adaptive_gdp.PAPER_MODE_NOTE, stacklevel=2)
@@ -71,6 +75,8 @@ class CuagPaperNoise(UploadTransform):
                     local_steps=self.local_steps)
 
     def _sigmas(self, round_index: int) -> list[float]:
+        if self.fixed_sigma:
+            return [float(self.fixed_sigma)] * len(self._clients())
         return [adaptive_gdp.noise_scale(round_index, mu, **self._setting(size)) for mu, size in self._clients()]
 
     def inputs(self, round_index: int) -> dict:
@@ -100,9 +106,22 @@ class CuagPaperNoise(UploadTransform):
                         client_multipliers=tuple(float(v) for v in z) if self.per_client else None),)
 
 
-def cuag_sound_noise(layer_norms: tuple[float, ...], noise_multiplier: float,
+def cuag_sound_noise(layer_norms: tuple[float, ...], schedule: tuple,
                      client_multipliers: tuple | None = None) -> tuple[UploadTransform, ...]:
-    """The sound mode: fixed per-layer thresholds C_l, then local N(0, (z sqrt(sum C_l^2))^2) per entry
-    (``client_multipliers``: z_n per population client, heterogeneous DP)."""
-    return PerLayerClip(tuple(layer_norms)), GaussianNoise(((1, float(noise_multiplier)),), local=True,
+    """The sound mode: fixed per-layer thresholds C_l, then local N(0, (z_t sqrt(sum C_l^2))^2) per entry
+    (``schedule``: ((first round, z_t), ...); ``client_multipliers``: z_n per population client,
+    heterogeneous DP)."""
+    return PerLayerClip(tuple(layer_norms)), GaussianNoise(tuple(schedule), local=True,
                                                            client_multipliers=client_multipliers)
+
+
+def alg4_multipliers(sigmas, batch_size: int, layers: int) -> tuple:
+    """Alg. 4's noise N(0, (2 C sigma_t / B)^2) per entry as the multiplier of a clip at C on each of L
+    layers (sensitivity C sqrt(L)): z_t = 2 sigma_t / (B sqrt(L)). ``sigmas``: sigma_t for t = 1, 2, ...;
+    returns the piecewise-constant schedule ((first round, z_t), ...)."""
+    scale = 2.0 / (batch_size * np.sqrt(layers))
+    schedule = []
+    for t, sigma in enumerate(sigmas, start=1):
+        if not schedule or schedule[-1][1] != sigma * scale:
+            schedule.append((t, float(sigma * scale)))
+    return tuple(schedule)

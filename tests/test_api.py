@@ -35,6 +35,13 @@ def test_experiment_refuses_a_typo_naming_the_closest_key_before_loading(monkeyp
         cfg.dp.noise_multipler = 2.0
 
 
+def test_an_override_of_the_wrong_type_names_the_key_and_a_number_for_a_text_key_is_taken():
+    with pytest.raises(ValueError, match=r"config key 'rounds' expects int \(default 40\), got 'many'"):
+        fedjax_dp.Experiment("dp_fedavg_mnist", {"rounds": "many"})
+    assert fedjax_dp.configs.get("ldp_minibatch_mnist", {"ldp.thresholds": 4}).ldp.thresholds == "4"
+    assert fedjax_dp.configs.get("cuag_pfl_cifar10", {"cuag.sigma": 0.45}).cuag.sigma == "0.45"
+
+
 def test_the_sampler_names_its_own_accounting_event():
     """Uniform sampling accounted as Poisson under-reported epsilon (1.66 for 8): a sampler's own event
     cannot be mismatched. Exact-m sampling costs more for the same rate and noise."""

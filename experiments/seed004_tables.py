@@ -40,6 +40,7 @@ def table_variants(table: int) -> list[tuple[str, dict]]:
     if table == 2:
         return [("CUAG-PFL (paper mode, mu 0.25)", {}),
                 ("CUAG-PFL (sound mode, mu 0.25)", {"cuag.mode": "sound"}),
+                ("CUAG-PFL (sound mode, sigma_t shape, mu 0.25)", {"cuag.mode": "sound", "cuag.sound_noise": "sigma_t"}),
                 ("PFLDyn(Proto)", {"algorithm": "pfldyn_proto", "compression.enabled": False}),
                 ("SCAFFOLD", {"algorithm": "scaffold", "model.name": "cnn_pfl", **BASELINE}),
                 ("FedAvg", {"algorithm": "fedavg", **BASELINE})]

@@ -278,10 +278,34 @@ def test_bad_cuag_input_is_refused_before_loading(tmp_path, path, value, message
         run_experiment(c, str(tmp_path / "never"), progress=False)
 
 
+def test_the_sound_mode_can_follow_alg4s_shape_calibrated_to_mu_and_no_client_passes_it(tmp_path):
+    """``cuag.sound_noise='sigma_t'``: z_t = kappa sigma_t, kappa = (2 / mu) sqrt(K mean_t sigma_t^-2), so K
+    participations at random rounds spend mu on average; the ledger still holds every client to mu."""
+    from fedjax_dp.privacy import adaptive_gdp, gdp
+
+    c = _pfl_config("cuag_pfl", **{"cuag.mode": "sound", "cuag.sound_noise": "sigma_t", "cuag.mu": 2.0,
+                                   "cuag.participations": 2, "compression.enabled": True})
+    c.rounds = 4
+    run_experiment(c, str(tmp_path / "run"), progress=False)
+    privacy = json.load(open(tmp_path / "run" / "privacy.json"))
+    setting = dict(sampling_rate=0.4, batch_size=8, dataset_size=375, local_steps=2)
+    sigmas = np.array([adaptive_gdp.noise_scale(t, 2.0, **setting) for t in (1, 2, 3, 4)])
+    z = 2.0 / 2.0 * np.sqrt(2 * np.mean(sigmas ** -2.0)) * sigmas
+    assert 2 * np.mean((2 / z) ** 2) == pytest.approx(2.0 ** 2)  # two participations at random rounds: mu^2 on average
+    used = privacy["noise_multipliers"]
+    assert privacy["formal"] is True and set(np.round(used, 9)) <= set(np.round(z, 9)) and len(used) >= 2
+    eps = np.array(privacy["accounting"]["per_client_epsilon"])
+    assert np.all(eps <= gdp.epsilon_from_mu(2.0, 1e-5) * (1 + 1e-9)) and np.any(eps > 0)
+    assert "proportional to Alg. 4's sigma_t" in " ".join(privacy["notes"])
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"cuag.mode": "none"}, "cuag.mode='none' adds none"),
     ({"cuag.mode": "sound", "cuag.noise_multiplier": 0.45}, "both fix the noise"),
     ({"cuag.client_mu": "0.1:4"}, "cannot follow cuag.client_mu='0.1:4'"),
+    ({"cuag.mode": "sound", "cuag.sound_noise": "sigma_t"}, "would fix it"),
+    ({"cuag.sigma": "", "cuag.sound_noise": "sigma_t"}, "shapes the sound mode's noise; got cuag.mode='paper'"),
+    ({"cuag.sigma": "", "cuag.sound_noise": "ramp"}, "cuag.sound_noise 'ramp' unknown"),
 ])
 def test_a_fixed_sigma_that_would_be_ignored_or_contradicted_is_refused(overrides, message):
     from fedjax_dp.training.config_validation import validate_config

@@ -17,7 +17,12 @@ lines 26-27) before PFLDyn's server step. ``cuag.mode``:
   client's mu_n under replace-one neighbours (each participation is (2/z_n)-GDP, exact composition:
   sqrt(K) 2 / z_n = mu_n); each client's ledger holds its budget mu_n and a client whose next
   participation would exceed it is no longer sampled. The epsilon reported is the ledger's exact GDP
-  composition of what ran (a guarantee). ``cuag.noise_multiplier`` > 0 fixes z instead (PriFedSync's
+  composition of what ran (a guarantee). ``cuag.sound_noise='sigma_t'`` gives the noise Alg. 4's shape
+  instead: z_t = kappa sigma_t (least noise early, most late), kappa calibrated so that K participations
+  at rounds drawn uniformly spend mu in expectation (sum of (2 / z_t)^2 over K random rounds = mu^2 on
+  average: kappa = (2 / mu) sqrt(K mean_t sigma_t^-2)); the ledger still stops a client before its next
+  participation would pass mu, so one sampled mostly early stops sooner (with K = 1 the first rounds'
+  z_t may not afford a single participation: the run then stops for the privacy budget at once). ``cuag.noise_multiplier`` > 0 fixes z instead (PriFedSync's
   sigma = 0.45 with C = 1, a multiplier of the sensitivity): no budget, the epsilon spent is reported.
 * ``cuag.sigma`` (Table 5: sigma and C each fixed or adaptive) runs Alg. 4's own noise,
   N(0, (2 C_l sigma / B)^2) per entry, with sigma fixed (a number) or the sigma_t schedule
@@ -46,9 +51,10 @@ from fedjax_dp.core.uploads import UniformWeights, chain
 from fedjax_dp.privacy import adaptive_gdp, gdp
 from fedjax_dp.privacy.client_sampling import client_sampler
 from fedjax_dp.privacy.tracker import PrivacyTracker
-from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, alg4_multipliers, cuag_sound_noise
+from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, alg4_multipliers, cuag_sound_noise, piecewise_schedule
 
 MODES = ("paper", "sound", "none")
+SOUND_NOISE = ("constant", "sigma_t")
 
 
 def parse_client_mu(text: str, mu: float, num_clients: int, seed: int) -> np.ndarray:
@@ -126,11 +132,20 @@ def build_cuag(ctx) -> tuple:
         schedule = alg4_multipliers(alg4_sigmas(sigma, cfg, ctx), cfg.client.batch_size, layers)
     elif c.noise_multiplier:  # a fixed z (PriFedSync's sigma = 0.45): accounted, not calibrated
         schedule = ((1, float(c.noise_multiplier)),)
+    elif c.sound_noise == "sigma_t":
+        schedule = sigma_t_multipliers(alg4_sigmas("schedule", cfg, ctx), c.mu, planned_participations(cfg, ctx.num_clients))
     else:
         z = sound_multipliers(mus, planned_participations(cfg, ctx.num_clients))
         schedule, client_z = ((1, float(z.min())),), tuple(float(v) for v in z) if heterogeneous else None
     noise = cuag_sound_noise((float(c.clip_norm),) * layers, schedule, client_z)
     return algorithm, chain(*noise, UniformWeights())
+
+
+def sigma_t_multipliers(sigmas, mu: float, participations: int) -> tuple:
+    """The sound mode's z_t = kappa sigma_t with kappa = (2 / mu) sqrt(K mean_t sigma_t^-2) (module doc)."""
+    sigmas = np.asarray(sigmas, float)
+    kappa = 2.0 / mu * math.sqrt(participations * np.mean(sigmas ** -2.0))
+    return piecewise_schedule(kappa * sigmas)
 
 
 def calibrated_to_budget(c) -> bool:
@@ -153,7 +168,7 @@ class CuagTracker(PrivacyTracker):
             max_delta=0.0, max_epsilon=0.0, client_epsilon_budget=budgets))
         super().__init__(uploads.releases, settings, client_sampler(cfg.sampling, dataset.num_clients))
         self.mode, self.participations = c.mode, planned_participations(cfg, dataset.num_clients)
-        self.calibrated = calibrated_to_budget(c)
+        self.calibrated, self.shape = calibrated_to_budget(c), c.sound_noise
 
     def report(self):
         report = super().report()
@@ -180,8 +195,10 @@ class CuagTracker(PrivacyTracker):
         else:
             report.notes.append(
                 f"sound mode: each client's noise is calibrated so that {self.participations} participations spend its "
-                f"own budget mu_n (min {self.mus.min():g}, max {self.mus.max():g}); a client whose next participation "
-                "would exceed it is no longer sampled.")
+                f"own budget mu_n (min {self.mus.min():g}, max {self.mus.max():g})" + (
+                    ", with z_t proportional to Alg. 4's sigma_t (in expectation over the rounds a client is sampled in)"
+                    if self.shape == "sigma_t" else "") + "; a client whose next participation would exceed it is no "
+                "longer sampled.")
         return report
 
 
@@ -203,6 +220,14 @@ def check_cuag(cfg, need) -> None:
          f"cuag.client_mu={c.client_mu!r} (leave one of them unset)")
     need(not c.noise_multiplier or c.mode == "sound",
          f"cuag.noise_multiplier={c.noise_multiplier} applies to cuag.mode='sound' only, got mode {c.mode!r}")
+    need(c.sound_noise in SOUND_NOISE, f"cuag.sound_noise {c.sound_noise!r} unknown; use one of {SOUND_NOISE}")
+    if c.sound_noise == "sigma_t":
+        need(c.mode == "sound", f"cuag.sound_noise='sigma_t' shapes the sound mode's noise; got cuag.mode={c.mode!r}")
+        need(not c.noise_multiplier and not str(c.sigma).strip(),
+             f"cuag.sound_noise='sigma_t' calibrates the noise to mu; cuag.noise_multiplier={c.noise_multiplier} / "
+             f"cuag.sigma={c.sigma!r} would fix it (leave them unset)")
+        need(not str(c.client_mu).strip(), f"cuag.sound_noise='sigma_t' takes one mu for all clients; "
+                                           f"cuag.client_mu={c.client_mu!r} is not supported with it")
     try:
         sigma = parse_sigma(c.sigma)
     except ValueError as error:
@@ -234,6 +259,7 @@ registry.register_section("cuag", {
     "clip_norm": 1.0,  # sound mode: C per measured layer (sensitivity C sqrt(L))
     "participations": 0,  # sound mode: K participations each client's mu_n covers (0 = ceil(lambda T))
     "noise_multiplier": 0.0,  # sound mode: > 0 fixes z (sigma) instead of calibrating it; epsilon accounted
+    "sound_noise": "constant",  # sound mode, calibrated to mu: constant z | sigma_t (Alg. 4's shape)
     "sigma": "",  # Alg. 4's sigma: "" (mode default), "schedule" (sigma_t) or a fixed number (Table 5)
     "delta": 1e-5})
 registry.register("cuag_pfl", build=build_cuag, sections=("pfldyn", "cuag"), validate=check_cuag, tracker=make_tracker,

@@ -119,9 +119,13 @@ def alg4_multipliers(sigmas, batch_size: int, layers: int) -> tuple:
     """Alg. 4's noise N(0, (2 C sigma_t / B)^2) per entry as the multiplier of a clip at C on each of L
     layers (sensitivity C sqrt(L)): z_t = 2 sigma_t / (B sqrt(L)). ``sigmas``: sigma_t for t = 1, 2, ...;
     returns the piecewise-constant schedule ((first round, z_t), ...)."""
-    scale = 2.0 / (batch_size * np.sqrt(layers))
+    return piecewise_schedule(np.asarray(sigmas, float) * 2.0 / (batch_size * np.sqrt(layers)))
+
+
+def piecewise_schedule(values) -> tuple:
+    """((first round, value), ...) of per-round ``values`` (round t = index + 1), one entry per change."""
     schedule = []
-    for t, sigma in enumerate(sigmas, start=1):
-        if not schedule or schedule[-1][1] != sigma * scale:
-            schedule.append((t, float(sigma * scale)))
+    for t, value in enumerate(np.asarray(values, float).tolist(), start=1):
+        if not schedule or schedule[-1][1] != value:
+            schedule.append((t, value))
     return tuple(schedule)

@@ -109,6 +109,7 @@ KEY_DOCS = {
     "cuag.clip_norm": "CUAG-PFL sound mode: C per measured layer",
     "cuag.participations": "CUAG-PFL sound mode: participations each client's mu covers (0 = ceil(lambda T))",
     "cuag.noise_multiplier": "CUAG-PFL sound mode: > 0 fixes z instead of calibrating it (epsilon accounted)",
+    "cuag.sound_noise": "CUAG-PFL sound mode calibrated to mu: constant z | sigma_t (z_t proportional to Alg. 4's sigma_t)",
     "cuag.sigma": "CUAG-PFL: Alg. 4's noise 2 C_l sigma / B with sigma fixed (a number) or 'schedule' (sigma_t); "
                   "C_l the own norm (paper, no guarantee) or cuag.clip_norm (sound, accounted)",
     "cuag.delta": "CUAG-PFL: delta at which epsilon is reported",

@@ -22,6 +22,18 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs",
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 
 
+MAX_WORKERS = 4
+"""``-n auto`` (setup.cfg) starts one pytest-xdist worker per core, at most this many: each worker imports
+JAX and TensorFlow and compiles its own programs (a few GB at peak), so a many-core machine must not
+start dozens. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides it."""
+
+
+def pytest_xdist_auto_num_workers(config):
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``slow`` (each a minute or more on 2 cores, and covered in part by faster ones) run
     only with FEDJAX_DP_SLOW=1, so the default suite stays near 15 minutes on a 2-core machine."""

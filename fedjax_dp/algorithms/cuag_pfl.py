@@ -22,8 +22,9 @@ lines 26-27) before PFLDyn's server step. ``cuag.mode``:
   at rounds drawn uniformly spend mu in expectation (sum of (2 / z_t)^2 over K random rounds = mu^2 on
   average: kappa = (2 / mu) sqrt(K mean_t sigma_t^-2)); the ledger still stops a client before its next
   participation would pass mu, so one sampled mostly early stops sooner (with K = 1 the first rounds'
-  z_t may not afford a single participation: the run then stops for the privacy budget at once). ``cuag.noise_multiplier`` > 0 fixes z instead (PriFedSync's
-  sigma = 0.45 with C = 1, a multiplier of the sensitivity): no budget, the epsilon spent is reported.
+  z_t may not afford a single participation: the run then stops for the privacy budget at once).
+  ``cuag.noise_multiplier`` > 0 fixes z instead (PriFedSync's sigma = 0.45 with C = 1, a multiplier of
+  the sensitivity): no budget, the epsilon spent is reported.
 * ``cuag.sigma`` (Table 5: sigma and C each fixed or adaptive) runs Alg. 4's own noise,
   N(0, (2 C_l sigma / B)^2) per entry, with sigma fixed (a number) or the sigma_t schedule
   (``schedule``; |D| the mean client size): in ``paper`` mode with C_l the layer's own norm (no

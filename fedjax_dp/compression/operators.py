@@ -94,6 +94,55 @@ class BlockSum:
         return rows
 
 
+@dataclasses.dataclass(frozen=True)
+class PaddedBlockSum:
+    """``BlockSum`` with its row count b = ``rows`` an array (traced inside a jitted round) and its output
+    padded to ``max_rows``: entries [0, b) are BlockSum's y, the rest zero. One compiled program then
+    serves every rate up to ``max_rows / size``, where a static b would recompile the round each time
+    Alg. 2 picks a new rate vector (measured: 4 new vectors in 6 CIFAR-10 rounds cost 44 s of compiling,
+    ``benchmarks/RESULTS.md``). Same blocks as BlockSum (the first I mod b one longer), summed with a
+    sorted segment sum."""
+
+    size: int
+    max_rows: int
+    rows: jax.Array  # b, 1 <= b <= max_rows
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.max_rows, self.size
+
+    def _layout(self):
+        b = jnp.asarray(self.rows, jnp.int32)
+        q, rem = self.size // b, self.size % b
+        return b, q, rem
+
+    def _segments(self) -> jax.Array:
+        """The block (row) of each of the ``size`` entries."""
+        b, q, rem = self._layout()
+        j, split = jnp.arange(self.size, dtype=jnp.int32), rem * (q + 1)
+        return jnp.where(j < split, j // (q + 1), rem + (j - split) // q)
+
+    def _block_sizes(self) -> jax.Array:
+        """Each row's block length (padding rows: 1, they hold zeros)."""
+        b, q, rem = self._layout()
+        i = jnp.arange(self.max_rows, dtype=jnp.int32)
+        return jnp.where(i < rem, q + 1, jnp.where(i < b, q, 1))
+
+    @property
+    def lipschitz(self) -> jax.Array:
+        b, q, rem = self._layout()
+        return jnp.where(rem > 0, q + 1, q).astype(jnp.float32)
+
+    def measure(self, x: jax.Array) -> jax.Array:
+        return jax.ops.segment_sum(x, self._segments(), num_segments=self.max_rows, indices_are_sorted=True)
+
+    def adjoint(self, y: jax.Array) -> jax.Array:
+        return y[self._segments()]
+
+    def gram_solve(self, y: jax.Array) -> jax.Array:
+        return y / self._block_sizes().astype(y.dtype)
+
+
 def _row_sums(blocks: jax.Array) -> jax.Array:
     """Sums of the rows of a (rows, q) array. XLA:CPU reduces a short minor axis slowly (10M entries,
     q = 2: 43 ms as a reduce, 4 ms as a sum of column slices, 6 ms as a dot; measured on the 2-core

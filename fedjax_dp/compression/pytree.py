@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.compression.operators import make_operator
+from fedjax_dp.compression.operators import PaddedBlockSum, make_operator, num_measurements
 from fedjax_dp.compression.reconstruction import reconstruct
 
 
@@ -69,4 +69,50 @@ class LayerwiseCompressor:
         options = dict(self.reconstruction_options)
         leaves = [reconstruct(op, y, self.method, **options).reshape(shape)
                   for op, y, shape in zip(self._operators, measurements, self._shapes)]
+        return jax.tree_util.tree_unflatten(self._treedef, leaves)
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedBlockCompressor:
+    """Alg. 3's block compression of a pytree with the per-layer row counts b_l passed as an array
+    (``rows``, traced) and every layer's measurements padded to its count at ``max_rates``: the same
+    measurements and reconstruction as ``LayerwiseCompressor(kind="block")`` at any rates up to those,
+    from one compiled program (``operators.PaddedBlockSum``)."""
+
+    reference: Any
+    max_rates: Any  # a pytree of floats: each layer's largest rate (Alg. 2's r_max)
+    method: str = "min_norm"
+    reconstruction_options: tuple = ()
+
+    @functools.cached_property
+    def _treedef(self):
+        return jax.tree_util.tree_structure(self.reference)
+
+    @functools.cached_property
+    def _shapes(self) -> list:
+        return [tuple(x.shape) for x in jax.tree_util.tree_leaves(self.reference)]
+
+    @functools.cached_property
+    def max_rows(self) -> tuple[int, ...]:
+        rates = self._treedef.flatten_up_to(self.max_rates)
+        return tuple(num_measurements(int(np.prod(s)), float(r)) for s, r in zip(self._shapes, rates))
+
+    def rows(self, compressor: LayerwiseCompressor) -> np.ndarray:
+        """b_l of ``compressor``'s operators (host), checked against the padding."""
+        rows = np.array([op.shape[0] for op in compressor.operators], np.int32)
+        if np.any(rows > np.array(self.max_rows)):
+            raise ValueError(f"measurement counts {rows.tolist()} exceed the padded counts {list(self.max_rows)}")
+        return rows
+
+    def _operators(self, rows) -> list:
+        return [PaddedBlockSum(int(np.prod(s)), m, rows[i]) for i, (s, m) in enumerate(zip(self._shapes, self.max_rows))]
+
+    def compress(self, update, rows) -> list:
+        leaves = self._treedef.flatten_up_to(update)
+        return [op.measure(jnp.ravel(x)) for op, x in zip(self._operators(rows), leaves)]
+
+    def reconstruct(self, measurements: list, rows):
+        options = dict(self.reconstruction_options)
+        leaves = [reconstruct(op, y, self.method, **options).reshape(shape)
+                  for op, y, shape in zip(self._operators(rows), measurements, self._shapes)]
         return jax.tree_util.tree_unflatten(self._treedef, leaves)

@@ -8,9 +8,13 @@ The client measures each layer of its upload, y_l = Phi_l x_l; the server recons
   and the server reconstructs the (noised) sum, the only thing it sees under central DP. With the
   min-norm ``Rec`` (linear) the two agree up to float summation order.
 
-Rates decide measurement counts, i.e. array shapes, so they are fixed on the host each round
-(``specialize``): Alg. 2's dynamic rule from the state's reference (the initial weights, then the last
-reconstructed aggregate) or a fixed rate. Operators are built once per distinct rate vector.
+Rates decide measurement counts, so they are fixed on the host each round (``specialize``): Alg. 2's
+dynamic rule from the state's reference (the initial weights, then the last reconstructed aggregate) or
+a fixed rate. Operators are built once per distinct rate vector. Dynamic rates with the ``block``
+operator pass the counts to the round as an input and pad every layer's measurements to its count at
+r_max (``pytree.PaddedBlockCompressor``), so the round compiles once, not once per rate vector (the
+padding is zeros before any noise and is never read by the reconstruction; traffic counts the real
+measurements). Random operators and fixed rates keep static shapes.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 
 from fedjax_dp.compression import traffic
 from fedjax_dp.compression.operators import KINDS
-from fedjax_dp.compression.pytree import LayerwiseCompressor
+from fedjax_dp.compression.pytree import LayerwiseCompressor, PaddedBlockCompressor
 from fedjax_dp.compression.rates import dynamic_rates, fixed_rates
 from fedjax_dp.compression.reconstruction import METHODS
 from fedjax_dp.core import tree
@@ -44,6 +48,7 @@ class CompressedSensing(UploadTransform):
     seed: int = 0
     reconstruct: str = "each"
     compressor: Any = dataclasses.field(default=None, compare=False)  # set by ``specialize``
+    padded: Any = dataclasses.field(default=None, compare=False)  # set by ``specialize`` (dynamic block rates)
 
     def __post_init__(self):
         if self.operator not in KINDS:
@@ -70,10 +75,30 @@ class CompressedSensing(UploadTransform):
         shapes = tuple(tuple(x.shape) for x in leaves)
         compressor = _compressor(treedef, shapes, tuple(jax.tree_util.tree_leaves(rates)), self.operator, self.seed,
                                  self.method)
-        return dataclasses.replace(self, compressor=compressor)
+        padded = _padded(treedef, shapes, self.r_max, self.method) if self._pads else None
+        return dataclasses.replace(self, compressor=compressor, padded=padded)
+
+    @property
+    def _pads(self) -> bool:
+        return self.rates == "dynamic" and self.operator == "block"
 
     def static_key(self) -> tuple:
+        if self._pads:
+            return ("padded to r_max", self.r_max)
         return tuple(jax.tree_util.tree_leaves(self.compressor.rates)) if self.compressor is not None else ()
+
+    def inputs(self, round_index: int) -> dict:
+        return {"rows": self.padded.rows(self.compressor)} if self.padded is not None else {}
+
+    def _compress(self, upload, inputs):
+        if self.padded is not None:
+            return self.padded.compress(upload, inputs["rows"])
+        return self.compressor.compress(upload)
+
+    def _reconstruct(self, measured, inputs):
+        if self.padded is not None:
+            return self.padded.reconstruct(measured, inputs["rows"])
+        return self.compressor.reconstruct(measured)
 
     def layer_rates(self) -> list[float]:
         return [float(r) for r in jax.tree_util.tree_leaves(self.compressor.rates)]
@@ -84,14 +109,14 @@ class CompressedSensing(UploadTransform):
         return jax.numpy.float32(UNBOUNDED)
 
     def client(self, upload, ctx: ClientContext) -> Flow:
-        measured = self.compressor.compress(upload)
+        measured = self._compress(upload, ctx.inputs)
         if self.reconstruct == "each":
-            return Flow(self.compressor.reconstruct(measured), self.bound_after(ctx.bound, None, None))
+            return Flow(self._reconstruct(measured, ctx.inputs), self.bound_after(ctx.bound, None, None))
         return Flow(measured, self.bound_after(ctx.bound, None, None))
 
     def server(self, total, ctx: ServerContext):
         if self.reconstruct == "aggregate":
-            total = self.compressor.reconstruct(total)
+            total = self._reconstruct(total, ctx.inputs)
         # The reconstructed aggregate is Alg. 2's next reference; an all-zero one (every client dropped,
         # or nothing sent) has no norm shares, so the previous reference is kept.
         return total, tree.where(tree.l2_norm(total) > 0, total, ctx.state), {}
@@ -104,3 +129,9 @@ class CompressedSensing(UploadTransform):
 def _compressor(treedef, shapes, rates, operator, seed, method) -> LayerwiseCompressor:
     reference = jax.tree_util.tree_unflatten(treedef, [jax.ShapeDtypeStruct(s, np.float32) for s in shapes])
     return LayerwiseCompressor(reference, jax.tree_util.tree_unflatten(treedef, list(rates)), operator, seed, method)
+
+
+@functools.lru_cache(maxsize=16)
+def _padded(treedef, shapes, r_max, method) -> PaddedBlockCompressor:
+    reference = jax.tree_util.tree_unflatten(treedef, [jax.ShapeDtypeStruct(s, np.float32) for s in shapes])
+    return PaddedBlockCompressor(reference, jax.tree_util.tree_unflatten(treedef, [float(r_max)] * len(shapes)), method)

@@ -20,8 +20,20 @@ from fedjax_dp.compression.operators import PaddedBlockSum, make_operator, num_m
 from fedjax_dp.compression.reconstruction import reconstruct
 
 
+class _Layers:
+    """The leaf structure and shapes of ``self.reference`` (shared by both compressors)."""
+
+    @functools.cached_property
+    def _treedef(self):
+        return jax.tree_util.tree_structure(self.reference)
+
+    @functools.cached_property
+    def _shapes(self) -> list:
+        return [tuple(x.shape) for x in jax.tree_util.tree_leaves(self.reference)]
+
+
 @dataclasses.dataclass(frozen=True)
-class LayerwiseCompressor:
+class LayerwiseCompressor(_Layers):
     reference: Any  # a pytree with the update's structure and shapes (arrays or ShapeDtypeStructs)
     rates: Any  # a pytree of floats with the same structure (``rates.dynamic_rates`` / ``fixed_rates``)
     kind: str = "block"
@@ -32,14 +44,6 @@ class LayerwiseCompressor:
 
     def __post_init__(self):
         self._operators  # noqa: B018  (builds and validates the operators now)
-
-    @functools.cached_property
-    def _treedef(self):
-        return jax.tree_util.tree_structure(self.reference)
-
-    @functools.cached_property
-    def _shapes(self) -> list:
-        return [tuple(x.shape) for x in jax.tree_util.tree_leaves(self.reference)]
 
     @functools.cached_property
     def _operators(self) -> list:
@@ -73,7 +77,7 @@ class LayerwiseCompressor:
 
 
 @dataclasses.dataclass(frozen=True)
-class PaddedBlockCompressor:
+class PaddedBlockCompressor(_Layers):
     """Alg. 3's block compression of a pytree with the per-layer row counts b_l passed as an array
     (``rows``, traced) and every layer's measurements padded to its count at ``max_rates``: the same
     measurements and reconstruction as ``LayerwiseCompressor(kind="block")`` at any rates up to those,
@@ -83,14 +87,6 @@ class PaddedBlockCompressor:
     max_rates: Any  # a pytree of floats: each layer's largest rate (Alg. 2's r_max)
     method: str = "min_norm"
     reconstruction_options: tuple = ()
-
-    @functools.cached_property
-    def _treedef(self):
-        return jax.tree_util.tree_structure(self.reference)
-
-    @functools.cached_property
-    def _shapes(self) -> list:
-        return [tuple(x.shape) for x in jax.tree_util.tree_leaves(self.reference)]
 
     @functools.cached_property
     def max_rows(self) -> tuple[int, ...]:

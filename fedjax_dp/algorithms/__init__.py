@@ -1,8 +1,8 @@
 """Federated algorithms, one module each; importing the package registers every one of them by name
 (``registry.names()``; ``registry.register`` adds your own, see ``core.algorithm.Algorithm``)."""
 
-from fedjax_dp.algorithms import (cuag_pfl, dp_fedavg, dp_uga, fedavg, fedmeta, fedprox, ldp_minibatch,  # noqa: F401
-                                  pfldyn_proto, registry, scaffold, uga)  # (registration)
+from fedjax_dp.algorithms import (cuag_pfl, dp_fedavg, dp_scaffold, dp_uga, fedavg, fedmeta, fedprox,  # noqa: F401
+                                  ldp_minibatch, pfldyn_proto, prifedsync, registry, scaffold, udp, uga)  # (registration)
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.algorithms.fedprox import FedProx
 from fedjax_dp.algorithms.scaffold import Scaffold

@@ -43,7 +43,6 @@ from __future__ import annotations
 import math
 
 import jax
-import ml_collections
 import numpy as np
 
 from fedjax_dp.algorithms import registry
@@ -51,8 +50,10 @@ from fedjax_dp.algorithms.pfldyn_proto import build_pfldyn_algorithm, check_pfld
 from fedjax_dp.core.uploads import UniformWeights, chain
 from fedjax_dp.privacy import adaptive_gdp, gdp
 from fedjax_dp.privacy.client_sampling import client_sampler
-from fedjax_dp.privacy.tracker import PrivacyTracker
-from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, alg4_multipliers, cuag_sound_noise, piecewise_schedule
+from fedjax_dp.privacy.local_calibration import (constant_multipliers, expected_participations,
+                                                 shaped_multipliers)
+from fedjax_dp.privacy.tracker import PrivacyTracker, ledger_settings
+from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, alg4_multipliers, cuag_sound_noise
 
 MODES = ("paper", "sound", "none")
 SOUND_NOISE = ("constant", "sigma_t")
@@ -100,17 +101,7 @@ def alg4_sigmas(sigma, cfg, ctx) -> list[float]:
 
 def planned_participations(cfg, num_clients: int) -> int:
     """K of the sound mode's calibration: ``cuag.participations`` or ceil(lambda T)."""
-    if cfg.cuag.participations:
-        return int(cfg.cuag.participations)
-    s = cfg.sampling
-    rate = s.cohort_size / num_clients if s.method == "uniform" else s.rate
-    return max(1, math.ceil(rate * cfg.rounds))
-
-
-def sound_multipliers(mus: np.ndarray, participations: int) -> np.ndarray:
-    """z_n with sqrt(K) * 2 / z_n = mu_n (a hair above, so that the K-th participation fits the budget
-    after the ledger's epsilon <-> mu round trip)."""
-    return 2.0 * math.sqrt(participations) / mus * (1 + 1e-9)
+    return expected_participations(cfg.sampling, cfg.rounds, num_clients, cfg.cuag.participations)
 
 
 def build_cuag(ctx) -> tuple:
@@ -134,19 +125,12 @@ def build_cuag(ctx) -> tuple:
     elif c.noise_multiplier:  # a fixed z (PriFedSync's sigma = 0.45): accounted, not calibrated
         schedule = ((1, float(c.noise_multiplier)),)
     elif c.sound_noise == "sigma_t":
-        schedule = sigma_t_multipliers(alg4_sigmas("schedule", cfg, ctx), c.mu, planned_participations(cfg, ctx.num_clients))
+        schedule = shaped_multipliers(alg4_sigmas("schedule", cfg, ctx), c.mu, planned_participations(cfg, ctx.num_clients))
     else:
-        z = sound_multipliers(mus, planned_participations(cfg, ctx.num_clients))
+        z = constant_multipliers(mus, planned_participations(cfg, ctx.num_clients))
         schedule, client_z = ((1, float(z.min())),), tuple(float(v) for v in z) if heterogeneous else None
     noise = cuag_sound_noise((float(c.clip_norm),) * layers, schedule, client_z)
     return algorithm, chain(*noise, UniformWeights())
-
-
-def sigma_t_multipliers(sigmas, mu: float, participations: int) -> tuple:
-    """The sound mode's z_t = kappa sigma_t with kappa = (2 / mu) sqrt(K mean_t sigma_t^-2) (module doc)."""
-    sigmas = np.asarray(sigmas, float)
-    kappa = 2.0 / mu * math.sqrt(participations * np.mean(sigmas ** -2.0))
-    return piecewise_schedule(kappa * sigmas)
 
 
 def calibrated_to_budget(c) -> bool:
@@ -164,10 +148,8 @@ class CuagTracker(PrivacyTracker):
         budgets = None
         if calibrated_to_budget(c):  # each client's own budget, as an epsilon at delta
             budgets = tuple(gdp.epsilon_from_mu(float(m), c.delta) for m in self.mus)
-        settings = ml_collections.ConfigDict(dict(
-            delta=c.delta, accountant="rdp", pld_discretization=1e-4, rdp_orders="", target_epsilon=0.0,
-            max_delta=0.0, max_epsilon=0.0, client_epsilon_budget=budgets))
-        super().__init__(uploads.releases, settings, client_sampler(cfg.sampling, dataset.num_clients))
+        super().__init__(uploads.releases, ledger_settings(c.delta, budgets),
+                         client_sampler(cfg.sampling, dataset.num_clients))
         self.mode, self.participations = c.mode, planned_participations(cfg, dataset.num_clients)
         self.calibrated, self.shape = calibrated_to_budget(c), c.sound_noise
 

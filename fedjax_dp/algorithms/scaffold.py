@@ -34,6 +34,11 @@ def _subtract(a, b):
     return jax.tree_util.tree_map(jnp.subtract, a, b)
 
 
+def correction_regularizer(correction):
+    """<y - x, c - c_i>, whose gradient in y is SCAFFOLD's correction c - c_i."""
+    return lambda p, x: otu.tree_vdot(_subtract(p, x), correction)
+
+
 @dataclasses.dataclass(frozen=True)
 class Scaffold:
     per_example_loss: PerExampleLoss
@@ -69,10 +74,8 @@ class Scaffold:
     def client_update(self, shared, client, own_control, key) -> ClientOut:
         params, control, round_index = shared
         correction = _subtract(control, own_control)  # c - c_i
-        train = make_local_trainer(self.per_example_loss, self.client_optimizer, unroll=self.unroll,
-                                   regularizer=lambda p, x: otu.tree_vdot(_subtract(p, x), correction))  # gradient c - c_i
         scale = lr_scale(self.client_lr_decay, round_index)
-        trained, stats = train(params, client["batches"], client["mask"], key, scale)
+        trained, stats = self.local_training(params, client, correction, key, scale)
         delta = _subtract(trained, params)
         steps_times_lr = jnp.maximum(stats.num_steps, 1).astype(jnp.float32) * self.local_learning_rate * scale
         new_control = jax.tree_util.tree_map(
@@ -80,6 +83,13 @@ class Scaffold:
         ok = tree.is_finite(delta) & tree.is_finite(new_control) & jnp.isfinite(stats.loss)
         upload = {"model": delta, "control": _subtract(new_control, own_control)}
         return ClientOut(upload, jnp.float32(1.0), new_control, stats.loss, ok)
+
+    def local_training(self, params, client, correction, key, scale):
+        """K local steps y <- y - eta_l (g_i(y) + c - c_i): the correction enters as the gradient of the
+        regulariser <y - x, c - c_i>."""
+        train = make_local_trainer(self.per_example_loss, self.client_optimizer, unroll=self.unroll,
+                                   regularizer=correction_regularizer(correction))
+        return train(params, client["batches"], client["mask"], key, scale)
 
     def server_update(self, state: ServerState, aggregate, key):
         control = jax.tree_util.tree_map(lambda c, dc: c + dc / self.num_clients, state.extra, aggregate.sum["control"])

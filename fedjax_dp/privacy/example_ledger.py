@@ -168,6 +168,8 @@ class ExampleLevelLedger:
     def _fits(self, client: int, z: float, participations: float) -> bool:
         """Whether the client's spent loss plus ``participations`` more at z stays within its threshold,
         by the deciding accountant."""
+        if self.thresholds[client] == np.inf:  # no threshold (a fixed-noise baseline): nothing to compose
+            return True
         size = int(self.client_sizes[client])
         if self.accountant == "pld":
             more = _steps_pld(self.step_event(size, float(z)), max(1, round(participations)) * self.steps)

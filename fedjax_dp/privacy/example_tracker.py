@@ -20,9 +20,11 @@ STEP_NOISE_KEY = "step_noise_multiplier"
 
 
 class ExampleLevelTracker:
-    def __init__(self, ledger: ExampleLevelLedger, clip_norm: float, per_example: bool):
-        self.ledger, self.clip_norm, self.per_example = ledger, clip_norm, per_example
-        self.rounds, self.stopped_at, self.private = 0, None, True
+    def __init__(self, ledger: ExampleLevelLedger, clip_norm: float, per_example: bool, median_clip: bool = False):
+        """``median_clip``: the steps clip at their batch's median gradient norm (``step_dp``): the ledger
+        then composes what a fixed C would give at the same z, and the run has NO formal guarantee."""
+        self.ledger, self.clip_norm, self.per_example, self.median_clip = ledger, clip_norm, per_example, median_clip
+        self.rounds, self.stopped_at, self.private = 0, None, not median_clip
         self._chosen = None  # (round, ids, z) of client_inputs, recorded as run
 
     def eligible(self, t: int) -> np.ndarray:
@@ -65,11 +67,17 @@ class ExampleLevelTracker:
         led = self.ledger
         eps = led.epsilons()
         took_part = led.steps_run > 0
+        limited = np.isfinite(led.thresholds)
         spread = {"max": float(eps.max()), "mean_of_participants": float(eps[took_part].mean()) if took_part.any() else 0.0,
                   "quantiles_of_participants": np.quantile(eps[took_part], [0, .25, .5, .75, 1]).tolist()
-                  if took_part.any() else [], "thresholds_min_max": [float(led.thresholds.min()), float(led.thresholds.max())],
+                  if took_part.any() else [],
+                  "thresholds_min_max": [float(led.thresholds[limited].min()), float(led.thresholds[limited].max())]
+                  if limited.any() else None,
                   "stopped_before_round": {str(k): r for k, r in self.stopped_clients().items()}}
         clip = "each example's gradient" if self.per_example else "the minibatch gradient"
+        bound = f"C = {self.clip_norm}"
+        if self.median_clip:
+            clip, bound = "each example's gradient at the batch's median gradient norm", "C = the batch's median norm"
         z = sorted(set(np.round(led.multipliers_used, 6).tolist()))
         poisson = led.step_sampling == "poisson"
         if poisson:
@@ -85,14 +93,19 @@ class ExampleLevelTracker:
                       f"dp_accounting PLD (discretisation {LEDGER_PLD_DISCRETIZATION}; each client's epsilon is "
                       "min(PLD, RDP), both bounds of the same mechanism; the schedule and stops use PLD)")
         notes = [
-            f"every local step clips {clip} to C = {self.clip_norm} and adds N(0, (z C)^2); {drawn}; composed "
+            f"every local step clips {clip} ({bound}) and adds N(0, (z C)^2); {drawn}; composed "
             f"over the steps each client ran with {accountant}",
-            f"threshold rule ({'adaptive' if led.adaptive else 'fixed noise'}): z in [{led.base_multiplier}, "
-            f"{led.max_multiplier}] per participation; a client whose next participation would exceed its threshold "
-            "is no longer sampled; no client's epsilon exceeds its threshold",
+            (f"threshold rule ({'adaptive' if led.adaptive else 'fixed noise'}): z in [{led.base_multiplier}, "
+             f"{led.max_multiplier}] per participation; a client whose next participation would exceed its threshold "
+             "is no longer sampled; no client's epsilon exceeds its threshold") if limited.any() else
+            f"no threshold: fixed z = {led.base_multiplier}, every client keeps taking part",
             f"{int((led.stopped_round > 0).sum())} of {len(eps)} clients stopped (threshold reached)",
             "the guarantee protects each example of each client's data from everyone who sees the uploads "
             "(the server included): example-level local DP, not client-level"]
+        if self.median_clip:
+            notes.append("the clip threshold is each step's median per-example gradient norm, computed from the data "
+                         "and not privatised: NO formal guarantee; the epsilons are what a fixed C would give at the "
+                         "same noise multiplier")
         return PrivacyReport(
             mechanism=f"per-step clipped gradient + Gaussian ({'per example' if self.per_example else 'per batch'})",
             unit="example", neighboring_relation="add-or-remove-one" if poisson else "replace-one",
@@ -101,9 +114,9 @@ class ExampleLevelTracker:
             epsilon=float(eps.max()), epsilons={f"per_client_{led.accountant}_max": float(eps.max()), "per_client": spread},
             rounds=self.rounds, noise_multipliers=z[:1] + z[-1:] if len(z) > 2 else z,
             sampling_rates=[led.batch_size / int(led.client_sizes.max()), led.batch_size / int(led.client_sizes.min())],
-            formal=True, notes=notes,
+            formal=self.private, notes=notes,
             releases=[{"mechanism": "clipped gradient + Gaussian at every local step", "locality": "local",
-                       "bound": f"C = {self.clip_norm}",
+                       "bound": bound, "formal": self.private,
                        "neighboring_relation": "add-or-remove-one" if poisson else "replace-one",
                        "unit": "example", "steps_per_participation": led.steps}],
             accounting={"rdp_orders": list(led.orders), "noise_grid_points": len(led.grid),

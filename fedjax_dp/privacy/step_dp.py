@@ -29,8 +29,9 @@ from fedjax_dp.privacy.clipping import clip_by_global_norm, clip_scale
 from fedjax_dp.privacy.mechanisms import add_gaussian_noise
 
 
-def clipped_sum(grads, mask, clip_norm):
-    """sum_i mask_i g_i / max(1, ||g_i|| / C) over the leading example axis of ``grads``.
+def clipped_sum(grads, mask, clip_norm, median: bool = False):
+    """sum_i mask_i g_i / max(1, ||g_i|| / C) over the leading example axis of ``grads``; returns it and
+    the C used: ``clip_norm``, or with ``median`` the median of the real examples' norms.
 
     Written as a contraction of the example axis with the clip weights (a dot_general), not as a
     reduce over the stacked clipped gradients: XLA:CPU fused the per-example gradient into such a
@@ -39,20 +40,29 @@ def clipped_sum(grads, mask, clip_norm):
     zero inputs under the same parameters, so finite whenever the real ones are.
     """
     norms = jax.vmap(tree.l2_norm)(grads)
+    if median:
+        clip_norm = jnp.maximum(jnp.nanmedian(jnp.where(mask, norms, jnp.nan)), 1e-12)
     weights = jnp.where(mask, clip_scale(norms, clip_norm), 0.0)
-    return jax.tree_util.tree_map(lambda g: jnp.tensordot(weights.astype(g.dtype), g, axes=1), grads)
+    return jax.tree_util.tree_map(lambda g: jnp.tensordot(weights.astype(g.dtype), g, axes=1), grads), clip_norm
 
 
 @dataclasses.dataclass(frozen=True)
 class ClippedNoisyGradient:
-    """A ``GradientHook``: clip (per example or per batch) to ``clip_norm`` C, add N(0, (z C)^2 I)."""
+    """A ``GradientHook``: clip (per example or per batch) to ``clip_norm`` C, add N(0, (z C)^2 I).
+
+    ``median_clip``: C is each step's median per-example gradient norm instead (DP-SCAFFOLD as seed 004
+    describes it). The threshold then depends on the batch, so the noise no longer bounds what one
+    example reveals: NO formal guarantee (``step_release`` says so)."""
 
     clip_norm: float
     noise_multiplier: float
     per_example: bool = True
     normalizer: int = 0  # what the noised sum is divided by (0: the padded batch length, = B for fixed batches)
+    median_clip: bool = False
 
     def __post_init__(self):
+        if self.median_clip and not self.per_example:
+            raise ValueError("a median clip is the median of per-example gradient norms: it needs per_example=True")
         if not self.clip_norm > 0:
             raise ValueError(f"step clip_norm C must be > 0, got {self.clip_norm!r}")
         if not self.noise_multiplier >= 0:
@@ -63,23 +73,28 @@ class ClippedNoisyGradient:
         field; a traced per-client value for threshold schedules) come from ``train``'s arguments."""
         loss_key, own_noise_key = jax.random.split(key)
         noise_key = own_noise_key if noise_key is None else noise_key
-        std = (self.noise_multiplier if noise_multiplier is None else noise_multiplier) * self.clip_norm
+        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
         if not self.per_example:
             loss, grads = jax.value_and_grad(lambda p: masked_mean(per_example_loss(p, batch, loss_key), mask))(params)
-            return loss, add_gaussian_noise(clip_by_global_norm(grads, self.clip_norm).clipped, std, noise_key)
+            return loss, add_gaussian_noise(clip_by_global_norm(grads, self.clip_norm).clipped, z * self.clip_norm,
+                                            noise_key)
 
         def one_example(p, example):
             single = jax.tree_util.tree_map(lambda x: x[None], example)
             return per_example_loss(p, single, loss_key)[0]
 
         losses, grads = jax.vmap(jax.value_and_grad(one_example), in_axes=(None, 0))(params, batch)
-        summed = clipped_sum(grads, mask, self.clip_norm)
-        noised = add_gaussian_noise(summed, std, noise_key)
+        summed, clip_norm = clipped_sum(grads, mask, self.clip_norm, self.median_clip)
+        noised = add_gaussian_noise(summed, z * clip_norm, noise_key)
         batch_size = self.normalizer or mask.shape[0]
         return masked_mean(losses, mask), jax.tree_util.tree_map(lambda g: g / batch_size, noised)
 
     def step_release(self) -> Release:
         """What one step releases about one example of this client."""
+        if self.median_clip:
+            return Release("per-example gradient clipped at the batch's median norm + Gaussian", "local",
+                           self.noise_multiplier, "none: C = the step's median per-example gradient norm (data-dependent)",
+                           formal=False)
         if self.per_example:
             return Release("per-example clipped gradient + Gaussian (DP-SGD)", "local", self.noise_multiplier,
                            f"C = {self.clip_norm} per example (add/remove one example)")

@@ -17,6 +17,7 @@ import dataclasses
 import math
 from typing import Callable
 
+import ml_collections
 import numpy as np
 
 from fedjax_dp.core.uploads import Release
@@ -55,6 +56,15 @@ def _declared(release: Release, relation: str) -> dict:
     z = release.client_multipliers
     return dataclasses.asdict(release) | {"neighboring_relation": relation,
         "client_multipliers": None if z is None else {"clients": len(z), "min": min(z), "max": max(z)}}
+
+
+def ledger_settings(delta: float, client_budgets=None) -> ml_collections.ConfigDict:
+    """The settings of a tracker whose releases are local (per-client ledgers, RDP for the rest): no
+    run-wide budget rule; ``client_budgets`` (an epsilon at ``delta`` per client, or None) stop each
+    client before its next participation would exceed its own."""
+    return ml_collections.ConfigDict(dict(
+        delta=delta, accountant="rdp", pld_discretization=1e-4, rdp_orders="", target_epsilon=0.0, max_delta=0.0,
+        max_epsilon=0.0, client_epsilon_budget=client_budgets))
 
 
 class PrivacyTracker:

@@ -10,7 +10,7 @@ KEY_DOCS = {
     "eval_initial": "also evaluate the initial model, logged as round 0",
     "checkpoint_every": "orbax checkpoint every k rounds (0: only at exit); continue with --resume",
     "algorithm": "fedavg | fedprox | fedshare | uga | scaffold | dp_fedavg | dp_uga | ldp_minibatch | pfldyn_proto | "
-                 "cuag_pfl (algorithms.registry.names())",
+                 "cuag_pfl | udp | prifedsync | dp_scaffold (algorithms.registry.names())",
     "data.source": "mnist_5k (embedded, no download) | mnist | cifar10 | cifar100 | femnist | shakespeare | tfds:<name>",
     "data.data_dir": "folder of the local files, or the TFDS data_dir",
     "data.cache_dir": "decoded-array cache: '' = $FEDJAX_DP_CACHE or ~/.cache/fedjax_dp, 'off' = none",
@@ -113,6 +113,21 @@ KEY_DOCS = {
     "cuag.sigma": "CUAG-PFL: Alg. 4's noise 2 C_l sigma / B with sigma fixed (a number) or 'schedule' (sigma_t); "
                   "C_l the own norm (paper, no guarantee) or cuag.clip_norm (sound, accounted)",
     "cuag.delta": "CUAG-PFL: delta at which epsilon is reported",
+    "udp.clip_norm": "UDP: C, the fixed clip of each upload",
+    "udp.epsilon": "UDP: the fixed budget epsilon the per-round noise z_t = 2 c sqrt(t) / epsilon is calibrated to",
+    "udp.delta": "UDP: delta of the calibration and of the reported epsilons",
+    "udp.mode": "UDP: paper (z_t = 2 c sqrt(t) / epsilon as written, not a guarantee of epsilon) | sound (z_t = kappa sqrt(t) calibrated to epsilon, enforced per client)",
+    "udp.participations": "UDP sound mode: participations each client's budget covers (0 = ceil(lambda T))",
+    "prifedsync.clip_norm": "PriFedSync: C, the fixed clip of each PFLDyn(Proto) upload",
+    "prifedsync.noise_multiplier": "PriFedSync: z, fixed local noise N(0, (z C)^2 I) per upload (seed 004: 0.45)",
+    "prifedsync.delta": "PriFedSync: delta at which epsilon is reported",
+    "dp_scaffold.clip": "DP-SCAFFOLD: median (each step's median gradient norm, as seed 004: NO formal guarantee) | fixed",
+    "dp_scaffold.clip_norm": "DP-SCAFFOLD: C per example of clip='fixed'",
+    "dp_scaffold.noise_multiplier": "DP-SCAFFOLD: sigma_g, step noise N(0, (sigma_g C)^2 I) (seed 004: 1.0)",
+    "dp_scaffold.local_steps": "DP-SCAFFOLD: K local steps, each a fresh batch of client.batch_size",
+    "dp_scaffold.epsilon_threshold": "DP-SCAFFOLD: > 0 stops a client before its next participation would pass it (0 = none)",
+    "dp_scaffold.delta": "DP-SCAFFOLD: delta of the per-client ledgers",
+    "dp_scaffold.accountant": "DP-SCAFFOLD: rdp | pld, the per-client ledgers",
 }
 
 

@@ -1,0 +1,44 @@
+"""Calibrating client-level LOCAL Gaussian noise to a per-client GDP budget mu (CUAG-PFL's sound mode,
+UDP's sound variant).
+
+Each participation of a client releases its clipped upload (replace-one sensitivity 2C) plus
+N(0, (z_t C)^2 I): a (2 / z_t)-GDP mechanism, and a client's participations compose exactly,
+mu^2 = sum over them of (2 / z_t)^2 (Dong, Roth, Su 2019, Cor. 3.3). Calibrated for K planned
+participations:
+
+* constant z: sqrt(K) 2 / z = mu (``constant_multipliers``);
+* a per-round shape s_t (Alg. 4's sigma_t, UDP's sqrt(t)): z_t = kappa s_t with
+  kappa = (2 / mu) sqrt(K mean_t s_t^-2), so that K participations at rounds drawn uniformly spend mu
+  in expectation (``shaped_multipliers``). A client sampled mostly in the rounds of least noise would
+  pass mu: the per-client ledger must stop it first (the trackers do), so no client ever exceeds it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedjax_dp.privacy.upload_cuag_noise import piecewise_schedule
+
+
+def expected_participations(sampling, rounds: int, num_clients: int, fixed: int = 0) -> int:
+    """K: ``fixed`` when > 0, else ceil(lambda T) with lambda the chance a client is in a round's cohort."""
+    if fixed:
+        return int(fixed)
+    rate = sampling.cohort_size / num_clients if sampling.method == "uniform" else sampling.rate
+    return max(1, math.ceil(rate * rounds))
+
+
+def constant_multipliers(mus: np.ndarray, participations: int) -> np.ndarray:
+    """z_n with sqrt(K) * 2 / z_n = mu_n (a hair above, so that the K-th participation fits the budget
+    after the ledger's epsilon <-> mu round trip)."""
+    return 2.0 * math.sqrt(participations) / mus * (1 + 1e-9)
+
+
+def shaped_multipliers(shape, mu: float, participations: int) -> tuple:
+    """((first round, z_t), ...) with z_t = kappa s_t, kappa = (2 / mu) sqrt(K mean_t s_t^-2);
+    ``shape``: s_t for t = 1..T."""
+    shape = np.asarray(shape, float)
+    kappa = 2.0 / mu * math.sqrt(participations * np.mean(shape ** -2.0))
+    return piecewise_schedule(kappa * shape)

@@ -1,0 +1,194 @@
+"""The DP baselines of CUAG-PFL (seed 004 §7.2.3): UDP, PriFedSync, DP-SCAFFOLD."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from scipy import stats
+
+from fedjax_dp.algorithms import dp_scaffold, prifedsync, udp
+from fedjax_dp.algorithms.scaffold import Scaffold
+from fedjax_dp.core.strategy import StrategyChoice
+from fedjax_dp.data.packing import pack_sampled_cohort
+from fedjax_dp.models import get_model
+from fedjax_dp.privacy.example_tracker import STEP_NOISE_KEY
+from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
+from fedjax_dp.training.build import build_round
+from fedjax_dp.training.default_config import default_config
+from fedjax_dp.training.loop import run_experiment
+
+
+def _config(algorithm, **overrides):
+    c = default_config()
+    c.algorithm, c.rounds, c.eval_every = algorithm, 3, 3
+    c.data.update(num_clients=10, test_fraction=0.25)
+    c.model.name = "logistic"
+    c.client.update(batch_size=8, learning_rate=0.1)
+    c.sampling.cohort_size = 4
+    if algorithm in ("pfldyn_proto", "prifedsync"):
+        c.pfldyn.local_steps = 2
+    if algorithm == "dp_scaffold":
+        c.dp_scaffold.local_steps = 3
+    c.engine.update(strategy="vmap", unroll="1")
+    for path, value in overrides.items():
+        section, key = path.split(".")
+        c[section][key] = value
+    return c
+
+
+def _run(tmp_path, name, algorithm, **overrides):
+    workdir = tmp_path / name
+    run_experiment(_config(algorithm, **overrides), str(workdir), progress=False)
+    rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+    return rows, json.load(open(workdir / "privacy.json"))
+
+
+def _gdp_delta(mu, epsilon):
+    """delta(epsilon) of mu-GDP (Dong, Roth, Su 2019, Cor. 2.13), written out independently of privacy.gdp."""
+    return stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(-epsilon / mu - mu / 2)
+
+
+def _uploads(cfg, num_clients=10):
+    model = get_model("logistic", (28, 28, 1), 10)
+    choice = StrategyChoice(strategy="vmap", chunk_size=None, unroll=1, conv_impl="xla")
+    return build_round(cfg, model, choice, num_clients).uploads
+
+
+def test_udp_noise_is_the_per_round_calibration_and_a_client_spends_its_exact_composition():
+    cfg = _config("udp")
+    cfg.rounds = 5
+    uploads = _uploads(cfg)
+    c = math.sqrt(2 * math.log(1.25 / 1e-5))
+    z = {t: uploads.releases(t)[0].noise_multiplier for t in range(1, 6)}
+    for t in range(1, 6):  # z_t = 2 c sqrt(t) / epsilon, epsilon = 10: grows with the rounds
+        assert z[t] == pytest.approx(2 * c * math.sqrt(t) / 10.0, rel=1e-12)
+    tracker = udp.make_tracker(cfg, SimpleNamespace(num_clients=10), uploads)
+    tracker.record(1, np.array([0, 1]))
+    tracker.record(4, np.array([0, 2]))
+    eps = tracker.ledger.epsilons()
+    mu0 = math.sqrt((2 / z[1]) ** 2 + (2 / z[4]) ** 2)  # client 0 ran rounds 1 and 4, sensitivity 2C
+    assert _gdp_delta(mu0, eps[0]) == pytest.approx(1e-5, rel=1e-6)
+    assert _gdp_delta(2 / z[4], eps[2]) == pytest.approx(1e-5, rel=1e-6)
+    assert eps[1] > eps[2] and eps[3] == 0  # round 1's noise is the smallest: its client spent more
+    report = tracker.report()
+    assert report.epsilons["paper_claim"] == 10.0 and report.formal
+    assert report.epsilons["clients_over_claim"] == int((eps > 10).sum())
+
+
+def test_udp_as_written_lets_clients_pass_its_claim_and_the_sound_mode_does_not(tmp_path):
+    _, written = _run(tmp_path, "written", "udp")
+    rows, sound = _run(tmp_path, "sound", "udp", **{"udp.mode": "sound"})
+    assert written["epsilons"]["clients_over_claim"] > 0 and written["epsilon"] > 10.0
+    assert sound["epsilons"]["clients_over_claim"] == 0 and sound["epsilon"] <= 10.0
+    assert sound["epsilons"]["clients_participated"] >= 4 and sound["formal"] and rows[-1]["test_accuracy"] > 0
+
+
+def test_udp_sound_noise_keeps_the_sqrt_t_growth_and_spends_the_budget_over_the_planned_participations():
+    cfg = _config("udp", **{"udp.mode": "sound", "udp.participations": 4})
+    cfg.rounds = 20
+    uploads = _uploads(cfg)
+    z = np.array([uploads.releases(t)[0].noise_multiplier for t in range(1, 21)])
+    np.testing.assert_allclose(z / z[0], np.sqrt(np.arange(1, 21)), rtol=1e-12)
+    mu = math.sqrt(4 * np.mean((2 / z) ** 2))  # K = 4 participations at uniformly drawn rounds, on average
+    assert _gdp_delta(mu, 10.0) == pytest.approx(1e-5, rel=1e-6)
+
+
+def test_prifedsync_noise_is_fixed_and_each_clients_epsilon_is_its_exact_composition():
+    cfg = _config("prifedsync")
+    uploads = _uploads(cfg)
+    assert [r.noise_multiplier for r in uploads.releases(7)] == [0.45] and uploads.releases(1)[0].locality == "local"
+    tracker = prifedsync.make_tracker(cfg, SimpleNamespace(num_clients=10), uploads)
+    for t, ids in enumerate(([0, 1], [0, 2], [0, 1]), start=1):
+        tracker.record(t, np.array(ids))
+    eps = tracker.ledger.epsilons()
+    assert _gdp_delta(math.sqrt(3) * 2 / 0.45, eps[0]) == pytest.approx(1e-5, rel=1e-6)
+    assert _gdp_delta(math.sqrt(2) * 2 / 0.45, eps[1]) == pytest.approx(1e-5, rel=1e-6)
+    assert tracker.epsilon() == eps[0] and tracker.report().formal
+
+
+def test_prifedsync_without_effective_noise_or_clip_is_pfldyn_proto(tmp_path):
+    plain, _ = _run(tmp_path, "pfl", "pfldyn_proto")
+    private, record = _run(tmp_path, "pri", "prifedsync", **{"prifedsync.clip_norm": 1e3,
+                                                             "prifedsync.noise_multiplier": 1e-9})
+    for a, b in zip(plain[1:], private[1:]):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    assert private[-1]["personalized_accuracy"] == pytest.approx(plain[-1]["personalized_accuracy"], abs=0.02)
+    assert record["unit"] == "client" and record["noise_mode"] == "local"
+
+
+def _quadratic_loss(params, batch, key=None):
+    """l(w; x) = ||w - x||^2 / 2 per example: its gradient w - x, its norm known."""
+    return 0.5 * jnp.sum(jnp.square(params["w"][None, :] - batch["x"]), axis=1)
+
+
+def test_the_median_clip_clips_each_example_at_the_batchs_median_norm_and_is_not_formal():
+    x = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 0.0], [0.0, 4.0], [9.0, 9.0]], np.float32)  # 5th: padding
+    mask = jnp.array([True, True, True, True, False])
+    hook = ClippedNoisyGradient(1.0, 0.0, median_clip=True)
+    _, grads = hook(_quadratic_loss, {"w": jnp.zeros(2)}, {"x": jnp.asarray(x)}, mask, jax.random.key(0))
+    median = 2.5  # of the real norms 1, 2, 3, 4
+    want = sum(-row * min(1.0, median / np.linalg.norm(row)) for row in x[:4]) / 5
+    np.testing.assert_allclose(grads["w"], want, rtol=1e-6)
+    assert not hook.step_release().formal and ClippedNoisyGradient(1.0, 1.0).step_release().formal
+    with pytest.raises(ValueError, match="needs per_example=True"):
+        ClippedNoisyGradient(1.0, 1.0, per_example=False, median_clip=True)
+
+
+def test_dp_scaffold_with_a_clip_that_never_binds_and_no_noise_is_scaffold():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(24, 2)).astype(np.float32)
+    cohort = pack_sampled_cohort(x, np.zeros(24, np.int32), [np.arange(12), np.arange(12, 24)], 4, 3, rng)
+    client = {"batches": {"x": jnp.asarray(cohort["batches"]["x"][0])}, "mask": jnp.asarray(cohort["mask"][0]),
+              "noise_key": jax.random.key(5), STEP_NOISE_KEY: jnp.float32(0.0)}
+    params = {"w": jnp.array([0.5, -1.0])}
+    shared = (params, {"w": jnp.array([0.1, 0.2])}, jnp.int32(0))
+    own = {"w": jnp.array([-0.3, 0.05])}
+    args = (_quadratic_loss, optax.sgd(0.1), 0.1, 2)
+    want = Scaffold(*args).client_update(shared, client, own, jax.random.key(1))
+    got = dp_scaffold.DpScaffold(*args, clip_norm=1e6, local_steps=3).client_update(shared, client, own,
+                                                                                    jax.random.key(1))
+    for a, b in zip(jax.tree_util.tree_leaves((want.upload, want.client_state)),
+                    jax.tree_util.tree_leaves((got.upload, got.client_state))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    noisy = dp_scaffold.DpScaffold(*args, clip_norm=1.0, local_steps=3).client_update(
+        shared, client | {STEP_NOISE_KEY: jnp.float32(1.0)}, own, jax.random.key(1))
+    assert not np.allclose(noisy.upload["model"]["w"], got.upload["model"]["w"])
+
+
+def test_dp_scaffold_as_written_is_labelled_and_its_fixed_clip_is_formal_with_thresholds_kept(tmp_path):
+    rows, written = _run(tmp_path, "median", "dp_scaffold")
+    assert written["formal"] is False and rows[-1]["formal"] is False
+    assert any("median" in note and "NO formal guarantee" in note for note in written["notes"])
+    _, fixed = _run(tmp_path, "fixed", "dp_scaffold", **{"dp_scaffold.clip": "fixed"})
+    assert fixed["formal"] is True and fixed["unit"] == "example"
+    assert fixed["epsilon"] == pytest.approx(written["epsilon"])  # same z, same steps: same composition
+    _, capped = _run(tmp_path, "capped", "dp_scaffold", **{"dp_scaffold.clip": "fixed",
+                                                           "dp_scaffold.epsilon_threshold": 8.0})
+    spread = capped["epsilons"]["per_client"]
+    assert capped["epsilon"] <= 8.0 and spread["thresholds_min_max"] == [8.0, 8.0]
+    assert spread["stopped_before_round"]  # a client's second participation would pass 8 (one costs ~7)
+
+
+@pytest.mark.parametrize("algorithm, path, value, message", [
+    ("udp", "udp.epsilon", 0.0, "udp.epsilon .* must be > 0, got 0.0"),
+    ("udp", "udp.clip_norm", -1.0, "udp.clip_norm C must be > 0, got -1.0"),
+    ("prifedsync", "prifedsync.noise_multiplier", 0.0, "prifedsync.noise_multiplier z must be > 0"),
+    ("prifedsync", "pfldyn.alpha", 0.0, "pfldyn.alpha must be > 0"),
+    ("udp", "udp.mode", "claimed", "udp.mode 'claimed' unknown"),
+    ("dp_scaffold", "dp_scaffold.clip", "mean", "dp_scaffold.clip 'mean' unknown"),
+    ("dp_scaffold", "dp_scaffold.accountant", "gdp", "dp_scaffold.accountant 'gdp' unknown"),
+    ("dp_scaffold", "client.momentum", 0.9, "plain SGD clients"),
+    ("fedavg", "udp.epsilon", 5.0, "udp.epsilon=5.0 is set, but algorithm 'fedavg' does not read section 'udp'"),
+])
+def test_bad_baseline_input_is_refused_before_loading(tmp_path, algorithm, path, value, message):
+    c = _config(algorithm)
+    c.data.source = "/no/such/source/but/validation/comes/first"
+    section, key = path.split(".")
+    c[section][key] = value
+    with pytest.raises(ValueError, match=message):
+        run_experiment(c, str(tmp_path / "never"), progress=False)

@@ -2,8 +2,11 @@
 paper's setting: N = 100, lambda = 0.1, P = 25, B = 50, beta = 0.1, alpha = 0.1, lr decay 0.997, weight
 decay 1e-3, CNN ``cnn_pfl``), run for ``--rounds`` rounds (300 in the paper) on ``--splits``.
 
-  --table 2   CUAG-PFL paper / sound, PFLDyn(Proto), SCAFFOLD, FedAvg (Table 2; FedAvg and SCAFFOLD run
-              E = 5 epochs of B = 50, the same 2,500 examples per client and round as P = 25 pairs of 50)
+  --table 2   CUAG-PFL paper / sound, PFLDyn(Proto), SCAFFOLD, FedAvg, and the DP baselines PriFedSync,
+              UDP (paper calibration and sound), DP-SCAFFOLD (median clip as the seed, fixed clip) (Table 2;
+              FedAvg, UDP and SCAFFOLD run E = 5 epochs of B = 50, the same 2,500 examples per client and
+              round as P = 25 pairs of 50; DP-SCAFFOLD runs K = 25 DP-SGD steps of B = 50: per-example
+              gradients cost more, and the seed's P is 25)
   --table 6   dynamic rates vs fixed 0.5 / 0.4 / 0.3 (CUAG paper mode)
   --table 7   block vs gaussian vs bernoulli measurement matrices (CUAG paper mode)
   --table 5   Alg. 4's noise N(0, (2 C sigma / B)^2) with sigma in {0.45, 0.65, 1.0, the sigma_t schedule}
@@ -13,7 +16,7 @@ decay 1e-3, CNN ``cnn_pfl``), run for ``--rounds`` rounds (300 in the paper) on 
   --table 8   heterogeneous mu_n, 100 values evenly spaced in [0.1, 4] (paper and sound modes)
 
 Every row carries the accuracy (mean personalised test accuracy over all clients; for FedAvg and
-SCAFFOLD the global model's mean accuracy on each client's test data), uplink GB measured and scaled to
+the non-personalised methods the global model's mean accuracy on each client's test data), uplink GB measured and scaled to
 300 rounds, and the epsilon actually spent (sound mode) or ``no formal guarantee`` beside the paper's
 claimed epsilon (paper mode). Writes ``rows.json`` and ``table.md`` under ``--out``.
 
@@ -34,6 +37,7 @@ from fedjax_dp.training.loop import run_experiment  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json
 
 BASELINE = {"client.epochs": 5, "compression.enabled": False}
+DP_SCAFFOLD = {"dp_scaffold.local_steps": 25, "compression.enabled": False}
 
 
 def table_variants(table: int) -> list[tuple[str, dict]]:
@@ -43,7 +47,13 @@ def table_variants(table: int) -> list[tuple[str, dict]]:
                 ("CUAG-PFL (sound mode, sigma_t shape, mu 0.25)", {"cuag.mode": "sound", "cuag.sound_noise": "sigma_t"}),
                 ("PFLDyn(Proto)", {"algorithm": "pfldyn_proto", "compression.enabled": False}),
                 ("SCAFFOLD", {"algorithm": "scaffold", "model.name": "cnn_pfl", **BASELINE}),
-                ("FedAvg", {"algorithm": "fedavg", **BASELINE})]
+                ("FedAvg", {"algorithm": "fedavg", **BASELINE}),
+                ("PriFedSync (z 0.45, C 1)", {"algorithm": "prifedsync", "compression.enabled": False}),
+                ("UDP (paper calibration, epsilon 10)", {"algorithm": "udp", **BASELINE}),
+                ("UDP (sound, epsilon 10)", {"algorithm": "udp", "udp.mode": "sound", **BASELINE}),
+                ("DP-SCAFFOLD (median clip, sigma 1)", {"algorithm": "dp_scaffold", **DP_SCAFFOLD}),
+                ("DP-SCAFFOLD (fixed clip 1, sigma 1)", {"algorithm": "dp_scaffold", "dp_scaffold.clip": "fixed",
+                                                         **DP_SCAFFOLD})]
     if table == 6:
         return [("dynamic [0.2, 0.5]", {})] + [(f"fixed {r}", {"compression.rates": r}) for r in ("0.5", "0.4", "0.3")]
     if table == 7:

@@ -48,7 +48,7 @@ def table_variants(table: int) -> list[tuple[str, dict]]:
                 ("PFLDyn(Proto)", {"algorithm": "pfldyn_proto", "compression.enabled": False}),
                 ("SCAFFOLD", {"algorithm": "scaffold", "model.name": "cnn_pfl", **BASELINE}),
                 ("FedAvg", {"algorithm": "fedavg", **BASELINE}),
-                ("PriFedSync (z 0.45, C 1)", {"algorithm": "prifedsync", "compression.enabled": False}),
+                ("PriFedSync (sigma 0.45, C 1)", {"algorithm": "prifedsync", "compression.enabled": False}),
                 ("UDP (paper calibration, epsilon 10)", {"algorithm": "udp", **BASELINE}),
                 ("UDP (sound, epsilon 10)", {"algorithm": "udp", "udp.mode": "sound", **BASELINE}),
                 ("DP-SCAFFOLD (median clip, sigma 1)", {"algorithm": "dp_scaffold", **DP_SCAFFOLD}),

@@ -124,3 +124,16 @@ def test_rdp_order_grid_is_a_parameter():
     assert coarse > default  # the best order of a coarser grid can only be worse
     fine = A.Accountant("rdp", rdp_orders=A.RDP_ORDERS + (1.05, 7.25, 9.5)).compose(event, 1000).epsilon(1e-5)
     assert fine <= default
+
+
+def test_gdp_conversions_survive_a_huge_mu():
+    """A local mechanism with a tiny multiplier (PriFedSync's z = 2 sigma / (B sqrt(L))) is mu-GDP with mu in
+    the hundreds or more: the conversion used to overflow in e^eps Phi(b) (cancellation in eps + log Phi(b))."""
+    from fedjax_dp.privacy import gdp
+
+    previous = 0.0
+    for mu in (50.0, 314.0, 9e9):
+        epsilon = gdp.epsilon_from_mu(mu, 1e-5)
+        assert math.isfinite(epsilon) and epsilon > previous and epsilon >= mu ** 2 / 2 * 0.99
+        assert 0.0 <= gdp.delta_from_mu(mu, epsilon) <= 1.0
+        previous = epsilon

@@ -50,40 +50,47 @@ def _run(tmp_path, name, algorithm, **overrides):
 
 def _gdp_delta(mu, epsilon):
     """delta(epsilon) of mu-GDP (Dong, Roth, Su 2019, Cor. 2.13), written out independently of privacy.gdp."""
-    return stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * stats.norm.cdf(-epsilon / mu - mu / 2)
+    return stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + stats.norm.logcdf(-epsilon / mu - mu / 2))
 
 
-def _uploads(cfg, num_clients=10):
+def _uploads(cfg, num_clients=10, size=100):
     model = get_model("logistic", (28, 28, 1), 10)
     choice = StrategyChoice(strategy="vmap", chunk_size=None, unroll=1, conv_impl="xla")
-    return build_round(cfg, model, choice, num_clients).uploads
+    return build_round(cfg, model, choice, num_clients, client_sizes=(size,) * num_clients).uploads
 
 
-def test_udp_noise_is_the_per_round_calibration_and_a_client_spends_its_exact_composition():
+def _population(num_clients=10, size=100):
+    return SimpleNamespace(num_clients=num_clients, train_sizes=lambda: np.full(num_clients, size))
+
+
+def test_udp_paper_noise_is_wei_et_als_record_level_calibration_and_its_figures_are_composed_unformally():
     cfg = _config("udp")
     cfg.rounds = 5
-    uploads = _uploads(cfg)
+    uploads = _uploads(cfg, size=100)
     c = math.sqrt(2 * math.log(1.25 / 1e-5))
-    z = {t: uploads.releases(t)[0].noise_multiplier for t in range(1, 6)}
-    for t in range(1, 6):  # z_t = 2 c sqrt(t) / epsilon, epsilon = 10: grows with the rounds
-        assert z[t] == pytest.approx(2 * c * math.sqrt(t) / 10.0, rel=1e-12)
-    tracker = udp.make_tracker(cfg, SimpleNamespace(num_clients=10), uploads)
+    releases = {t: uploads.releases(t)[0] for t in range(1, 6)}
+    for t, release in releases.items():  # z_t = 2 c sqrt(t) / (epsilon m): grows with the rounds
+        assert uploads.inputs(t)[1]["z"] == pytest.approx(2 * c * math.sqrt(t) / (10.0 * 100), rel=1e-12)
+        assert release.noise_multiplier == pytest.approx(2 * c * math.sqrt(t) / 10.0, rel=1e-12)  # per C / m
+        assert not release.formal
+    tracker = udp.make_tracker(cfg, _population(), uploads)
     tracker.record(1, np.array([0, 1]))
     tracker.record(4, np.array([0, 2]))
     eps = tracker.ledger.epsilons()
-    mu0 = math.sqrt((2 / z[1]) ** 2 + (2 / z[4]) ** 2)  # client 0 ran rounds 1 and 4, sensitivity 2C
+    z = {t: releases[t].noise_multiplier for t in (1, 4)}
+    mu0 = math.sqrt((2 / z[1]) ** 2 + (2 / z[4]) ** 2)  # client 0 ran rounds 1 and 4
     assert _gdp_delta(mu0, eps[0]) == pytest.approx(1e-5, rel=1e-6)
     assert _gdp_delta(2 / z[4], eps[2]) == pytest.approx(1e-5, rel=1e-6)
-    assert eps[1] > eps[2] and eps[3] == 0  # round 1's noise is the smallest: its client spent more
+    assert eps[1] == pytest.approx(10.3939, abs=1e-3) and eps[3] == 0  # one round-1 participation passes 10
     report = tracker.report()
-    assert report.epsilons["paper_claim"] == 10.0 and report.formal
-    assert report.epsilons["clients_over_claim"] == int((eps > 10).sum())
+    assert report.epsilons["paper_claim"] == 10.0 and not report.formal
+    assert report.epsilons["clients_over_claim"] == int((eps > 10).sum()) == 2
 
 
 def test_udp_as_written_lets_clients_pass_its_claim_and_the_sound_mode_does_not(tmp_path):
     _, written = _run(tmp_path, "written", "udp")
     rows, sound = _run(tmp_path, "sound", "udp", **{"udp.mode": "sound"})
-    assert written["epsilons"]["clients_over_claim"] > 0 and written["epsilon"] > 10.0
+    assert written["epsilons"]["clients_over_claim"] > 0 and written["formal"] is False
     assert sound["epsilons"]["clients_over_claim"] == 0 and sound["epsilon"] <= 10.0
     assert sound["epsilons"]["clients_participated"] >= 4 and sound["formal"] and rows[-1]["test_accuracy"] > 0
 
@@ -98,23 +105,34 @@ def test_udp_sound_noise_keeps_the_sqrt_t_growth_and_spends_the_budget_over_the_
     assert _gdp_delta(mu, 10.0) == pytest.approx(1e-5, rel=1e-6)
 
 
-def test_prifedsync_noise_is_fixed_and_each_clients_epsilon_is_its_exact_composition():
+def test_prifedsync_noise_is_alg4s_at_a_fixed_sigma_its_epsilon_exact_and_the_seeds_figure_beside_it():
     cfg = _config("prifedsync")
     uploads = _uploads(cfg)
-    assert [r.noise_multiplier for r in uploads.releases(7)] == [0.45] and uploads.releases(1)[0].locality == "local"
-    tracker = prifedsync.make_tracker(cfg, SimpleNamespace(num_clients=10), uploads)
+    z = 2 * 0.45 / (8 * math.sqrt(2))  # 2 sigma / (B sqrt(L)): logistic regression has L = 2 layers, B = 8
+    assert [r.noise_multiplier for r in uploads.releases(7)] == [pytest.approx(z, rel=1e-12)]
+    assert uploads.releases(1)[0].locality == "local" and uploads.releases(1)[0].formal
+    tracker = prifedsync.make_tracker(cfg, _population(size=100), uploads)
     for t, ids in enumerate(([0, 1], [0, 2], [0, 1]), start=1):
         tracker.record(t, np.array(ids))
     eps = tracker.ledger.epsilons()
-    assert _gdp_delta(math.sqrt(3) * 2 / 0.45, eps[0]) == pytest.approx(1e-5, rel=1e-6)
-    assert _gdp_delta(math.sqrt(2) * 2 / 0.45, eps[1]) == pytest.approx(1e-5, rel=1e-6)
-    assert tracker.epsilon() == eps[0] and tracker.report().formal
+    assert _gdp_delta(math.sqrt(3) * 2 / z, eps[0]) == pytest.approx(1e-5, rel=1e-6)
+    assert _gdp_delta(math.sqrt(2) * 2 / z, eps[1]) == pytest.approx(1e-5, rel=1e-6)
+    report = tracker.report()
+    assert report.epsilon == eps[0] and report.formal
+    mu = 0.4 * 8 / 100 * math.sqrt(3 * math.expm1(0.45 ** -2))  # q = lambda B / |D|, t = 3 rounds
+    assert _gdp_delta(mu, report.epsilons["paper_claim"]) == pytest.approx(1e-5, rel=1e-6)
+
+
+def test_prifedsyncs_claimed_figure_reproduces_the_seeds_epsilon_range():
+    from fedjax_dp.privacy.gdp import epsilon_from_mu
+
+    claimed = [epsilon_from_mu(prifedsync.claimed_mu(0.45, t, 0.1, 50, 500), 1e-5) for t in (1, 300)]
+    assert claimed == [pytest.approx(0.41, abs=0.005), pytest.approx(10.24, abs=0.005)]  # seed 004 §7.3
 
 
 def test_prifedsync_without_effective_noise_or_clip_is_pfldyn_proto(tmp_path):
     plain, _ = _run(tmp_path, "pfl", "pfldyn_proto")
-    private, record = _run(tmp_path, "pri", "prifedsync", **{"prifedsync.clip_norm": 1e3,
-                                                             "prifedsync.noise_multiplier": 1e-9})
+    private, record = _run(tmp_path, "pri", "prifedsync", **{"prifedsync.clip_norm": 1e3, "prifedsync.sigma": 1e-9})
     for a, b in zip(plain[1:], private[1:]):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
     assert private[-1]["personalized_accuracy"] == pytest.approx(plain[-1]["personalized_accuracy"], abs=0.02)
@@ -177,7 +195,7 @@ def test_dp_scaffold_as_written_is_labelled_and_its_fixed_clip_is_formal_with_th
 @pytest.mark.parametrize("algorithm, path, value, message", [
     ("udp", "udp.epsilon", 0.0, "udp.epsilon .* must be > 0, got 0.0"),
     ("udp", "udp.clip_norm", -1.0, "udp.clip_norm C must be > 0, got -1.0"),
-    ("prifedsync", "prifedsync.noise_multiplier", 0.0, "prifedsync.noise_multiplier z must be > 0"),
+    ("prifedsync", "prifedsync.sigma", 0.0, "prifedsync.sigma must be > 0"),
     ("prifedsync", "pfldyn.alpha", 0.0, "pfldyn.alpha must be > 0"),
     ("udp", "udp.mode", "claimed", "udp.mode 'claimed' unknown"),
     ("dp_scaffold", "dp_scaffold.clip", "mean", "dp_scaffold.clip 'mean' unknown"),

@@ -4,41 +4,42 @@ CUAG-PFL baseline (seed 004 §7.2.3 item 2, §7.2.4; ALGORITHMS.md §4): client-
 with a FIXED privacy budget epsilon (seed 004: 10 at delta 1e-5), the noise adapting per round so that
 it grows with the rounds (seed 004 Fig. 4b).
 
-FedAvg's client (``fedavg``) uploads Delta w_n through ``chain(clip(C), local Gaussian(z_t), uniform
-mean)``. The noise (a reading, stated: the seed gives no formula) is the Gaussian-mechanism
-calibration of Wei et al. for the rounds run so far: a client's clipped upload has sensitivity
-Delta = 2C (replace-one client data), and round t adds N(0, sigma_t^2 I) with
-    sigma_t = c Delta sqrt(t) / epsilon,  c = sqrt(2 ln(1.25 / delta)),  i.e. z_t = sigma_t / C = 2 c sqrt(t) / epsilon
-(Wei et al.'s sigma = c Delta sqrt(T) / epsilon for T exposures, taken at the current round t; the
-``paper`` mode below).
-The clip is fixed (seed 004: "fixed clip 1" for every LDP method; its prose mentions an adaptive clip
-for UDP without defining it).
+FedAvg's client (``fedavg``) uploads Delta w_n through ``chain(clip(C), local Gaussian, uniform mean)``
+(the clip fixed: seed 004 fixes it to 1 for every LDP method; its prose mentions an adaptive clip for
+UDP without defining it). ``udp.mode``:
 
-``udp.mode``:
-
-* ``paper`` (as written): the claim "epsilon fixed" is the paper's; what a client spends is the exact GDP
-  composition of the participations it ran (mu^2 = sum over them of (2 / z_t)^2 = (epsilon / c)^2
-  sum 1 / t), which the tracker reports per client beside the claim (``epsilons.paper_claim``, and
-  ``clients_over_claim``). That composition is a formal guarantee (Gaussian noise on a bounded upload),
-  but not the claim: c = sqrt(2 ln(1.25 / delta)) calibrates the classical Gaussian mechanism, valid
-  for epsilon <= 1 only (Dwork and Roth 2014, Thm. A.1); at epsilon = 10 a single participation in
-  round 1 already spends 10.39 (mu = 2.07), and a client sampled in several early rounds spends more.
-* ``sound``: the same growth (z_t proportional to sqrt(t)), calibrated exactly to the client's GDP
-  budget mu(epsilon, delta) for K planned participations (``udp.participations``, 0 = ceil(lambda T);
-  ``privacy.local_calibration.shaped_multipliers``), and each client's ledger holds epsilon as its
-  budget: a client whose next participation would exceed it is no longer sampled, so no client ever
-  spends more than epsilon.
+* ``paper`` (a reading, stated: the seed gives no formula): Wei et al.'s calibration of record-level
+  LDP for the rounds run so far. Their sensitivity of a client's trained model to one of its m records
+  is Delta s = 2C / m (as in their NbAFL, Wei et al. 2020, IEEE TIFS, Lemma 1), and round t adds
+  N(0, sigma_t^2 I) with
+      sigma_t = c Delta s sqrt(t) / epsilon,  c = sqrt(2 ln(1.25 / delta))
+  (their sigma = c Delta s sqrt(T) / epsilon for T exposures, taken at the current round t), i.e. a
+  multiplier z_t = sigma_t / C = 2 c sqrt(t) / (epsilon m) of the clip, m the mean client data size.
+  NO formal guarantee: 2C / m bounds one record's effect on a single mean of per-example-clipped
+  gradients, not on E epochs of local SGD with the update clipped once (one record can move that
+  update by up to 2C). The run records the composition of the paper's own figures (sensitivity 2C / m:
+  (2 / (z_t m))^2 = (epsilon / c)^2 / t per participation, GDP-exact) with ``formal: false``, beside
+  the claim ``epsilons.paper_claim``; even by those figures the classical calibration (valid for
+  epsilon <= 1 only, Dwork and Roth 2014, Thm. A.1) lets a client spend more than the claim (a single
+  participation in round 1 spends 10.39 at epsilon = 10), and ``epsilons.clients_over_claim`` counts them.
+* ``sound``: client-level LDP (replace-one client data, sensitivity 2C, a formal guarantee) with the
+  same growth, z_t = kappa sqrt(t), kappa calibrated exactly to the client's GDP budget mu(epsilon,
+  delta) for K planned participations (``udp.participations``, 0 = ceil(lambda T);
+  ``privacy.local_calibration.shaped_multipliers``); each client's ledger holds epsilon as its budget
+  and a client whose next participation would exceed it is no longer sampled, so no client ever
+  spends more than epsilon. The noise is about m times the paper's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.fedavg import FedAvg
-from fedjax_dp.core.uploads import UniformWeights, chain
+from fedjax_dp.core.uploads import Release, UniformWeights, chain
 from fedjax_dp.privacy import gdp
 from fedjax_dp.privacy.client_sampling import client_sampler
 from fedjax_dp.privacy.local_calibration import expected_participations, shaped_multipliers
@@ -50,10 +51,26 @@ from fedjax_dp.privacy.upload_noise import GaussianNoise
 MODES = ("paper", "sound")
 
 
-def udp_multipliers(rounds: int, epsilon: float, delta: float) -> tuple:
-    """((t, z_t), ...) for t = 1..rounds: z_t = 2 c sqrt(t) / epsilon, c = sqrt(2 ln(1.25 / delta))."""
+def udp_multipliers(rounds: int, epsilon: float, delta: float, records: float) -> tuple:
+    """((t, z_t), ...) for t = 1..rounds: z_t = 2 c sqrt(t) / (epsilon m), c = sqrt(2 ln(1.25 / delta))."""
     c = math.sqrt(2.0 * math.log(1.25 / delta))
-    return tuple((t, 2.0 * c * math.sqrt(t) / epsilon) for t in range(1, rounds + 1))
+    return tuple((t, 2.0 * c * math.sqrt(t) / (epsilon * records)) for t in range(1, rounds + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class UdpPaperNoise(GaussianNoise):
+    """The paper mode's local noise z_t C (``GaussianNoise``), released with the paper's own figure:
+    the multiplier relative to its claimed record-level bound C / m, ``formal=False``."""
+
+    records: float = 1.0  # m: the clients' (mean) data size in Delta s = 2C / m
+
+    def releases(self, inputs: dict) -> tuple[Release, ...]:
+        return (Release("UDP local Gaussian noise, paper calibration (Wei et al.)", "local",
+                        float(inputs["z"]) * self.records,
+                        f"claimed: C / m per record (Delta s = 2C / m, m = {self.records:g}); not a bound of "
+                        "multi-step local training", formal=False,
+                        note="the paper's record-level sensitivity 2C / m assumes one mean of per-example-clipped "
+                             "gradients; E epochs of local SGD clipped once are bounded only at the client level"),)
 
 
 def sound_multipliers(cfg, num_clients: int) -> tuple:
@@ -68,9 +85,14 @@ def build_udp(ctx) -> tuple:
     cfg, u = ctx.cfg, ctx.cfg.udp
     algorithm = FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer(),
                        cfg.client.lr_decay, ctx.unroll)
-    schedule = (udp_multipliers(cfg.rounds, u.epsilon, u.delta) if u.mode == "paper"
-                else sound_multipliers(cfg, ctx.num_clients))
-    noise = GaussianNoise(schedule, local=True)
+    if u.mode == "paper":
+        if not ctx.client_sizes:
+            raise ValueError("udp.mode='paper' calibrates to the clients' data size m (Delta s = 2C / m): build it "
+                             "with the clients' sizes")
+        records = float(np.mean(ctx.client_sizes))
+        noise = UdpPaperNoise(udp_multipliers(cfg.rounds, u.epsilon, u.delta, records), local=True, records=records)
+    else:
+        noise = GaussianNoise(sound_multipliers(cfg, ctx.num_clients), local=True)
     return algorithm, chain(FlatClip(u.clip_norm), noise, UniformWeights())
 
 
@@ -96,9 +118,10 @@ class UdpTracker(PrivacyTracker):
             f"UDP: the paper claims epsilon = {self.claimed:g} for every client at any round (epsilons.paper_claim); "
             "the epsilons listed are the exact composition of the participations each client ran" + (
                 "; sound mode: the noise is calibrated to it and a client whose next participation would exceed it "
-                "is no longer sampled" if self.enforced else "; paper mode (as written): the claim is not enforced "
-                "and its calibration holds for epsilon <= 1 only; epsilons.clients_over_claim counts the clients "
-                "that spent more than the claim"))
+                "is no longer sampled" if self.enforced else "; paper mode (as written): NO formal guarantee, the "
+                "epsilons are the composition of the paper's record-level figures (sensitivity 2C / m); the claim is "
+                "not enforced and its calibration holds for epsilon <= 1 only: epsilons.clients_over_claim counts "
+                "the clients that spent more than the claim even by those figures"))
         return report
 
 

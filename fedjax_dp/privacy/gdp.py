@@ -33,9 +33,12 @@ def mu_clt(sampling_rate: float, noise_multiplier: float, rounds: int) -> float:
 def delta_from_mu(mu: float, epsilon: float) -> float:
     """Exact delta(epsilon) of a mu-GDP mechanism."""
     _check_mu(mu)
-    # e^eps Phi(b) computed as exp(eps + log Phi(b)) so large epsilon does not overflow.
+    # e^eps Phi(b) computed as exp(eps + log Phi(b)) so large epsilon does not overflow; for a huge mu the
+    # sum cancels catastrophically (both terms ~ mu^2 / 2), so it is held at log Phi(a), its true upper
+    # bound (delta >= 0), which keeps delta in [0, Phi(a)].
     a, b = -epsilon / mu + mu / 2, -epsilon / mu - mu / 2
-    return float(stats.norm.cdf(a) - math.exp(epsilon + special.log_ndtr(b)))
+    log_cdf_a = float(special.log_ndtr(a))
+    return float(math.exp(log_cdf_a) - math.exp(min(epsilon + float(special.log_ndtr(b)), log_cdf_a)))
 
 
 def epsilon_from_mu(mu: float, delta: float) -> float:

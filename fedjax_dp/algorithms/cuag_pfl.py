@@ -23,8 +23,8 @@ lines 26-27) before PFLDyn's server step. ``cuag.mode``:
   average: kappa = (2 / mu) sqrt(K mean_t sigma_t^-2)); the ledger still stops a client before its next
   participation would pass mu, so one sampled mostly early stops sooner (with K = 1 the first rounds'
   z_t may not afford a single participation: the run then stops for the privacy budget at once).
-  ``cuag.noise_multiplier`` > 0 fixes z instead (PriFedSync's sigma = 0.45 with C = 1, a multiplier of
-  the sensitivity): no budget, the epsilon spent is reported.
+  ``cuag.noise_multiplier`` > 0 fixes z instead (a multiplier of the sensitivity C sqrt(L)): no budget,
+  the epsilon spent is reported. (The PriFedSync baseline is ``algorithms.prifedsync``.)
 * ``cuag.sigma`` (Table 5: sigma and C each fixed or adaptive) runs Alg. 4's own noise,
   N(0, (2 C_l sigma / B)^2) per entry, with sigma fixed (a number) or the sigma_t schedule
   (``schedule``; |D| the mean client size): in ``paper`` mode with C_l the layer's own norm (no
@@ -122,7 +122,7 @@ def build_cuag(ctx) -> tuple:
     client_z = None
     if sigma is not None:  # Alg. 4's noise 2 C sigma_t / B at the fixed C: accounted, no budget
         schedule = alg4_multipliers(alg4_sigmas(sigma, cfg, ctx), cfg.client.batch_size, layers)
-    elif c.noise_multiplier:  # a fixed z (PriFedSync's sigma = 0.45): accounted, not calibrated
+    elif c.noise_multiplier:  # a fixed z: accounted, not calibrated
         schedule = ((1, float(c.noise_multiplier)),)
     elif c.sound_noise == "sigma_t":
         schedule = shaped_multipliers(alg4_sigmas("schedule", cfg, ctx), c.mu, planned_participations(cfg, ctx.num_clients))

@@ -23,11 +23,14 @@ UDP without defining it). ``udp.mode``:
   epsilon <= 1 only, Dwork and Roth 2014, Thm. A.1) lets a client spend more than the claim (a single
   participation in round 1 spends 10.39 at epsilon = 10), and ``epsilons.clients_over_claim`` counts them.
 * ``sound``: client-level LDP (replace-one client data, sensitivity 2C, a formal guarantee) with the
-  same growth, z_t = kappa sqrt(t), kappa calibrated exactly to the client's GDP budget mu(epsilon,
-  delta) for K planned participations (``udp.participations``, 0 = ceil(lambda T);
-  ``privacy.local_calibration.shaped_multipliers``); each client's ledger holds epsilon as its budget
-  and a client whose next participation would exceed it is no longer sampled, so no client ever
-  spends more than epsilon. The noise is about m times the paper's.
+  same growth, z_t = kappa sqrt(t), kappa calibrated to the client's GDP budget mu(epsilon, delta) so
+  that ANY K participations spend at most it (``udp.participations``, 0 = ceil(lambda T);
+  ``privacy.local_calibration.worst_case_multipliers``: kappa = (2 / mu) sqrt(H_K), the first K rounds
+  being the costliest). Calibrating to the expected cost instead would price a first-round
+  participation above the whole budget whenever K < T / H_T (always, at lambda = 0.1), and no client
+  could take part. Each client's ledger holds epsilon as its budget and a client whose next
+  participation would exceed it is no longer sampled, so no client ever spends more than epsilon. The
+  noise is far above the paper's (client- instead of record-level sensitivity).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.uploads import Release, UniformWeights, chain
 from fedjax_dp.privacy import gdp
 from fedjax_dp.privacy.client_sampling import client_sampler
-from fedjax_dp.privacy.local_calibration import expected_participations, shaped_multipliers
+from fedjax_dp.privacy.local_calibration import expected_participations, worst_case_multipliers
 from fedjax_dp.privacy.tracker import PrivacyTracker, ledger_settings
 from fedjax_dp.privacy.upload_clipping import FlatClip
 from fedjax_dp.privacy.upload_noise import GaussianNoise
@@ -74,11 +77,11 @@ class UdpPaperNoise(GaussianNoise):
 
 
 def sound_multipliers(cfg, num_clients: int) -> tuple:
-    """z_t = kappa sqrt(t), calibrated to mu(udp.epsilon, udp.delta) for K planned participations."""
+    """z_t = kappa sqrt(t): any K planned participations spend at most mu(udp.epsilon, udp.delta)."""
     u = cfg.udp
     participations = expected_participations(cfg.sampling, cfg.rounds, num_clients, u.participations)
-    return shaped_multipliers(np.sqrt(np.arange(1, cfg.rounds + 1)), gdp.mu_from_epsilon(u.epsilon, u.delta),
-                              participations)
+    return worst_case_multipliers(np.sqrt(np.arange(1, cfg.rounds + 1)), gdp.mu_from_epsilon(u.epsilon, u.delta),
+                                  participations)
 
 
 def build_udp(ctx) -> tuple:

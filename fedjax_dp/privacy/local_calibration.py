@@ -11,6 +11,11 @@ participations:
   kappa = (2 / mu) sqrt(K mean_t s_t^-2), so that K participations at rounds drawn uniformly spend mu
   in expectation (``shaped_multipliers``). A client sampled mostly in the rounds of least noise would
   pass mu: the per-client ledger must stop it first (the trackers do), so no client ever exceeds it.
+  When the shape rises steeply (UDP's sqrt(t)), one participation in the first rounds can cost more than
+  mu on its own (K mean_t s_t^-2 < s_1^-2), and no client could ever take part then;
+* ``worst_case_multipliers``: kappa = (2 / mu) sqrt(sum of the K largest s_t^-2), so that ANY K
+  participations spend at most mu (the costliest K rounds included): every client can take part K
+  times wherever it is sampled, at the price of more noise in the other rounds.
 """
 
 from __future__ import annotations
@@ -41,4 +46,13 @@ def shaped_multipliers(shape, mu: float, participations: int) -> tuple:
     ``shape``: s_t for t = 1..T."""
     shape = np.asarray(shape, float)
     kappa = 2.0 / mu * math.sqrt(participations * np.mean(shape ** -2.0))
+    return piecewise_schedule(kappa * shape)
+
+
+def worst_case_multipliers(shape, mu: float, participations: int) -> tuple:
+    """((first round, z_t), ...) with z_t = kappa s_t, kappa = (2 / mu) sqrt(sum of the K largest s_t^-2):
+    K participations in any rounds spend at most mu (kappa a hair above, as ``constant_multipliers``)."""
+    shape = np.asarray(shape, float)
+    costliest = np.sort(shape ** -2.0)[::-1][:participations]
+    kappa = 2.0 / mu * math.sqrt(float(np.sum(costliest))) * (1 + 1e-9)
     return piecewise_schedule(kappa * shape)

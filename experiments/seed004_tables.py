@@ -2,6 +2,8 @@
 paper's setting: N = 100, lambda = 0.1, P = 25, B = 50, beta = 0.1, alpha = 0.1, lr decay 0.997, weight
 decay 1e-3, CNN ``cnn_pfl``), run for ``--rounds`` rounds (300 in the paper) on ``--splits``.
 
+  --table 1   the epsilon each DP method had spent when it first reached the DP baselines' best accuracies,
+              read from Table 2 runs (``--rows results/.../rows.json``; runs nothing)
   --table 2   CUAG-PFL paper / sound, PFLDyn(Proto), SCAFFOLD, FedAvg, and the DP baselines PriFedSync,
               UDP (paper calibration and sound), DP-SCAFFOLD (median clip as the seed, fixed clip) (Table 2;
               FedAvg, UDP and SCAFFOLD run E = 5 epochs of B = 50, the same 2,500 examples per client and
@@ -127,6 +129,30 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def epsilon_at(workdir: str, metric: str, target: float):
+    """The epsilon recorded when ``metric`` first reached ``target`` (None if it never did)."""
+    for row in (json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))):
+        if row.get(metric) is not None and row[metric] >= target:
+            return row.get("epsilon")
+    return None
+
+
+def table1_markdown(rows: list[dict]) -> str:
+    """Seed 004 Table 1: the epsilon each DP method had spent when its accuracy first reached each target,
+    the targets being the best accuracies of the DP baselines (the paper: UDP, DP-SCAFFOLD, PriFedSync)."""
+    private = [r for r in rows if r["epsilon"] is not None]
+    targets = sorted({r["best"] for r in private if r["method"].startswith(("UDP", "DP-SCAFFOLD", "PriFedSync"))})
+    lines = ["| split | method | " + " | ".join(f"epsilon at {t:.4f}" for t in targets) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in targets) + " |"]
+    for r in private:
+        cells = []
+        for t in targets:
+            eps = epsilon_at(r["workdir"], r["metric"], t)
+            cells.append("not reached" if eps is None else f"{eps:.3f}" + ("" if r["formal"] else " (no formal guarantee)"))
+        lines.append(f"| {r['split']} | {r['method']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", type=int, default=2)
@@ -137,8 +163,15 @@ def main():
     p.add_argument("--only", nargs="*", default=[], help="run only the variants whose name contains one of these")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/seed004")
+    p.add_argument("--rows", nargs="*", default=[], help="--table 1: the rows.json files of Table 2 runs to read")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.table == 1:
+        rows = [row for path in args.rows for row in json.load(open(path))]
+        with open(os.path.join(args.out, "table1.md"), "w") as f:
+            f.write(table1_markdown(rows))
+        print(table1_markdown(rows))
+        return
     rows = []
     for split in args.splits:
         for name, overrides in table_variants(args.table):

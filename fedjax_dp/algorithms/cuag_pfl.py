@@ -159,10 +159,7 @@ class CuagTracker(PrivacyTracker):
         report.accounting.update({"per_client_epsilon": [float(e) for e in all_eps],
                                   "per_client_mu": [float(m) for m in self.mus],
                                   "per_client_participations": [int(k) for k in self.ledger.participations]})
-        eps = all_eps[self.ledger.participations > 0]
-        if len(eps):
-            report.epsilons.update({"per_client_min": float(eps.min()), "per_client_median": float(np.median(eps)),
-                                    "per_client_max": float(eps.max()), "clients_participated": int(len(eps))})
+        report.epsilons.update(self.participant_epsilons())
         delta = self.cfg.delta
         claimed = sorted({float(m) for m in self.mus})
         if self.mode == "paper":

@@ -111,12 +111,10 @@ class UdpTracker(PrivacyTracker):
 
     def report(self):
         report = super().report()
-        eps = self.ledger.epsilons()[self.ledger.participations > 0]
-        report.epsilons["paper_claim"] = self.claimed
-        if len(eps):
-            report.epsilons.update({"per_client_min": float(eps.min()), "per_client_median": float(np.median(eps)),
-                                    "per_client_max": float(eps.max()), "clients_participated": int(len(eps)),
-                                    "clients_over_claim": int((eps > self.claimed * (1 + 1e-9)).sum())})
+        eps = self.ledger.epsilons()
+        report.epsilons.update({"paper_claim": self.claimed, **self.participant_epsilons()})
+        if report.epsilons.get("clients_participated"):
+            report.epsilons["clients_over_claim"] = int((eps > self.claimed * (1 + 1e-9)).sum())
         report.notes.append(
             f"UDP: the paper claims epsilon = {self.claimed:g} for every client at any round (epsilons.paper_claim); "
             "the epsilons listed are the exact composition of the participations each client ran" + (

@@ -152,6 +152,14 @@ class PrivacyTracker:
             return float(eps.max()) if len(eps) else 0.0
         return self.accountants[self.cfg.accountant].epsilon(self.cfg.delta)
 
+    def participant_epsilons(self) -> dict:
+        """The spread of the per-client epsilons over the clients that took part (local releases)."""
+        eps = self.ledger.epsilons()[self.ledger.participations > 0]
+        if not len(eps):
+            return {}
+        return {"per_client_min": float(eps.min()), "per_client_median": float(np.median(eps)),
+                "per_client_max": float(eps.max()), "clients_participated": int(len(eps))}
+
     def report(self) -> PrivacyReport:
         delta = self.cfg.delta
         epsilons = {}

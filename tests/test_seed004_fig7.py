@@ -1,0 +1,45 @@
+"""experiments/seed004_fig7.py: every run it makes is a valid config for both datasets and all six splits,
+and CUAG-PFL's reduction is read against the uncompressed methods of the same dataset and split."""
+
+import importlib.util
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from fedjax_dp.training.config_validation import validate_config
+
+HERE = os.path.join(os.path.dirname(__file__), "..", "experiments")
+
+
+@pytest.fixture(scope="module")
+def fig7():
+    sys.path.insert(0, HERE)
+    spec = importlib.util.spec_from_file_location("seed004_fig7", os.path.join(HERE, "seed004_fig7.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("source", ["cifar10", "cifar100"])
+def test_every_run_is_a_valid_config(fig7, source):
+    args = SimpleNamespace(rounds=3, seed=0, source=source, data_dir=f"/data/{source}")
+    for split in fig7.SPLITS:
+        for _, overrides in fig7.METHODS:
+            cfg = fig7.configure(args, {**fig7.split_overrides(split), **overrides})
+            validate_config(cfg)
+            assert cfg.data.source == source and cfg.data.classes_per_client == int(split[4:])
+
+
+def test_reductions_pair_cuag_with_the_uncompressed_run_of_its_own_dataset_and_split(fig7):
+    cuag, dense, scaffold = (m for m, _ in fig7.METHODS)
+    rows = [{"source": "cifar10", "split": "alid7", "method": dense, "rounds": 3, "uplink_gb_300": 0.9, "total_gb_300": 1.8},
+            {"source": "cifar10", "split": "alid7", "method": cuag, "rounds": 3, "uplink_gb_300": 0.3, "total_gb_300": 1.2},
+            {"source": "cifar10", "split": "acid3", "method": dense, "rounds": 3, "uplink_gb_300": 0.8, "total_gb_300": 1.6},
+            {"source": "cifar10", "split": "acid3", "method": scaffold, "rounds": 3, "uplink_gb_300": 1.6, "total_gb_300": 3.2},
+            {"source": "cifar100", "split": "alid7", "method": cuag, "rounds": 3, "uplink_gb_300": 0.2, "total_gb_300": 0.9}]
+    reductions = fig7.reductions(rows)
+    assert list(reductions) == [("cifar10", "alid7")]  # acid3 has no CUAG row, cifar100 no reference
+    assert reductions[("cifar10", "alid7")] == pytest.approx((2 / 3, 1 / 3))
+    assert "| cifar10 | alid7 | 66.67% | 33.33% |" in fig7.markdown(rows)

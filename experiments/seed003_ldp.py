@@ -47,6 +47,7 @@ def base(args):
     if args.data_dir:
         c.data.source, c.data.data_dir = args.source, args.data_dir
     c.data.min_train_per_client = args.min_train
+    c.data.invert = args.invert
     c.sampling.cohort_size = args.cohort
     c.client.update(batch_size=args.batch, learning_rate=args.gamma, epochs=1)
     c.server_data.overlap, c.server_data.fraction = 0.0, 0.01  # the held-out validation set (step s6)
@@ -114,6 +115,8 @@ def main():
     p.add_argument("--data-dir", default="")
     p.add_argument("--min-train", type=int, default=0, help="natural partitions: writers with at least this many "
                    "training examples (each step draws B of them)")
+    p.add_argument("--invert", action="store_true", help="femnist: ink high, background 0 (LEAF stores the "
+                   "background high)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--out", default="results/seed003")

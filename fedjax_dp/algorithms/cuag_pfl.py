@@ -19,10 +19,11 @@ lines 26-27) before PFLDyn's server step. ``cuag.mode``:
   participation would exceed it is no longer sampled. The epsilon reported is the ledger's exact GDP
   composition of what ran (a guarantee). ``cuag.sound_noise='sigma_t'`` gives the noise Alg. 4's shape
   instead: z_t = kappa sigma_t (least noise early, most late), kappa calibrated so that K participations
-  at rounds drawn uniformly spend mu in expectation (sum of (2 / z_t)^2 over K random rounds = mu^2 on
-  average: kappa = (2 / mu) sqrt(K mean_t sigma_t^-2)); the ledger still stops a client before its next
-  participation would pass mu, so one sampled mostly early stops sooner (with K = 1 the first rounds'
-  z_t may not afford a single participation: the run then stops for the privacy budget at once).
+  in ANY rounds spend at most mu: kappa = (2 / mu) sqrt(sum of the K largest sigma_t^-2), i.e. the K
+  least-noisy rounds (``privacy.local_calibration.worst_case_multipliers``). (An earlier calibration to
+  mu in expectation over random rounds, kappa = (2 / mu) sqrt(K mean_t sigma_t^-2), priced one round-1
+  participation at 1.56 mu^2 in the Table 2 setting: no client could take part and the run stopped
+  before round 1.)
   ``cuag.noise_multiplier`` > 0 fixes z instead (a multiplier of the sensitivity C sqrt(L)): no budget,
   the epsilon spent is reported. (The PriFedSync baseline is ``algorithms.prifedsync``.)
 * ``cuag.sigma`` (Table 5: sigma and C each fixed or adaptive) runs Alg. 4's own noise,
@@ -51,7 +52,7 @@ from fedjax_dp.core.uploads import UniformWeights, chain
 from fedjax_dp.privacy import adaptive_gdp, gdp
 from fedjax_dp.privacy.client_sampling import client_sampler
 from fedjax_dp.privacy.local_calibration import (constant_multipliers, expected_participations,
-                                                 shaped_multipliers)
+                                                 worst_case_multipliers)
 from fedjax_dp.privacy.tracker import PrivacyTracker, ledger_settings
 from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, alg4_multipliers, cuag_sound_noise
 
@@ -125,7 +126,8 @@ def build_cuag(ctx) -> tuple:
     elif c.noise_multiplier:  # a fixed z: accounted, not calibrated
         schedule = ((1, float(c.noise_multiplier)),)
     elif c.sound_noise == "sigma_t":
-        schedule = shaped_multipliers(alg4_sigmas("schedule", cfg, ctx), c.mu, planned_participations(cfg, ctx.num_clients))
+        schedule = worst_case_multipliers(alg4_sigmas("schedule", cfg, ctx), c.mu,
+                                          planned_participations(cfg, ctx.num_clients))
     else:
         z = constant_multipliers(mus, planned_participations(cfg, ctx.num_clients))
         schedule, client_z = ((1, float(z.min())),), tuple(float(v) for v in z) if heterogeneous else None
@@ -176,7 +178,7 @@ class CuagTracker(PrivacyTracker):
             report.notes.append(
                 f"sound mode: each client's noise is calibrated so that {self.participations} participations spend its "
                 f"own budget mu_n (min {self.mus.min():g}, max {self.mus.max():g})" + (
-                    ", with z_t proportional to Alg. 4's sigma_t (in expectation over the rounds a client is sampled in)"
+                    ", with z_t proportional to Alg. 4's sigma_t (any K participations fit the budget)"
                     if self.shape == "sigma_t" else "") + "; a client whose next participation would exceed it is no "
                 "longer sampled.")
         return report

@@ -8,14 +8,13 @@ participations:
 
 * constant z: sqrt(K) 2 / z = mu (``constant_multipliers``);
 * a per-round shape s_t (Alg. 4's sigma_t, UDP's sqrt(t)): z_t = kappa s_t with
-  kappa = (2 / mu) sqrt(K mean_t s_t^-2), so that K participations at rounds drawn uniformly spend mu
-  in expectation (``shaped_multipliers``). A client sampled mostly in the rounds of least noise would
-  pass mu: the per-client ledger must stop it first (the trackers do), so no client ever exceeds it.
-  When the shape rises steeply (UDP's sqrt(t)), one participation in the first rounds can cost more than
-  mu on its own (K mean_t s_t^-2 < s_1^-2), and no client could ever take part then;
-* ``worst_case_multipliers``: kappa = (2 / mu) sqrt(sum of the K largest s_t^-2), so that ANY K
+  kappa = (2 / mu) sqrt(sum of the K largest s_t^-2) (``worst_case_multipliers``), so that ANY K
   participations spend at most mu (the costliest K rounds included): every client can take part K
-  times wherever it is sampled, at the price of more noise in the other rounds.
+  times wherever it is sampled, at the price of more noise in the other rounds. (Calibrating K
+  participations at uniformly drawn rounds to mu in expectation, kappa = (2 / mu) sqrt(K mean_t s_t^-2),
+  is cheaper on average but, for a rising shape, prices one participation in the first rounds above mu
+  on its own when K mean_t s_t^-2 < s_1^-2: no client could take part then, and CUAG-PFL's Table 2 run
+  and UDP's both stopped before round 1; not offered.)
 """
 
 from __future__ import annotations
@@ -39,14 +38,6 @@ def constant_multipliers(mus: np.ndarray, participations: int) -> np.ndarray:
     """z_n with sqrt(K) * 2 / z_n = mu_n (a hair above, so that the K-th participation fits the budget
     after the ledger's epsilon <-> mu round trip)."""
     return 2.0 * math.sqrt(participations) / mus * (1 + 1e-9)
-
-
-def shaped_multipliers(shape, mu: float, participations: int) -> tuple:
-    """((first round, z_t), ...) with z_t = kappa s_t, kappa = (2 / mu) sqrt(K mean_t s_t^-2);
-    ``shape``: s_t for t = 1..T."""
-    shape = np.asarray(shape, float)
-    kappa = 2.0 / mu * math.sqrt(participations * np.mean(shape ** -2.0))
-    return piecewise_schedule(kappa * shape)
 
 
 def worst_case_multipliers(shape, mu: float, participations: int) -> tuple:

@@ -14,6 +14,12 @@ ACCURACY_CURVES = (("test_accuracy", "central test", "-", "o"),
                    ("validation_accuracy", "server validation set", ":", "x"))
 
 
+def _legend(ax) -> None:
+    """A legend where something was drawn (a run stopped before round 1 has no curves)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
 def _figure(panels: int, width: float = 4.2, height: float = 3.6):
     """A figure not registered with pyplot (no backend switch: a notebook's inline plots keep working)."""
     from matplotlib.figure import Figure
@@ -47,14 +53,14 @@ def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
         elif x:
             drawn.append((x, y, ax.plot(x, y, linestyle=style, marker=marker, markersize=3, label=label)[0]))
     ax.set(xlabel="round", ylabel="accuracy", title="accuracy")
-    ax.legend(fontsize=7)
+    _legend(ax)
     ax = axes["loss"]
     for key, label in (("train_loss", "cohort training loss"), ("test_loss", "central test loss")):
         x, y = _series(rows, key)
         if x:
             ax.plot(x, y, label=label)
     ax.set(xlabel="round", ylabel="loss", title="loss")
-    ax.legend(fontsize=7)
+    _legend(ax)
     if has_eps:
         ax = axes["epsilon"]
         x, y = _series(rows, "epsilon")
@@ -62,7 +68,7 @@ def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
         ax.plot(x, y, linestyle="-" if formal else "--",
                 label="epsilon spent" + ("" if formal else " (formal: false, no DP guarantee)"))
         ax.set(xlabel="round", ylabel="epsilon", title="privacy spent")
-        ax.legend(fontsize=7)
+        _legend(ax)
     if "clients" in axes:
         ax = axes["clients"]
         values = np.asarray(client_accuracies, float)
@@ -70,7 +76,7 @@ def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
         ax.axvline(values.mean(), color="k", linestyle="--", label=f"mean {values.mean():.3f}")
         ax.set(xlabel=client_accuracy_label or "final accuracy per client", ylabel="clients",
                title="per-client accuracy")
-        ax.legend(fontsize=7)
+        _legend(ax)
     for ax in axes.values():
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)
@@ -87,7 +93,7 @@ def plot_seeds(curves: dict[str, tuple], path: str, title: str) -> str:
         ax.fill_between(x, low, high, alpha=0.25, label="95 % confidence interval")
         ax.set(xlabel="round", ylabel=metric, title=metric)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -105,7 +111,7 @@ def plot_accuracy_vs_epsilon(points: dict[str, list[tuple]], path: str, title: s
     ax.set(xscale="log", xlabel="epsilon (at the run's delta)", ylabel="final accuracy")
     ax.set_title(textwrap.fill(title, 70), fontsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    _legend(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path

@@ -2,6 +2,7 @@
 drift correction on a heterogeneous problem, per-client control variates through the loop's
 checkpoints, and bad input."""
 
+import json
 import os
 
 import jax
@@ -160,6 +161,24 @@ def test_scaffold_runs_in_the_loop_and_resumes_with_its_client_controls(tmp_path
     assert len(saved["client_state_ids"]) > 4  # controls of every past participant
     run_experiment(_config(), str(tmp_path / "b"), progress=False, resume=True)
     assert _files(tmp_path / "b") == want  # identical only if the c_i came back from the checkpoint
+
+
+def test_scaffold_traffic_counts_the_control_variate_both_ways(tmp_path):
+    """Seed 004 (Sec. 7.2.5, Fig. 7): SCAFFOLD sends the model and the control variate down and the two
+    deltas up, twice an uncompressed FedAvg's traffic each way. Bug: the download counted the model only."""
+    c = _config()
+    c.rounds, c.checkpoint_every = 2, 0
+    run_experiment(c, str(tmp_path / "scaffold"), progress=False)
+    c.algorithm = "fedavg"
+    run_experiment(c, str(tmp_path / "fedavg"), progress=False)
+
+    def rows(name):
+        return [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")][1:]
+
+    for scaffold, fedavg in zip(rows("scaffold"), rows("fedavg")):
+        assert scaffold["uplink_bytes"] == 2 * fedavg["uplink_bytes"] > 0
+        assert scaffold["downlink_bytes"] == 2 * fedavg["downlink_bytes"] > 0
+        assert scaffold["traffic_gb_total"] == pytest.approx(2 * fedavg["traffic_gb_total"])
 
 
 def test_scaffold_bad_input():

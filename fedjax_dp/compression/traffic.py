@@ -3,8 +3,10 @@ uplink and total traffic in GB).
 
 Counts are of what is transmitted: float32 arrays at 4 bytes per value, plus side information (a
 compressed upload also carries one float32 rate per layer so the server can rebuild the operators;
-random operators need no matrix, only the shared seed, counted as 8 bytes). The download is the
-global model (float32), plus whatever state an algorithm broadcasts (e.g. SCAFFOLD's control variate).
+random operators need no matrix, only the shared seed, counted as 8 bytes). The download is every
+floating-point array an algorithm broadcasts (``Algorithm.broadcast``): the global model, plus e.g.
+SCAFFOLD's control variate (``broadcast_bytes``); the round index that goes with it is not counted, as
+no upload counts its client's id.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ SEED_BYTES = 8
 def array_bytes(tree) -> int:
     """Bytes of every array in a pytree as sent (its dtype's item size times its entry count)."""
     return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def broadcast_bytes(shared) -> int:
+    """Bytes of the floating-point arrays of what the server broadcasts (model, control variates...)."""
+    return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(shared)
+                   if np.issubdtype(np.dtype(x.dtype), np.floating)))
 
 
 def dense_upload_bytes(params, copies: int = 1) -> int:

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from tqdm import tqdm  # (not tqdm.auto: no ipywidgets warning in notebooks)
 
-from fedjax_dp.compression.traffic import dense_upload_bytes
+from fedjax_dp.compression.traffic import broadcast_bytes, dense_upload_bytes
 from fedjax_dp.core import rng as rng_lib
 from fedjax_dp.core import tree
 from fedjax_dp.core.client_states import ClientStateStore
@@ -126,7 +126,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 if loop.all_dropped_streak >= STALL_ROUNDS:
                     stop_reason = (f"every client update was non-finite for {STALL_ROUNDS} rounds in a row (to round "
                                    f"{t}): the global model has diverged")
-                row.update(loop.meter.record(len(ids), upload_bytes, dense_upload_bytes(state.params)))
+                sent = broadcast_bytes(runner.algorithm.broadcast(previous))  # model (+ control variate...)
+                row.update(loop.meter.record(len(ids), upload_bytes, sent))
                 if rates is not None:
                     row["compression_rates"] = rates
                 loop.client_updates += len(ids)

@@ -87,7 +87,7 @@ def plot(rows: list[dict], path: str) -> None:
             width = 0.8 / len(METHODS)
             for i, (method, _) in enumerate(METHODS):
                 measured = [r for r in rows if r["source"] == source and r["method"] == method]
-                values = [next((r[key] for r in measured if r["split"] == s), measured[0][key] if i else 0.0)
+                values = [next((r[key] for r in measured if r["split"] == s), measured[0][key] if i and measured else 0.0)
                           for s in splits]  # the uncompressed runs: one per dataset
                 ax.bar([x + i * width for x in range(len(splits))], values, width, label=method.split(" (")[0])
             ax.set_xticks([x + width for x in range(len(splits))], [s.upper() for s in splits])

@@ -27,8 +27,7 @@ def array_bytes(tree) -> int:
 
 def broadcast_bytes(shared) -> int:
     """Bytes of the floating-point arrays of what the server broadcasts (model, control variates...)."""
-    return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(shared)
-                   if np.issubdtype(np.dtype(x.dtype), np.floating)))
+    return array_bytes([x for x in jax.tree_util.tree_leaves(shared) if np.issubdtype(np.dtype(x.dtype), np.floating)])
 
 
 def dense_upload_bytes(params, copies: int = 1) -> int:

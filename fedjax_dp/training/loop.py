@@ -78,6 +78,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite, append=resume,
                                    scalars=scalars)
     template_bytes = dense_upload_bytes(runner.algorithm.upload_template(params))
+    download_bytes = broadcast_bytes(runner.algorithm.broadcast(state))  # model (+ control variate...)
 
     if cfg.eval_initial and not resume:  # round 0: the initial model, before any client has been read
         loop.evaluated(0, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation,
@@ -126,8 +127,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 if loop.all_dropped_streak >= STALL_ROUNDS:
                     stop_reason = (f"every client update was non-finite for {STALL_ROUNDS} rounds in a row (to round "
                                    f"{t}): the global model has diverged")
-                sent = broadcast_bytes(runner.algorithm.broadcast(previous))  # model (+ control variate...)
-                row.update(loop.meter.record(len(ids), upload_bytes, sent))
+                row.update(loop.meter.record(len(ids), upload_bytes, download_bytes))
                 if rates is not None:
                     row["compression_rates"] = rates
                 loop.client_updates += len(ids)

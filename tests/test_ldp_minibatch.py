@@ -134,10 +134,11 @@ def test_a_poisson_step_divides_the_noised_sum_by_the_expected_batch_not_the_pad
 
 @settings(max_examples=15, deadline=None)
 @given(thresholds=st.lists(st.floats(0.3, 6.0), min_size=4, max_size=4), seed=st.integers(0, 2**16),
-       adaptive=st.booleans(), rate=st.floats(0.2, 1.0), poisson=st.booleans())
-def test_no_client_ever_exceeds_its_threshold_and_a_spent_client_is_not_sampled_again(thresholds, seed, adaptive, rate,
+       schedule=st.sampled_from(["adaptive", "z0", "calibrated"]), rate=st.floats(0.2, 1.0), poisson=st.booleans())
+def test_no_client_ever_exceeds_its_threshold_and_a_spent_client_is_not_sampled_again(thresholds, seed, schedule, rate,
                                                                                        poisson):
-    ledger = _ledger(sizes=(50, 80, 120, 400), thresholds=np.array(thresholds), adaptive=adaptive, rounds=12, rate=rate,
+    ledger = _ledger(sizes=(50, 80, 120, 400), thresholds=np.array(thresholds), adaptive=schedule == "adaptive",
+                     calibrated=schedule == "calibrated", rounds=12, rate=rate,
                      step_sampling="poisson" if poisson else "fixed", accountant="pld" if poisson else "rdp")
     rng = np.random.default_rng(seed)
     for t in range(1, 13):
@@ -159,6 +160,32 @@ def test_noise_rises_as_the_spent_loss_approaches_the_threshold():
     k = int(np.flatnonzero(z == ledger.multipliers([0], 9)[0])[0])
     expected = 3.0  # rate 0.25, T - t + 1 = 12 rounds left
     assert k == 0 or not ledger._fits(0, z[k - 1], expected)  # the least noise on the grid that fits
+
+
+def test_a_calibrated_fixed_z_is_each_clients_own_least_grid_z_for_its_expected_participations_and_is_kept():
+    """The fixed-noise baseline for unequal clients (natural partitions): a small client gets more noise
+    than a large one, each the least z (to 0.1 %) whose q T = 3 participations fit its threshold, chosen
+    before its first participation; it does not move as the client runs ahead of the schedule (the
+    adaptive rule would raise it), and the client stops where one more participation at its z would not
+    fit."""
+    sizes, rate, rounds = (40, 100, 400), 0.25, 12
+    ledger = _ledger(sizes=sizes, thresholds=3.0, adaptive=False, calibrated=True, rounds=rounds, rate=rate, zmax=20.0)
+    chosen = ledger.multipliers([0, 1, 2], 1)
+    assert chosen[0] > chosen[1] > chosen[2]
+    for k, z in enumerate(chosen):  # by the ledger's own accountant: 3 participations fit, 0.1 % less noise not
+        fresh = _ledger(sizes=(sizes[k],), thresholds=3.0, adaptive=True, rounds=rounds, rate=rate, zmax=20.0)
+        assert fresh._fits(0, z, rate * rounds) and (z == 1.0 or not fresh._fits(0, z / 1.001, rate * rounds))
+    used = []
+    for t in range(1, rounds + 1):  # client 0 takes part every round while eligible: 4x the expected rate
+        if ledger.eligible(t)[0]:
+            used.append(float(ledger.record([0], t)[0]))
+    assert set(used) == {chosen[0]} and len(used) >= 3 and ledger.stopped_round[0] > 0
+    assert ledger.epsilons()[0] <= 3.0 and not ledger._fits(0, chosen[0], 1)
+
+
+def test_a_calibrated_fixed_z_needs_the_fixed_noise_baseline():
+    with pytest.raises(ValueError, match="needs adaptive=False"):
+        _ledger(adaptive=True, calibrated=True)
 
 
 def test_history_and_correlation_weights_by_hand():
@@ -283,6 +310,8 @@ def test_a_poisson_pld_run_reports_what_ran_and_resumes_its_ledgers(tmp_path, mo
     ("server_data__overlap", -1.0, "must be held out of every client's data"),
     ("ldp__step_sampling", "shuffle", "ldp.step_sampling 'shuffle' unknown"),
     ("ldp__accountant", "gdp", "ldp.accountant 'gdp' unknown"),
+    ("ldp__fixed_noise", "median", "ldp.fixed_noise 'median' unknown"),
+    ("ldp__fixed_noise", "calibrated", "set ldp.adaptive=False, got ldp.adaptive=True"),
 ])
 def test_bad_input_is_refused_by_name_before_training(path, value, message):
     from fedjax_dp.training.config_validation import validate_config

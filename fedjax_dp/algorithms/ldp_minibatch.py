@@ -17,7 +17,9 @@ stated:
   (``privacy.example_ledger``: subsampled Gaussian per step, RDP, replace-one); its noise multiplier z
   for the next participation is the least that keeps the loss of its expected remaining participations
   under its threshold epsilon_n, within [z_0, z_max]; a client whose next participation would exceed
-  epsilon_n stops contributing (no longer sampled; logged). ``ldp.adaptive = False``: fixed z_0.
+  epsilon_n stops contributing (no longer sampled; logged). ``ldp.adaptive = False``: fixed z_0;
+  with ``ldp.fixed_noise = 'calibrated'`` each client's own fixed z, calibrated to its size and threshold
+  (the fixed-noise baseline for clients of unequal sizes; ``privacy.example_ledger``).
 * Server (step s6, claim 4): w_{t+1} = (1 - alpha) w_t + alpha sum_k a_k w_k = w_t + alpha sum_k a_k
   Delta_k, with a_k = softmax_k(tau cos(Delta_k, mean Delta)) (``core.correlation_weights``;
   ``ldp.weighting = 'uniform'``: a_k = 1/K). The global model is validated on a server-held set held
@@ -49,6 +51,7 @@ from fedjax_dp.privacy.example_tracker import STEP_NOISE_KEY, ExampleLevelTracke
 from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
 
 WEIGHTINGS = ("correlation", "uniform")
+FIXED_NOISE = ("z0", "calibrated")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +97,10 @@ def check_ldp(cfg, need) -> None:
     need(c.clip_norm > 0, f"ldp.clip_norm C must be > 0, got {c.clip_norm}")
     need(0 < c.noise_multiplier <= c.max_noise_multiplier,
          f"need 0 < ldp.noise_multiplier (z_0={c.noise_multiplier}) <= ldp.max_noise_multiplier ({c.max_noise_multiplier})")
+    need(c.fixed_noise in FIXED_NOISE, f"ldp.fixed_noise {c.fixed_noise!r} unknown; use one of {FIXED_NOISE}")
+    need(not (c.adaptive and c.fixed_noise == "calibrated"),
+         "ldp.fixed_noise='calibrated' is the fixed-noise baseline (one z per client, kept): set ldp.adaptive=False, "
+         f"got ldp.adaptive={c.adaptive}")
     need(0 < c.alpha <= 1, f"ldp.alpha must lie in (0, 1], got {c.alpha}")
     need(c.temperature >= 0, f"ldp.temperature tau must be >= 0, got {c.temperature}")
     need(c.weighting in WEIGHTINGS, f"ldp.weighting {c.weighting!r} unknown; use one of {WEIGHTINGS}")
@@ -138,7 +145,7 @@ def make_tracker(cfg, dataset, uploads=None) -> ExampleLevelTracker:
     ledger = ExampleLevelLedger(dataset.train_sizes(), cfg.client.batch_size, c.local_steps,
                                 parse_thresholds(c.thresholds, dataset.num_clients, cfg.seed), c.delta,
                                 c.noise_multiplier, c.max_noise_multiplier, rate, cfg.rounds, c.adaptive, orders,
-                                c.step_sampling, c.per_example, c.accountant)
+                                c.step_sampling, c.per_example, c.accountant, c.fixed_noise == "calibrated")
     return ExampleLevelTracker(ledger, c.clip_norm, c.per_example)
 
 
@@ -147,7 +154,8 @@ registry.register_section("ldp", {
     "per_example": True,  # False: clip the minibatch's mean gradient (sensitivity 2C)
     "noise_multiplier": 1.0,  # z_0: the least noise a step gets
     "max_noise_multiplier": 8.0,  # z_max: the most; a client that cannot afford one participation at it stops
-    "adaptive": True,  # the threshold schedule; False: fixed z_0 (same stopping rule)
+    "adaptive": True,  # the threshold schedule; False: fixed noise (same stopping rule), see fixed_noise
+    "fixed_noise": "z0",  # with adaptive=False: z0 (every client at z_0) | calibrated (each client's own z)
     "thresholds": "4.0",  # epsilon_n: one value, or a comma list assigned to clients at random
     "delta": 1e-5,
     "local_steps": 10,  # S steps per participation, each a fresh batch of client.batch_size

@@ -39,7 +39,12 @@ approaches the threshold, or a client takes part more often than expected, R par
 only under more noise, so z rises. A client whose next participation would exceed epsilon_n even at
 z_max is no longer sampled (eligibility depends only on past sampling and public sizes, never on
 data), so no client ever exceeds its threshold. ``adaptive=False`` keeps z = z_0 (the fixed-noise
-baseline) with the same stopping rule.
+baseline) with the same stopping rule. ``adaptive=False, calibrated=True`` is the fixed-noise baseline
+for clients of unequal sizes (natural partitions: FEMNIST's writers): each client's own z, the least on
+the grid (refined to ``CALIBRATION_TOLERANCE``) under which its q T expected participations (at least 1)
+fit its threshold by the deciding ledger, chosen before
+its first participation and kept for the run (the threshold rule frozen at a fresh ledger; a client
+with fewer examples gets more noise); the same stopping rule, at its own z.
 """
 
 from __future__ import annotations
@@ -94,6 +99,9 @@ def _steps_pld(event: RoundEvent, count: int) -> PrivacyLossDistribution:
 
 
 GRID_POINTS = 32
+CALIBRATION_TOLERANCE = 1e-3
+"""A calibrated fixed z is refined between its grid points to within this relative step (the grid's own
+step is 8.5 % for [0.8, 10]): it is chosen once per client, so the precision is cheap."""
 LEDGER_ORDERS = (1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0, 128.0)
 """The RDP orders of the per-client ledgers: a subsampled-without-replacement Gaussian costs about 30 ms
 per (n_k, z) on these 18 orders against 0.5 s on ``RDP_ORDERS``; a coarser grid can only raise epsilon
@@ -116,6 +124,7 @@ class ExampleLevelLedger:
     step_sampling: str = "fixed"  # STEP_SAMPLINGS
     per_example: bool = True  # False: the clipped batch mean (sensitivity 2C under add/remove)
     accountant: str = "rdp"  # LEDGER_ACCOUNTANTS: what decides the schedule and stops, and reports
+    calibrated: bool = False  # with adaptive=False: each client's own fixed z (module docstring), not z_0
 
     def __post_init__(self):
         check_delta(self.delta)
@@ -138,8 +147,12 @@ class ExampleLevelLedger:
         self.batch_cap = (poisson_batch_cap(self.client_sizes, self.batch_size, self.rounds * self.steps, self.delta)
                           if poisson else self.batch_size)
         self.accounting_delta = self.delta * (1 - TRUNCATION_SHARE) if poisson else self.delta
-        self.grid = (np.geomspace(self.base_multiplier, self.max_multiplier, GRID_POINTS) if self.adaptive
-                     else np.array([self.base_multiplier]))
+        if self.adaptive and self.calibrated:
+            raise ValueError("a calibrated fixed z per client (calibrated=True) is the fixed-noise baseline: it needs "
+                             "adaptive=False")
+        self.grid = (np.geomspace(self.base_multiplier, self.max_multiplier, GRID_POINTS)
+                     if self.adaptive or self.calibrated else np.array([self.base_multiplier]))
+        self._own_multiplier: dict[int, float] = {}  # calibrated: client -> its fixed z, set at first participation
         self.spent = np.zeros((len(self.client_sizes), len(self.orders)))
         self.steps_run = np.zeros(len(self.client_sizes), np.int64)
         self.stopped_round = np.zeros(len(self.client_sizes), np.int64)  # 0: still contributing
@@ -192,24 +205,50 @@ class ExampleLevelLedger:
     def eligible(self, t: int) -> np.ndarray:
         """Clients whose next participation fits their threshold at the largest noise (marks the others
         stopped in round t, logged by ``stopped_round``)."""
-        ok = np.array([self.stopped_round[k] == 0 and self._fits(k, self.grid[-1], 1) for k in range(len(self.spent))])
+        ok = np.array([self.stopped_round[k] == 0 and self._fits(k, self._most_noise(k), 1)
+                       for k in range(len(self.spent))])
         self.stopped_round[(self.stopped_round == 0) & ~ok] = t
         return ok
 
+    def _most_noise(self, client: int) -> float:
+        """The largest z the client can still run at: z_max (z_0 for the fixed baseline), or its own fixed z
+        once a calibrated client has chosen it (before that, its choice is at most z_max)."""
+        return self._own_multiplier.get(client, self.grid[-1])
+
     def multipliers(self, client_ids, t: int) -> np.ndarray:
         """Each listed client's z for round t (the module's threshold rule)."""
+        if self.calibrated:
+            return np.array([self._own_fixed_multiplier(int(k)) for k in np.asarray(client_ids, np.int64)], float)
         expected = max(1.0, self.participation_rate * (self.rounds - t + 1))
-        out = []
-        for k in np.asarray(client_ids, np.int64):
-            if self._fits(k, self.grid[0], expected):  # budget to spare: the least noise (saves the bisection)
-                out.append(self.grid[0])
-                continue
-            low, high = 0, len(self.grid) - 1  # epsilon falls as z grows: bisect for the first z that fits
-            while high - low > 1:
-                mid = (low + high) // 2
-                low, high = (low, mid) if self._fits(k, self.grid[mid], expected) else (mid, high)
-            out.append(self.grid[high])
-        return np.array(out, float)
+        return np.array([self._least_fitting(k, expected) for k in np.asarray(client_ids, np.int64)], float)
+
+    def _own_fixed_multiplier(self, client: int) -> float:
+        """A calibrated client's fixed z: chosen before its first participation (nothing spent yet) for the
+        q T participations expected over the run, then kept."""
+        if client not in self._own_multiplier:
+            assert self.steps_run[client] == 0, "a calibrated client chooses its z before its first participation"
+            expected = max(1.0, self.participation_rate * self.rounds)
+            z = self._least_fitting(client, expected)
+            index = int(np.searchsorted(self.grid, z))
+            if index > 0 and self._fits(client, z, expected):  # refine between the grid points around it
+                low, high = float(self.grid[index - 1]), z  # low does not fit, high does
+                while high / low > 1 + CALIBRATION_TOLERANCE:
+                    mid = float(np.sqrt(low * high))
+                    low, high = (low, mid) if self._fits(client, mid, expected) else (mid, high)
+                z = high
+            self._own_multiplier[client] = z
+        return self._own_multiplier[client]
+
+    def _least_fitting(self, client: int, participations: float) -> float:
+        """The least z on the grid under which the client's spent loss plus ``participations`` more fits its
+        threshold (z_max if none does: the stopping rule then decides)."""
+        if self._fits(client, self.grid[0], participations):  # budget to spare: the least noise (saves the bisection)
+            return float(self.grid[0])
+        low, high = 0, len(self.grid) - 1  # epsilon falls as z grows: bisect for the first z that fits
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (low, mid) if self._fits(client, self.grid[mid], participations) else (mid, high)
+        return float(self.grid[high])
 
     def record(self, client_ids, t: int, z=None) -> np.ndarray:
         """Composes one participation of each listed client at ``z`` (default: ``multipliers``, which is

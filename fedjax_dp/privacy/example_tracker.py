@@ -19,6 +19,15 @@ STEP_NOISE_KEY = "step_noise_multiplier"
 """The cohort entry (one value per slot) each client's local steps take their noise multiplier from."""
 
 
+def _rule(ledger: ExampleLevelLedger) -> str:
+    if ledger.adaptive:
+        return "adaptive"
+    if ledger.calibrated:
+        return ("fixed noise per client: each client's own z, the least whose q T expected participations fit its "
+                "threshold, chosen before its first participation and kept")
+    return "fixed noise"
+
+
 class ExampleLevelTracker:
     def __init__(self, ledger: ExampleLevelLedger, clip_norm: float, per_example: bool, median_clip: bool = False):
         """``median_clip``: the steps clip at their batch's median gradient norm (``step_dp``): the ledger
@@ -95,7 +104,7 @@ class ExampleLevelTracker:
         notes = [
             f"every local step clips {clip} ({bound}) and adds N(0, (z C)^2); {drawn}; composed "
             f"over the steps each client ran with {accountant}",
-            (f"threshold rule ({'adaptive' if led.adaptive else 'fixed noise'}): z in [{led.base_multiplier}, "
+            (f"threshold rule ({_rule(led)}): z in [{led.base_multiplier}, "
              f"{led.max_multiplier}] per participation; a client whose next participation would exceed its threshold "
              "is no longer sampled; no client's epsilon exceeds its threshold") if limited.any() else
             f"no threshold: fixed z = {led.base_multiplier}, every client keeps taking part",

@@ -89,7 +89,9 @@ KEY_DOCS = {
     "ldp.per_example": "local mini-batch DP: False clips the batch's mean gradient (sensitivity 2C)",
     "ldp.noise_multiplier": "local mini-batch DP: z_0, the least noise a step gets",
     "ldp.max_noise_multiplier": "local mini-batch DP: z_max; a client that cannot afford a participation at it stops",
-    "ldp.adaptive": "local mini-batch DP: the threshold-driven noise schedule (False: fixed z_0, same stop rule)",
+    "ldp.adaptive": "local mini-batch DP: the threshold-driven noise schedule (False: fixed noise, same stop rule)",
+    "ldp.fixed_noise": "local mini-batch DP, adaptive=False: z0 (every client at z_0) | calibrated (each client's own z "
+                       "for its q T expected participations and threshold, kept for the run)",
     "ldp.thresholds": "local mini-batch DP: per-client epsilon thresholds epsilon_n, one value or a comma list",
     "ldp.delta": "local mini-batch DP: delta of the per-client ledgers",
     "ldp.local_steps": "local mini-batch DP: steps S per participation, each a fresh batch of client.batch_size",

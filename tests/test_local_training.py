@@ -14,12 +14,18 @@ from conftest import random_client_data
 
 
 def unpadded_loop(model, optimizer, params, x, y, steps):
-    """A plain loop: one optimizer step per real batch (``steps`` lists each batch's example ids)."""
+    """A plain loop: one optimizer step per real batch (``steps`` lists each batch's example ids; each step
+    jitted on its own, so it compiles once per batch length instead of dispatching every op)."""
+
+    @jax.jit
+    def step(params, opt_state, xb, yb):
+        grads = jax.grad(lambda p: jnp.mean(model.per_example_loss(p, {"x": xb, "y": yb})))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
     opt_state = optimizer.init(params)
     for idx in steps:
-        grads = jax.grad(lambda p: jnp.mean(model.per_example_loss(p, {"x": x[idx], "y": y[idx]})))(params)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        params, opt_state = step(params, opt_state, x[idx], y[idx])
     return params
 
 

@@ -137,3 +137,38 @@ def test_gdp_conversions_survive_a_huge_mu():
         assert math.isfinite(epsilon) and epsilon > previous and epsilon >= mu ** 2 / 2 * 0.99
         assert 0.0 <= gdp.delta_from_mu(mu, epsilon) <= 1.0
         previous = epsilon
+
+
+def test_the_cached_pld_accountant_is_dp_accountings_to_the_bit_and_builds_each_mechanism_once():
+    """``cached_pld``: a schedule of Poisson, fixed-size (Dong-Roth-Su) and full-participation rounds,
+    queried after every round as a run does, gives dp_accounting's PLDAccountant's epsilon and delta
+    exactly, and the subsampled Gaussian's PLD is built once per (q, z), not once per query."""
+    from unittest import mock
+
+    from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
+
+    from fedjax_dp.privacy import cached_pld
+
+    cached_pld.subsampled_gaussian_pld.cache_clear()
+    schedule = [(A.RoundEvent("poisson", 1.1, sampling_rate=0.05), 3), (A.RoundEvent("poisson", 0.9, sampling_rate=0.05), 2),
+                (A.RoundEvent("poisson", 1.1, sampling_rate=0.05), 4)]
+    real = privacy_loss_distribution.from_gaussian_mechanism
+    reference_builds = 0
+    with mock.patch.object(privacy_loss_distribution, "from_gaussian_mechanism", side_effect=real) as built:
+        history = A.Accountant("pld", pld_discretization=1e-3)
+        for event, count in schedule:
+            for _ in range(count):
+                history.compose(event)
+                reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
+                for past, n in history.events:
+                    reference.compose(past.dp_event("pld"), n)
+                reference_builds += len(history.events)
+                assert history.epsilon(1e-5) == reference.get_epsilon(1e-5)
+                assert history.delta(2.0) == reference.get_delta(2.0)
+    ours = [c for c in built.call_args_list if c.kwargs.get("value_discretization_interval") == 1e-3
+            and c.kwargs.get("sampling_prob") == 0.05]
+    assert len(ours) - reference_builds == 2  # the reference builds each round's PLD per history; ours, 2 in all
+    for event in (A.RoundEvent("fixed", 1.3, population=100, cohort_size=10), A.RoundEvent("full", 2.0)):
+        reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
+        reference.compose(event.dp_event("pld"), 5)
+        assert A.epsilon_of([(event, 5)], 1e-5, "pld", 1e-3) == reference.get_epsilon(1e-5)

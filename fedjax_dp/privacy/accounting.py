@@ -34,9 +34,11 @@ from typing import Iterable
 
 import dp_accounting
 from absl import logging as absl_logging
-from dp_accounting import pld, rdp
+from dp_accounting import rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
+
+from fedjax_dp.privacy.cached_pld import CachedPldAccountant
 
 SAMPLINGS = ("poisson", "fixed", "full")
 ACCOUNTANTS = ("rdp", "pld")
@@ -147,14 +149,15 @@ def parse_rdp_orders(text: str, default: tuple = RDP_ORDERS) -> tuple:
 def make_accountant(kind: str, neighboring_relation: NeighboringRelation, pld_discretization: float = PLD_DISCRETIZATION,
                     rdp_orders=RDP_ORDERS):
     """A dp_accounting accountant for events of ``RoundEvent.dp_event(kind)`` under ``neighboring_relation``
-    (replace-one under PLD composes the Dong-Roth-Su events, which are add/remove Poisson events)."""
+    (replace-one under PLD composes the Dong-Roth-Su events, which are add/remove Poisson events; PLD:
+    ``cached_pld.CachedPldAccountant``, dp_accounting's with each round's mechanism PLD built once)."""
     if kind == "rdp":
         return rdp.RdpAccountant(orders=list(check_rdp_orders(rdp_orders)), neighboring_relation=neighboring_relation)
     if kind == "pld":
         if not 0 < pld_discretization <= 0.1:
             raise ValueError(f"PLD discretisation must lie in (0, 0.1], got {pld_discretization!r}")
-        return pld.PLDAccountant(neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                 value_discretization_interval=pld_discretization)
+        return CachedPldAccountant(neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                   value_discretization_interval=pld_discretization)
     raise ValueError(f"accountant {kind!r} unknown; choose one of {ACCOUNTANTS}")
 
 

@@ -31,7 +31,13 @@ def test_every_notebook_is_colab_ready_with_saved_outputs_and_plots():
         assert not errors, f"{path}: saved with an error"
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if "uga_fedmeta" in p else p
+SLOW = ("uga_fedmeta", "cuag_pfl")
+"""Notebooks whose tiny run takes over a minute on 2 cores (five methods, each compiled): run with
+FEDJAX_DP_SLOW=1; their methods run through the loop in the fast tests (test_pfldyn_cuag,
+test_algorithm_protocol, test_uga, test_fedmeta_fedprox_fedshare) and their saved outputs are checked above."""
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if any(n in p for n in SLOW) else p
                                   for p in NOTEBOOKS], ids=os.path.basename)
 def test_notebook_runs_on_tiny_settings(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

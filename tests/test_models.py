@@ -21,9 +21,9 @@ def test_bfloat16_compute_keeps_float32_parameters_and_gradients():
     params = full.init(jax.random.key(0))
     batch = {"x": jax.random.normal(jax.random.key(1), (8, 12, 12, 1)), "y": jnp.arange(8) % 5}
     loss = lambda model: lambda p: model.per_example_loss(p, batch).mean()  # noqa: E731
-    exact, exact_grad = jax.value_and_grad(loss(full))(params)
-    low, low_grad = jax.value_and_grad(loss(mixed))(params)
-    assert mixed.apply(params, batch["x"]).dtype == jnp.float32
+    exact, exact_grad = jax.jit(jax.value_and_grad(loss(full)))(params)  # jitted: one compile, not op by op
+    low, low_grad = jax.jit(jax.value_and_grad(loss(mixed)))(params)
+    assert jax.eval_shape(mixed.apply, params, batch["x"]).dtype == jnp.float32
     assert {g.dtype for g in jax.tree_util.tree_leaves(low_grad)} == {jnp.dtype(jnp.float32)}
     np.testing.assert_allclose(low, exact, rtol=2e-2)
     flat = lambda tree: jnp.concatenate([g.ravel() for g in jax.tree_util.tree_leaves(tree)])  # noqa: E731

@@ -140,9 +140,10 @@ def test_gdp_conversions_survive_a_huge_mu():
 
 
 def test_the_cached_pld_accountant_is_dp_accountings_to_the_bit_and_builds_each_mechanism_once():
-    """``cached_pld``: a schedule of Poisson, fixed-size (Dong-Roth-Su) and full-participation rounds,
-    queried after every round as a run does, gives dp_accounting's PLDAccountant's epsilon and delta
-    exactly, and the subsampled Gaussian's PLD is built once per (q, z), not once per query."""
+    """``cached_pld``: a schedule of Poisson rounds at two noise levels, queried after every round as a
+    run does, gives dp_accounting's PLDAccountant's epsilon and delta exactly, and each subsampled
+    Gaussian's PLD is built once per (q, z), not once per query; fixed-size (Dong-Roth-Su) and
+    full-participation rounds give its epsilon too (the latter through the parent's own path)."""
     from unittest import mock
 
     from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution

@@ -162,7 +162,7 @@ def test_noise_rises_as_the_spent_loss_approaches_the_threshold():
     assert k == 0 or not ledger._fits(0, z[k - 1], expected)  # the least noise on the grid that fits
 
 
-def test_a_calibrated_fixed_z_is_each_clients_own_least_grid_z_for_its_expected_participations_and_is_kept():
+def test_a_calibrated_fixed_z_is_each_clients_own_least_z_for_its_expected_participations_and_is_kept():
     """The fixed-noise baseline for unequal clients (natural partitions): a small client gets more noise
     than a large one, each the least z (to 0.1 %) whose q T = 3 participations fit its threshold, chosen
     before its first participation; it does not move as the client runs ahead of the schedule (the

@@ -224,31 +224,31 @@ class ExampleLevelLedger:
 
     def _own_fixed_multiplier(self, client: int) -> float:
         """A calibrated client's fixed z: chosen before its first participation (nothing spent yet) for the
-        q T participations expected over the run, then kept."""
+        q T participations expected over the run, to ``CALIBRATION_TOLERANCE``, then kept."""
         if client not in self._own_multiplier:
             assert self.steps_run[client] == 0, "a calibrated client chooses its z before its first participation"
-            expected = max(1.0, self.participation_rate * self.rounds)
-            z = self._least_fitting(client, expected)
-            index = int(np.searchsorted(self.grid, z))
-            if index > 0 and self._fits(client, z, expected):  # refine between the grid points around it
-                low, high = float(self.grid[index - 1]), z  # low does not fit, high does
-                while high / low > 1 + CALIBRATION_TOLERANCE:
-                    mid = float(np.sqrt(low * high))
-                    low, high = (low, mid) if self._fits(client, mid, expected) else (mid, high)
-                z = high
-            self._own_multiplier[client] = z
+            self._own_multiplier[client] = self._least_fitting(
+                client, max(1.0, self.participation_rate * self.rounds), CALIBRATION_TOLERANCE)
         return self._own_multiplier[client]
 
-    def _least_fitting(self, client: int, participations: float) -> float:
+    def _least_fitting(self, client: int, participations: float, tolerance: float = 0.0) -> float:
         """The least z on the grid under which the client's spent loss plus ``participations`` more fits its
-        threshold (z_max if none does: the stopping rule then decides)."""
-        if self._fits(client, self.grid[0], participations):  # budget to spare: the least noise (saves the bisection)
-            return float(self.grid[0])
-        low, high = 0, len(self.grid) - 1  # epsilon falls as z grows: bisect for the first z that fits
+        threshold (z_max if none does: the stopping rule then decides); with ``tolerance`` > 0 refined
+        between grid points to that relative step."""
+        grid = self.grid
+        if self._fits(client, grid[0], participations):  # budget to spare: the least noise (saves the bisection)
+            return float(grid[0])
+        if not self._fits(client, grid[-1], participations):
+            return float(grid[-1])
+        low, high = 0, len(grid) - 1  # grid[low] does not fit, grid[high] does; epsilon falls as z grows
         while high - low > 1:
             mid = (low + high) // 2
-            low, high = (low, mid) if self._fits(client, self.grid[mid], participations) else (mid, high)
-        return float(self.grid[high])
+            low, high = (low, mid) if self._fits(client, grid[mid], participations) else (mid, high)
+        low, high = float(grid[low]), float(grid[high])
+        while tolerance and high / low > 1 + tolerance:
+            mid = float(np.sqrt(low * high))
+            low, high = (low, mid) if self._fits(client, mid, participations) else (mid, high)
+        return high
 
     def record(self, client_ids, t: int, z=None) -> np.ndarray:
         """Composes one participation of each listed client at ``z`` (default: ``multipliers``, which is

@@ -16,9 +16,11 @@ import os
 import subprocess
 import sys
 import time
-from fedjax_dp.training.results import dumps as strict_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(1, os.path.dirname(HERE))  # the repository, so a machine without `pip install -e .` runs it
+
+from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 
 PAIRS = [  # (label, ours, peer script args)
     ("cnn C=100", "cnn:100:auto", [("torch loop", "venv-torch", "bench_torch.py", ["--impl", "loop"]),

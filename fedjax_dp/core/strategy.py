@@ -9,7 +9,8 @@ client-updates/s; full tables in ``benchmarks/RESULTS.md``):
 * FedAvg CNN, C = 100: im2col convs under ``lax.scan`` with ``sequential`` 14.9 or ``loop`` 14.0,
   vs XLA convs unrolled 8.2 (a conv inside a scan body: 1.7) and any vmap of per-client conv weights
   1.2-5.1 (grouped convolutions / batched matmuls). With reshape-and-max pooling (2026-11-24): ``auto``
-  15.1-17.1, 1.25-1.27x the best peer (a PyTorch loop, 12.1-13.1) side by side; every local step
+  15.1-17.6, 1.25-1.27x the best peer (a PyTorch loop, 12.1-13.1) side by side, 1.09x on a day the
+  peers ran at 15.2-15.6; every local step
   unrolled measured equal (16.5-17.4), and clients in parallel over two host devices no faster.
 
 On a GPU: one vmapped program over chunks of at most 256 clients (memory bounded by the chunk), the

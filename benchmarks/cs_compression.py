@@ -1,6 +1,7 @@
 """Compress + reconstruct cost (issue 7 benchmark): the block-sum operator of Alg. 3 vs a dense
 Gaussian matrix for one layer of 1e3 to 1e7 entries (dense only while b x I fits, <= 2e8 entries),
-and a whole VGG16-size update (about 15M parameters, VGG16's CIFAR layer shapes) at Alg. 2 rates.
+a whole VGG16-size update (about 15M parameters, VGG16's CIFAR layer shapes) at Alg. 2 rates, and a
+tiled random matrix regenerated at every product vs held in memory for the round (``materialized``).
 Each case is one jitted program y = Phi x, x_hat = Rec(y) (minimum norm); median of 5 timed calls
 after compilation; memory from XLA's analysis of the compiled program (arguments + outputs +
 temporaries). Target: the 15M update in < 50 ms, memory O(parameters).
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from xla_cost import compiled_cost, write_result  # noqa: E402
 
-from fedjax_dp.compression.operators import make_operator  # noqa: E402
+from fedjax_dp.compression.materialized import MaterializedRandomMatrix, materialized_matrices  # noqa: E402
+from fedjax_dp.compression.operators import RandomMatrix, make_operator  # noqa: E402
 from fedjax_dp.compression.pytree import LayerwiseCompressor  # noqa: E402
 from fedjax_dp.compression.rates import dynamic_rates  # noqa: E402
 from fedjax_dp.compression.reconstruction import min_norm  # noqa: E402
@@ -50,10 +53,27 @@ def vgg16_update(key) -> dict:
     return tree
 
 
+def regenerated_vs_materialized(size: int, rate: float) -> dict:
+    """One compress + min-norm reconstruction of a layer with a tiled Gaussian matrix (4096 columns a
+    tile, so the reconstruction runs conjugate gradients): every product regenerating Phi, against Phi
+    generated once and held (its generation timed apart)."""
+    op = RandomMatrix(size, rate)
+    x = jax.random.normal(jax.random.key(size), (size,))
+    start = time.perf_counter()
+    (matrix,) = jax.block_until_ready(materialized_matrices([op], limit_bytes=float("inf")))
+    generate_s = time.perf_counter() - start
+    regenerated = timed(lambda v: min_norm(op, op.measure(v)), x)
+    held = timed(lambda m, v: min_norm(MaterializedRandomMatrix(op, m), MaterializedRandomMatrix(op, m).measure(v)),
+                 matrix, x)
+    return {"size": size, "rate": rate, "measurements": op.shape[0], "generate_ms": 1e3 * generate_s,
+            "regenerated": regenerated, "materialized": held, "speedup": regenerated["ms"] / held["ms"]}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10**3, 10**4, 10**5, 10**6, 10**7])
     parser.add_argument("--rate", type=float, default=0.5)
+    parser.add_argument("--random", default="8192:0.25", help="SIZE:RATE of the regenerated vs materialized case")
     parser.add_argument("--out", default=os.path.join("benchmarks", "out", "compression.json"))
     args = parser.parse_args()
     rows = []
@@ -75,7 +95,10 @@ def main():
              **timed(lambda u: comp.reconstruct(comp.compress(u)), update)}
     whole["memory_in_update_sizes"] = whole["memory_bytes"] / (4 * params)
     print(json.dumps(whole), flush=True)
-    write_result(args.out, {"rate": args.rate, "layers": rows, "vgg16_update": whole})
+    size, rate = args.random.split(":")
+    random = regenerated_vs_materialized(int(size), float(rate))
+    print(json.dumps(random), flush=True)
+    write_result(args.out, {"rate": args.rate, "layers": rows, "vgg16_update": whole, "random_matrix": random})
 
 
 if __name__ == "__main__":

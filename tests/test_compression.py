@@ -189,10 +189,11 @@ def test_loop_records_traffic_and_dynamic_rates(tmp_path):
     assert all(set(r["compression_rates"]) <= {0.2, 0.3, 0.4, 0.5} for r in rows)
     assert summary.uplink_gb == pytest.approx(sum(r["uplink_bytes"] for r in rows) / 1e9)
     bad = default_config()
-    bad.compression.update(enabled=True, rates="1.5", kind="dense", r_min=0.6, r_max=0.5)
+    bad.compression.update(enabled=True, rates="1.5", kind="dense", r_min=0.6, r_max=0.5, materialize_gb=-1.0)
     with pytest.raises(ValueError) as err:
         run_experiment(bad, str(tmp_path / "bad"), progress=False)
-    for text in ("compression.rates", "compression.kind 'dense'", "r_min=0.6 exceeds"):
+    for text in ("compression.rates", "compression.kind 'dense'", "r_min=0.6 exceeds",
+                 "compression.materialize_gb must be >= 0 (0 = never), got -1.0"):
         assert text in str(err.value)
 
 
@@ -245,3 +246,66 @@ def test_dynamic_block_rates_share_one_compiled_round_and_match_the_static_opera
         for got, want in zip(jax.tree_util.tree_leaves(rebuilt), jax.tree_util.tree_leaves(expected)):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert len(traces) == 1
+
+
+@pytest.mark.parametrize("kind,size,tile", [("gaussian", 150, 37), ("bernoulli", 150, 37), ("gaussian", 40, 4096)])
+def test_a_materialized_random_matrix_is_the_same_operator(kind, size, tile):
+    """Table 7's random matrices were regenerated tile by tile at every product (about 200 products per
+    min-norm reconstruction: hours a round for cnn_pfl's dense layer). Held in memory for the round they
+    are the same matrix: the same measurements, adjoint and reconstruction up to summation order."""
+    from fedjax_dp.compression.materialized import MaterializedRandomMatrix, materialized_matrices
+
+    op = make_operator(kind, size, 0.3, seed=5, tile=tile)
+    (matrix,) = materialized_matrices([op], limit_bytes=1e9)
+    held = MaterializedRandomMatrix(op, matrix)
+    assert held.shape == op.shape
+    x = jax.random.normal(jax.random.key(0), (size,))
+    y = op.measure(x)
+    np.testing.assert_allclose(held.measure(x), y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(held.adjoint(y), op.adjoint(y), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(min_norm(held, y), min_norm(op, y), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(matrix)[:, :size], op.dense(), rtol=1e-6)  # the same draws
+
+
+def test_materialized_matrices_fit_the_limit_and_only_the_last_rounds_live():
+    from fedjax_dp.compression import materialized
+    from fedjax_dp.compression.materialized import matrix_bytes, materialized_matrices
+
+    block, a, b = BlockSum(100, 0.5), RandomMatrix(100, 0.5, seed=1), RandomMatrix(200, 0.5, seed=2)
+    assert matrix_bytes(a) == 4 * 50 * 100
+    first = materialized_matrices([block, a, b], limit_bytes=matrix_bytes(a))  # b does not fit beside a
+    assert first[0] is None and first[1].shape == (50, 100) and first[2] is None
+    again = materialized_matrices([a, b], limit_bytes=1e9)
+    assert again[0] is first[1] and again[1].shape == (100, 200)  # a's matrix reused, not regenerated
+    materialized_matrices([b], limit_bytes=1e9)
+    assert set(materialized._current) == {b}  # a released
+    assert materialized_matrices([a], limit_bytes=0) == (None,) and materialized._current == {}
+
+
+def test_gaussian_compression_rounds_agree_with_and_without_materialized_matrices():
+    """The CS upload transform passes the round's matrices as an input when they fit ``materialize_gb``;
+    a DP round (clip, compress, noise, server reconstruction of the noised sum) gives the same model."""
+    from fedjax_dp.core.uploads import fixed_denominator
+    from fedjax_dp.privacy.upload_clipping import FlatClip
+    from fedjax_dp.privacy.upload_noise import GaussianNoise
+
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    data = random_client_data(np.random.default_rng(0), [6, 9, 7])
+    x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
+    cohort = pack_cohort(x, y, [np.arange(6), np.arange(6, 15), np.arange(15, 22)], 4, 1, np.random.default_rng(0))
+    fedavg = FedAvg(model.per_example_loss, optax.sgd(0.1))
+    results = []
+    for gb in (0.0, 1.0):
+        uploads = [CompressedSensing(rates="dynamic", operator="gaussian", reconstruct="aggregate", materialize_gb=gb),
+                   FlatClip(1.0), GaussianNoise(((1, 0.5),)), fixed_denominator(3)]
+        runner = FederatedRound(fedavg, uploads)
+        state = runner.init(params)
+        assert ("matrices" in runner.specialized(state).inputs(1)[0]) == (gb > 0)
+        for t in range(2):
+            state = runner.round(state, cohort, jax.random.key(t))[0]
+        results.append(state.params)
+    for u, v in zip(*(jax.tree_util.tree_leaves(r) for r in results)):
+        np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="materialize_gb must be >= 0, got -1"):
+        CompressedSensing(operator="gaussian", materialize_gb=-1)

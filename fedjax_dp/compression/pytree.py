@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.compression.materialized import MaterializedRandomMatrix
 from fedjax_dp.compression.operators import PaddedBlockSum, make_operator, num_measurements
 from fedjax_dp.compression.reconstruction import reconstruct
 
@@ -65,14 +66,20 @@ class LayerwiseCompressor(_Layers):
     def num_parameters(self) -> int:
         return sum(op.shape[1] for op in self._operators)
 
-    def compress(self, update) -> list:
-        leaves = self._treedef.flatten_up_to(update)
-        return [op.measure(jnp.ravel(x)) for op, x in zip(self._operators, leaves)]
+    def _with(self, matrices) -> list:
+        """The operators, each random one whose tiles ``matrices`` holds (``materialized``) using them."""
+        if matrices is None:
+            return self._operators
+        return [op if m is None else MaterializedRandomMatrix(op, m) for op, m in zip(self._operators, matrices)]
 
-    def reconstruct(self, measurements: list):
+    def compress(self, update, matrices=None) -> list:
+        leaves = self._treedef.flatten_up_to(update)
+        return [op.measure(jnp.ravel(x)) for op, x in zip(self._with(matrices), leaves)]
+
+    def reconstruct(self, measurements: list, matrices=None):
         options = dict(self.reconstruction_options)
         leaves = [reconstruct(op, y, self.method, **options).reshape(shape)
-                  for op, y, shape in zip(self._operators, measurements, self._shapes)]
+                  for op, y, shape in zip(self._with(matrices), measurements, self._shapes)]
         return jax.tree_util.tree_unflatten(self._treedef, leaves)
 
 

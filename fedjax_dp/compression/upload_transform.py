@@ -14,7 +14,9 @@ a fixed rate. Operators are built once per distinct rate vector. Dynamic rates w
 operator pass the counts to the round as an input and pad every layer's measurements to its count at
 r_max (``pytree.PaddedBlockCompressor``), so the round compiles once, not once per rate vector (the
 padding is zeros before any noise and is never read by the reconstruction; traffic counts the real
-measurements). Random operators and fixed rates keep static shapes.
+measurements). Random operators and fixed rates keep static shapes; a random operator's matrix is
+generated once per round and passed in as an input while the round's random matrices fit
+``materialize_gb`` (``materialized``), and regenerated tile by tile at every product otherwise.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import jax
 import numpy as np
 
 from fedjax_dp.compression import traffic
+from fedjax_dp.compression.materialized import materialized_matrices
 from fedjax_dp.compression.operators import KINDS
 from fedjax_dp.compression.pytree import LayerwiseCompressor, PaddedBlockCompressor
 from fedjax_dp.compression.rates import dynamic_rates, fixed_rates
@@ -47,6 +50,7 @@ class CompressedSensing(UploadTransform):
     method: str = "min_norm"  # min_norm | ista_dct
     seed: int = 0
     reconstruct: str = "each"
+    materialize_gb: float = 1.0  # random matrices up to this many GB (float32) are held for the round
     compressor: Any = dataclasses.field(default=None, compare=False)  # set by ``specialize``
     padded: Any = dataclasses.field(default=None, compare=False)  # set by ``specialize`` (dynamic block rates)
 
@@ -59,6 +63,8 @@ class CompressedSensing(UploadTransform):
             raise ValueError(f"compression reconstruct {self.reconstruct!r} unknown; available: {PLACEMENTS}")
         if self.rates != "dynamic":
             fixed_rates({}, float(self.rates))  # validates the rate
+        if not self.materialize_gb >= 0:
+            raise ValueError(f"compression materialize_gb must be >= 0, got {self.materialize_gb!r}")
 
     def init(self, upload_template):
         return jax.tree_util.tree_map(lambda x: jax.numpy.asarray(x, jax.numpy.float32), upload_template)
@@ -88,17 +94,21 @@ class CompressedSensing(UploadTransform):
         return tuple(jax.tree_util.tree_leaves(self.compressor.rates)) if self.compressor is not None else ()
 
     def inputs(self, round_index: int) -> dict:
-        return {"rows": self.padded.rows(self.compressor)} if self.padded is not None else {}
+        if self.padded is not None:
+            return {"rows": self.padded.rows(self.compressor)}
+        if self.compressor is not None and self.operator != "block" and self.materialize_gb > 0:
+            return {"matrices": materialized_matrices(self.compressor.operators, self.materialize_gb * 2**30)}
+        return {}
 
     def _compress(self, upload, inputs):
         if self.padded is not None:
             return self.padded.compress(upload, inputs["rows"])
-        return self.compressor.compress(upload)
+        return self.compressor.compress(upload, inputs.get("matrices"))
 
     def _reconstruct(self, measured, inputs):
         if self.padded is not None:
             return self.padded.reconstruct(measured, inputs["rows"])
-        return self.compressor.reconstruct(measured)
+        return self.compressor.reconstruct(measured, inputs.get("matrices"))
 
     def layer_rates(self) -> list[float]:
         return [float(r) for r in jax.tree_util.tree_leaves(self.compressor.rates)]

@@ -22,6 +22,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -154,6 +155,16 @@ def fixed_denominator(denominator: float) -> UniformWeights:
     return UniformWeights(float(denominator))
 
 
+def _traced_input(value):
+    """A transform's per-round input as the round receives it: host numbers as float32 (one program for
+    every value), device arrays (a materialised measurement matrix) as they are, tuples element-wise."""
+    if isinstance(value, tuple):
+        return tuple(_traced_input(v) for v in value)
+    if value is None or isinstance(value, jax.Array):
+        return value
+    return jnp.float32(value)
+
+
 class Chain(tuple):
     """An ordered tuple of upload transforms, validated on construction (``chain(...)``)."""
 
@@ -166,7 +177,7 @@ class Chain(tuple):
         return tuple(t.init(upload_template) for t in self)
 
     def inputs(self, round_index: int) -> tuple:
-        return tuple({k: jnp.float32(v) for k, v in t.inputs(round_index).items()} for t in self)
+        return tuple({k: _traced_input(v) for k, v in t.inputs(round_index).items()} for t in self)
 
     def specialize(self, states) -> "Chain":
         return Chain(t.specialize(s) for t, s in zip(self, states))

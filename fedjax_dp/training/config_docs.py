@@ -46,6 +46,8 @@ KEY_DOCS = {
     "compression.r_max": "Alg. 2: the largest measurement rate",
     "compression.method": "server reconstruction: min_norm | ista_dct",
     "compression.seed": "seed of the measurement matrices (shared by clients and server)",
+    "compression.materialize_gb": "gaussian/bernoulli: hold the round's matrices in memory up to this many GB (float32; "
+                                  "one generation a round instead of one a product); 0 = regenerate tile by tile",
     "server_data.fraction": "server-held set (FedMeta's D_meta, FedShare's shared set): fraction of training examples",
     "server_data.overlap": "< 0: drawn IID from the clients (no formal DP); 0-1: writer overlap on natural partitions "
                            "(0 keeps the guarantee)",

@@ -113,6 +113,7 @@ def _validate_compression(cfg, need) -> None:
     need(c.method in METHODS, f"compression.method {c.method!r} unknown; available: {METHODS}")
     need(0 < c.r_min <= 1 and 0 < c.r_max <= 1, f"compression rates must lie in (0, 1]; got r_min={c.r_min}, r_max={c.r_max}")
     need(c.r_min <= c.r_max, f"compression.r_min={c.r_min} exceeds r_max={c.r_max}")
+    need(c.materialize_gb >= 0, f"compression.materialize_gb must be >= 0 (0 = never), got {c.materialize_gb}")
     if c.rates != "dynamic":
         try:
             need(0 < float(c.rates) <= 1, f"compression.rates must be 'dynamic' or a rate in (0, 1], got {c.rates!r}")

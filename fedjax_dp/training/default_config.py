@@ -34,7 +34,8 @@ def default_config() -> ml_collections.ConfigDict:
         enabled=False,          # compressed-sensing uploads (seed 004), composable with any algorithm and DP
         kind="block",           # block | gaussian | bernoulli measurement operator
         rates="dynamic",        # "dynamic" (Alg. 2) or a fixed rate such as "0.5"
-        r_min=0.2, r_max=0.5, method="min_norm", seed=0))  # Alg. 2 bounds; min_norm | ista_dct
+        r_min=0.2, r_max=0.5, method="min_norm", seed=0,  # Alg. 2 bounds; min_norm | ista_dct
+        materialize_gb=1.0))    # random matrices held in memory per round up to this size (0: never)
     c.server_data = ml_collections.ConfigDict(dict(
         fraction=0.01,          # a server-held set (D_meta, a shared set): this fraction of the training examples
         overlap=-1.0,           # < 0: IID from the training clients; [0, 1]: writer overlap (natural partitions)

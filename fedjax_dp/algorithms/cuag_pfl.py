@@ -55,6 +55,7 @@ from fedjax_dp.privacy.local_calibration import (constant_multipliers, expected_
                                                  worst_case_multipliers)
 from fedjax_dp.privacy.tracker import PrivacyTracker, ledger_settings
 from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, alg4_multipliers, cuag_sound_noise
+from fedjax_dp.privacy.upload_layer_quantile_clip import PerLayerQuantileClip
 
 MODES = ("paper", "sound", "none")
 SOUND_NOISE = ("constant", "sigma_t")
@@ -120,19 +121,34 @@ def build_cuag(ctx) -> tuple:
                                client_sizes=ctx.client_sizes, fixed_sigma=sigma if isinstance(sigma, float) else 0.0)
         return algorithm, chain(noise, UniformWeights())
     layers = len(jax.tree_util.tree_leaves(ctx.params_template))
+    clip = adaptive_layer_clip(cfg, ctx, layers) if c.adaptive_clip else None
+    reserved = clip.count_mu_squared() if clip is not None else 0.0  # the local counts' mu^2 a participation
+    participations = planned_participations(cfg, ctx.num_clients)
+    if clip is not None and calibrated_to_budget(c) and participations * reserved >= float(mus.min()) ** 2:
+        least = math.sqrt(participations * layers) / float(mus.min())
+        raise ValueError(f"cuag.count_noise_std={c.count_noise_std}: the per-layer clip counts of {participations} "
+                         f"participations ({layers} layers each) alone spend mu = {float(mus.min()):g}; it must exceed "
+                         f"sqrt(K L) / mu = {least:.4g} to leave budget for the uploads")
     client_z = None
     if sigma is not None:  # Alg. 4's noise 2 C sigma_t / B at the fixed C: accounted, no budget
         schedule = alg4_multipliers(alg4_sigmas(sigma, cfg, ctx), cfg.client.batch_size, layers)
     elif c.noise_multiplier:  # a fixed z: accounted, not calibrated
         schedule = ((1, float(c.noise_multiplier)),)
     elif c.sound_noise == "sigma_t":
-        schedule = worst_case_multipliers(alg4_sigmas("schedule", cfg, ctx), c.mu,
-                                          planned_participations(cfg, ctx.num_clients))
+        schedule = worst_case_multipliers(alg4_sigmas("schedule", cfg, ctx), c.mu, participations, reserved)
     else:
-        z = constant_multipliers(mus, planned_participations(cfg, ctx.num_clients))
+        z = constant_multipliers(mus, participations, reserved)
         schedule, client_z = ((1, float(z.min())),), tuple(float(v) for v in z) if heterogeneous else None
-    noise = cuag_sound_noise((float(c.clip_norm),) * layers, schedule, client_z)
+    noise = cuag_sound_noise((float(c.clip_norm),) * layers, schedule, client_z, clip=clip)
     return algorithm, chain(*noise, UniformWeights())
+
+
+def adaptive_layer_clip(cfg, ctx, layers: int) -> PerLayerQuantileClip:
+    """The sound mode's per-layer adaptive clip: every layer from C = ``cuag.clip_norm`` towards the
+    ``cuag.target_quantile`` of its norms, counts noised by each client (local), D the expected cohort."""
+    c = cfg.cuag
+    return PerLayerQuantileClip((float(c.clip_norm),) * layers, float(c.target_quantile), float(c.clip_learning_rate),
+                                float(c.count_noise_std), ctx.sampling_rate() * ctx.num_clients, local=True)
 
 
 def calibrated_to_budget(c) -> bool:
@@ -203,6 +219,12 @@ def check_cuag(cfg, need) -> None:
     need(not c.noise_multiplier or c.mode == "sound",
          f"cuag.noise_multiplier={c.noise_multiplier} applies to cuag.mode='sound' only, got mode {c.mode!r}")
     need(c.sound_noise in SOUND_NOISE, f"cuag.sound_noise {c.sound_noise!r} unknown; use one of {SOUND_NOISE}")
+    if c.adaptive_clip:
+        need(c.mode == "sound", f"cuag.adaptive_clip=True adapts the sound mode's C_l; got cuag.mode={c.mode!r}")
+        need(c.count_noise_std > 0, f"cuag.adaptive_clip=True needs cuag.count_noise_std > 0 (each client's local noise "
+                                    f"on its per-layer counts), got {c.count_noise_std}")
+        need(0 < c.target_quantile < 1, f"cuag.target_quantile must lie in (0, 1), got {c.target_quantile}")
+        need(c.clip_learning_rate > 0, f"cuag.clip_learning_rate must be > 0, got {c.clip_learning_rate}")
     if c.sound_noise == "sigma_t":
         need(c.mode == "sound", f"cuag.sound_noise='sigma_t' shapes the sound mode's noise; got cuag.mode={c.mode!r}")
         need(not c.noise_multiplier and not str(c.sigma).strip(),
@@ -243,6 +265,10 @@ registry.register_section("cuag", {
     "noise_multiplier": 0.0,  # sound mode: > 0 fixes z (sigma) instead of calibrating it; epsilon accounted
     "sound_noise": "constant",  # sound mode, calibrated to mu: constant z | sigma_t (Alg. 4's shape)
     "sigma": "",  # Alg. 4's sigma: "" (mode default), "schedule" (sigma_t) or a fixed number (Table 5)
+    "adaptive_clip": False,  # sound mode: per-layer adaptive quantile clipping (Andrew et al. 2021) from clip_norm
+    "target_quantile": 0.5,  # adaptive_clip: gamma, the quantile of each layer's norms to clip at
+    "clip_learning_rate": 0.2,  # adaptive_clip: eta
+    "count_noise_std": 0.0,  # adaptive_clip: sigma_b of each client's local per-layer counts (> 0 required)
     "delta": 1e-5})
 registry.register("cuag_pfl", build=build_cuag, sections=("pfldyn", "cuag"), validate=check_cuag, tracker=make_tracker,
                   summary="CUAG-PFL (seed 004): PFLDyn(Proto) + compressed-sensing uploads + adaptive Gaussian DP")

@@ -12,11 +12,17 @@ privacy tracker composes them, Geyer's budget stop included.
 
 Clip modes (``dp.clip``): ``fixed`` S; ``per_layer`` C_l = S / sqrt(L) (joint bound S); ``adaptive``
 (Andrew et al. 2021: S follows the target quantile through a noised count, the update noise raised to
-z_Delta so that the pair is z-private); ``median`` (Geyer et al.'s S = median norm): NOT private,
+z_Delta so that the pair is z-private); ``per_layer_adaptive`` (the same rule per layer from S / sqrt(L),
+``privacy.upload_layer_quantile_clip``; L counts at sigma_b sqrt(L) cost what one at sigma_b does, and
+under local noise each client noises its own counts); ``median`` (Geyer et al.'s S = median norm): NOT private,
 released with ``formal=False``. ``UpdateStatistics`` adds Geyer's Fig. 2 diagnostics V_c and U_s.
 """
 
 from __future__ import annotations
+
+import math
+
+import jax
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.dp_section import calibrated_noise_multiplier, check_dp
@@ -24,6 +30,7 @@ from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.uploads import Chain, chain, fixed_denominator
 from fedjax_dp.privacy.update_statistics import UpdateStatistics
 from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, FlatClip, MedianClip, PerLayerClip
+from fedjax_dp.privacy.upload_layer_quantile_clip import PerLayerQuantileClip
 from fedjax_dp.privacy.upload_noise import GaussianNoise, parse_schedule
 
 def noise_schedule(ctx) -> tuple[tuple[int, float], ...]:
@@ -39,13 +46,19 @@ def dp_uploads(ctx) -> Chain:
     """Geyer's Alg. 1 uploads: clip, Gaussian (central or local), divide by the fixed D."""
     dp, denominator = ctx.cfg.dp, ctx.expected_cohort()
     count_noise_std = max(denominator / 20, 1.0)  # Andrew et al.: sigma_b = D / 20 for large cohorts
+    layers = len(jax.tree_util.tree_leaves(ctx.params_template))
+    # Per layer, L counts at sigma_b sqrt(L) each cost what one count at sigma_b does (z_count = 2 sigma_b).
     clip = {"fixed": lambda: FlatClip(dp.clip_norm),
             "per_layer": lambda: PerLayerClip.equal_split(ctx.params_template, dp.clip_norm),
             "adaptive": lambda: AdaptiveQuantileClip(dp.clip_norm, dp.target_quantile, dp.clip_learning_rate,
                                                      count_noise_std, denominator),
+            "per_layer_adaptive": lambda: PerLayerQuantileClip(
+                (dp.clip_norm / math.sqrt(layers),) * layers, dp.target_quantile, dp.clip_learning_rate,
+                count_noise_std * math.sqrt(layers), denominator, local=dp.noise_mode == "local"),
             "median": MedianClip}[dp.clip]()
+    adaptive = dp.clip in ("adaptive", "per_layer_adaptive")
     noise = GaussianNoise(noise_schedule(ctx), local=dp.noise_mode == "local",
-                          count_noise_std=count_noise_std if dp.clip == "adaptive" else 0.0)
+                          count_noise_std=count_noise_std if adaptive else 0.0)
     return chain(UpdateStatistics(), clip, noise, fixed_denominator(denominator))
 
 

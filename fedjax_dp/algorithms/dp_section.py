@@ -12,7 +12,7 @@ from fedjax_dp.privacy.client_sampling import client_sampler
 from fedjax_dp.privacy.accounting import ACCOUNTANTS, Accountant, RoundEvent, parse_rdp_orders
 from fedjax_dp.privacy.upload_noise import parse_schedule
 
-CLIP_MODES = ("fixed", "per_layer", "adaptive", "median")
+CLIP_MODES = ("fixed", "per_layer", "adaptive", "per_layer_adaptive", "median")
 
 
 def check_dp(cfg, need) -> None:
@@ -38,7 +38,8 @@ def check_dp(cfg, need) -> None:
     need(not (dp.clip == "median" and dp.noise_mode == "local"), "dp.clip='median' cannot run with local noise")
     need(not (dp.clip == "adaptive" and dp.noise_mode == "local"),
          "dp.clip='adaptive' with dp.noise_mode='local' is refused: each client's clip bit would reach the server "
-         "un-noised (not locally private); use dp.clip='fixed' or 'per_layer' with local noise")
+         "un-noised (not locally private); use dp.clip='fixed', 'per_layer' or 'per_layer_adaptive' (whose counts each "
+         "client noises itself) with local noise")
     need(not (dp.calibrate_epsilon and dp.noise_schedule),
          f"dp.calibrate_epsilon={dp.calibrate_epsilon} and dp.noise_schedule={dp.noise_schedule!r} both choose z; set one")
     if dp.calibrate_epsilon > 0 and 0 < dp.delta < 1:
@@ -99,7 +100,7 @@ registry.register_section("dp", {
     "noise_multiplier": 1.0,  # z: noise std on the clipped sum / S
     "noise_schedule": "",  # piecewise-constant z_t, e.g. "1:1.2,100:1.0"
     "calibrate_epsilon": 0.0,  # > 0: choose z so that `rounds` rounds spend this epsilon at `delta`
-    "clip": "fixed",  # fixed | per_layer | adaptive | median (median: NOT private)
+    "clip": "fixed",  # fixed | per_layer | adaptive | per_layer_adaptive | median (median: NOT private)
     "clip_norm": 1.0,  # S (initial S for adaptive)
     "target_quantile": 0.5, "clip_learning_rate": 0.2,  # adaptive clipping (Andrew et al. 2021)
     "noise_mode": "central",  # central | local

@@ -106,13 +106,13 @@ class CuagPaperNoise(UploadTransform):
                         client_multipliers=tuple(float(v) for v in z) if self.per_client else None),)
 
 
-def cuag_sound_noise(layer_norms: tuple[float, ...], schedule: tuple,
-                     client_multipliers: tuple | None = None) -> tuple[UploadTransform, ...]:
-    """The sound mode: fixed per-layer thresholds C_l, then local N(0, (z_t sqrt(sum C_l^2))^2) per entry
-    (``schedule``: ((first round, z_t), ...); ``client_multipliers``: z_n per population client,
-    heterogeneous DP)."""
-    return PerLayerClip(tuple(layer_norms)), GaussianNoise(tuple(schedule), local=True,
-                                                           client_multipliers=client_multipliers)
+def cuag_sound_noise(layer_norms: tuple[float, ...], schedule: tuple, client_multipliers: tuple | None = None,
+                     clip: UploadTransform | None = None) -> tuple[UploadTransform, ...]:
+    """The sound mode: per-layer thresholds C_l (fixed, or ``clip``: a per-layer adaptive clip), then
+    local N(0, (z_t sqrt(sum C_l^2))^2) per entry (``schedule``: ((first round, z_t), ...);
+    ``client_multipliers``: z_n per population client, heterogeneous DP)."""
+    return clip or PerLayerClip(tuple(layer_norms)), GaussianNoise(tuple(schedule), local=True,
+                                                                   client_multipliers=client_multipliers)
 
 
 def alg4_multipliers(sigmas, batch_size: int, layers: int) -> tuple:

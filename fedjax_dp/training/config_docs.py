@@ -64,7 +64,9 @@ KEY_DOCS = {
     "dp.noise_multiplier": "z: Gaussian noise std on the clipped sum / S",
     "dp.noise_schedule": "piecewise-constant z_t, e.g. '1:1.2,100:1.0' ('' = constant z)",
     "dp.calibrate_epsilon": "> 0: choose z so that `rounds` rounds spend this epsilon at dp.delta",
-    "dp.clip": "fixed | per_layer | adaptive (private quantile, Andrew et al. 2021) | median (NOT private, labelled)",
+    "dp.clip": "fixed | per_layer | adaptive (private quantile, Andrew et al. 2021) | per_layer_adaptive (the same per "
+               "layer from S / sqrt(L) each; counts noised by the server, or by each client under local noise) | "
+               "median (NOT private, labelled)",
     "dp.clip_norm": "S: per-client clip norm (initial S for adaptive)",
     "dp.target_quantile": "adaptive clipping: the quantile of update norms S tracks",
     "dp.clip_learning_rate": "adaptive clipping: geometric step of S per round",
@@ -116,6 +118,12 @@ KEY_DOCS = {
     "cuag.sound_noise": "CUAG-PFL sound mode calibrated to mu: constant z | sigma_t (z_t proportional to Alg. 4's sigma_t)",
     "cuag.sigma": "CUAG-PFL: Alg. 4's noise 2 C_l sigma / B with sigma fixed (a number) or 'schedule' (sigma_t); "
                   "C_l the own norm (paper, no guarantee) or cuag.clip_norm (sound, accounted)",
+    "cuag.adaptive_clip": "CUAG-PFL sound mode: per-layer adaptive quantile clipping (Andrew et al. 2021) from cuag.clip_norm, "
+                          "counts noised locally and accounted",
+    "cuag.target_quantile": "CUAG-PFL adaptive_clip: the quantile gamma of each layer's norms to clip at",
+    "cuag.clip_learning_rate": "CUAG-PFL adaptive_clip: eta of C_l <- C_l exp(-eta (b_bar - gamma))",
+    "cuag.count_noise_std": "CUAG-PFL adaptive_clip: sigma_b of each client's local noise on its per-layer counts "
+                            "(costs L / sigma_b^2 of mu^2 a participation)",
     "cuag.delta": "CUAG-PFL: delta at which epsilon is reported",
     "udp.clip_norm": "UDP: C, the fixed clip of each upload",
     "udp.epsilon": "UDP: the fixed budget epsilon the per-round noise z_t = 2 c sqrt(t) / epsilon is calibrated to",

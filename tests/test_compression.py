@@ -264,6 +264,8 @@ def test_a_materialized_random_matrix_is_the_same_operator(kind, size, tile):
     np.testing.assert_allclose(held.measure(x), y, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(held.adjoint(y), op.adjoint(y), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(min_norm(held, y), min_norm(op, y), rtol=1e-4, atol=1e-5)
+    assert float(held.lipschitz) == pytest.approx(op.lipschitz, rel=1e-4)  # ISTA's step, without regenerating
+    np.testing.assert_allclose(ista_dct(held, y, iterations=20), ista_dct(op, y, iterations=20), rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(np.asarray(matrix)[:, :size], op.dense(), rtol=1e-6)  # the same draws
 
 

@@ -57,8 +57,14 @@ class MaterializedRandomMatrix:
         return self.source.shape
 
     @property
-    def lipschitz(self) -> float:
-        return self.source.lipschitz
+    def lipschitz(self) -> jax.Array:
+        """``source.lipschitz``'s estimate (30 power iterations from the same start, enlarged 5 %), with
+        the held matrix: 60 products over memory instead of 60 regenerations of Phi."""
+        v = jax.random.normal(jax.random.key(self.source.seed + 1), (self.source.size,))
+        for _ in range(30):
+            v = self.adjoint(self.measure(v))
+            v = v / jnp.linalg.norm(v)
+        return 1.05 * jnp.linalg.norm(self.adjoint(self.measure(v)))
 
     def measure(self, x: jax.Array) -> jax.Array:
         return self.matrix @ jnp.pad(x, (0, self.matrix.shape[1] - self.source.size))

@@ -1,6 +1,7 @@
 """Compressed sensing (seed 004, Alg. 2-3, Eqs. 13-14): rates, operators, reconstruction, traffic."""
 
 import json
+import logging
 import math
 import os
 
@@ -269,7 +270,7 @@ def test_a_materialized_random_matrix_is_the_same_operator(kind, size, tile):
     np.testing.assert_allclose(np.asarray(matrix)[:, :size], op.dense(), rtol=1e-6)  # the same draws
 
 
-def test_materialized_matrices_fit_the_limit_and_only_the_last_rounds_live():
+def test_materialized_matrices_fit_the_limit_and_only_the_last_rounds_live(caplog):
     from fedjax_dp.compression import materialized
     from fedjax_dp.compression.materialized import matrix_bytes, materialized_matrices
 
@@ -281,7 +282,9 @@ def test_materialized_matrices_fit_the_limit_and_only_the_last_rounds_live():
     assert again[0] is first[1] and again[1].shape == (100, 200)  # a's matrix reused, not regenerated
     materialized_matrices([b], limit_bytes=1e9)
     assert set(materialized._current) == {b}  # a released
-    assert materialized_matrices([a], limit_bytes=0) == (None,) and materialized._current == {}
+    with caplog.at_level(logging.WARNING):
+        assert materialized_matrices([a], limit_bytes=0) == (None,) and materialized._current == {}
+    assert "does not fit compression.materialize_gb" in caplog.text  # said, not silently slow
 
 
 def test_gaussian_compression_rounds_agree_with_and_without_materialized_matrices():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -81,7 +82,8 @@ class MaterializedRandomMatrix:
         return solution
 
 
-_current: dict = {}  # operator -> its tiles, for the operators of the last call only
+_current: dict = {}  # operator -> its matrix, for the operators of the last call only
+_warned: set = set()  # operators already reported as too large to hold
 
 
 def materialized_matrices(operators, limit_bytes: float) -> tuple:
@@ -97,6 +99,12 @@ def materialized_matrices(operators, limit_bytes: float) -> tuple:
         fits = isinstance(op, RandomMatrix) and used + matrix_bytes(op) <= limit_bytes
         used += matrix_bytes(op) if fits else 0
         wanted.append(op if fits else None)
+        if isinstance(op, RandomMatrix) and not fits and op not in _warned:
+            _warned.add(op)
+            logging.warning("compression: a %s matrix of %.2f GB (%d x %d) does not fit compression.materialize_gb "
+                            "(%.2f GB, %.2f GB already held); it is regenerated at every product, about 100x slower "
+                            "per reconstruction: raise the limit if memory allows", op.kind, matrix_bytes(op) / 2**30,
+                            *op.shape, limit_bytes / 2**30, used / 2**30)
     _current = {op: _current[op] for op in wanted if op is not None and op in _current}
     for op in wanted:
         if op is not None and op not in _current:

@@ -25,7 +25,10 @@ lines 26-27) before PFLDyn's server step. ``cuag.mode``:
   participation at 1.56 mu^2 in the Table 2 setting: no client could take part and the run stopped
   before round 1.)
   ``cuag.noise_multiplier`` > 0 fixes z instead (a multiplier of the sensitivity C sqrt(L)): no budget,
-  the epsilon spent is reported. (The PriFedSync baseline is ``algorithms.prifedsync``.)
+  the epsilon spent is reported. ``cuag.adaptive_clip`` replaces the fixed C by per-layer thresholds that
+  follow the ``cuag.target_quantile`` of each layer's norms (Andrew et al. 2021 per layer,
+  ``privacy.upload_layer_quantile_clip``), each client noising its own per-layer counts; the counts cost
+  L / sigma_b^2 of mu^2 a participation, and the upload noise is calibrated to what they leave. (The PriFedSync baseline is ``algorithms.prifedsync``.)
 * ``cuag.sigma`` (Table 5: sigma and C each fixed or adaptive) runs Alg. 4's own noise,
   N(0, (2 C_l sigma / B)^2) per entry, with sigma fixed (a number) or the sigma_t schedule
   (``schedule``; |D| the mean client size): in ``paper`` mode with C_l the layer's own norm (no

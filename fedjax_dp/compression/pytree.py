@@ -67,7 +67,7 @@ class LayerwiseCompressor(_Layers):
         return sum(op.shape[1] for op in self._operators)
 
     def _with(self, matrices) -> list:
-        """The operators, each random one whose tiles ``matrices`` holds (``materialized``) using them."""
+        """The operators, each random one whose matrix ``matrices`` holds (``materialized``) using it."""
         if matrices is None:
             return self._operators
         return [op if m is None else MaterializedRandomMatrix(op, m) for op, m in zip(self._operators, matrices)]

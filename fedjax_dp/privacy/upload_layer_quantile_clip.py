@@ -32,9 +32,9 @@ from fedjax_dp.core import rng
 from fedjax_dp.core.uploads import ClientContext, Flow, Release, ServerContext, UploadTransform
 from fedjax_dp.privacy import clipping
 from fedjax_dp.privacy.mechanisms import standard_normal
-from fedjax_dp.privacy.upload_clipping import clip_metrics
+from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, clip_metrics
 
-COUNT_BOUND = 0.5  # |b - 1/2|: one client's contribution to one layer's count
+COUNT_BOUND = AdaptiveQuantileClip.COUNT_BOUND  # |b - 1/2|: one client's contribution to one layer's count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,8 +96,8 @@ class PerLayerQuantileClip(UploadTransform):
         if not self.local:
             key = rng.purpose_key(ctx.noise_key, rng.Purpose.CLIP_ADAPTATION)
             count = count + self.count_noise_std * standard_normal(key, (self.layers,))
-        next_norms = clipping.adaptive_clip_update(ctx.state, count / self.denominator + COUNT_BOUND, 0.0, 1.0,
-                                                   self.target_quantile, self.learning_rate)
+        fraction = count / self.denominator + COUNT_BOUND  # b_bar_l per layer
+        next_norms = ctx.state * jnp.exp(-self.learning_rate * (fraction - self.target_quantile))
         metrics = {**clip_metrics(ctx, self.bound_after(None, ctx.state, None)),
                    "layer_clip_min": jnp.min(ctx.state), "layer_clip_max": jnp.max(ctx.state)}
         return total, next_norms, metrics

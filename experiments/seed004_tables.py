@@ -25,6 +25,10 @@ the non-personalised methods the global model's mean accuracy on each client's t
 claimed epsilon (paper mode). Writes ``rows.json`` and ``table.md`` under ``--out``.
 
     python experiments/seed004_tables.py --table 2 --rounds 30 --out results/seed004_t2
+
+Each run checkpoints every ``--checkpoint-every`` rounds; the same command with ``--resume`` continues
+every row that has a checkpoint under ``--out`` (bit-exactly, as an uninterrupted run) and starts the
+others, so a 300-round table on a CPU can be run over several sittings.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 from fedjax_dp.configs import cuag_pfl_cifar10  # noqa: E402
 
+from fedjax_dp.training.checkpointing import Checkpointer  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json
 
@@ -111,18 +116,30 @@ def configure(args, overrides: dict):
 
 def run(args, split: str, name: str, overrides: dict) -> dict:
     cfg = configure(args, {**split_overrides(split), **overrides})
+    cfg.checkpoint_every = args.checkpoint_every
     workdir = os.path.join(args.out, f"{split}-{''.join(ch if ch.isalnum() else '_' for ch in name)[:60]}")
-    summary = run_experiment(cfg, workdir, overwrite=True, progress=False)
+    resume = args.resume and bool(Checkpointer(os.path.join(workdir, "checkpoints")).rounds())
+    run_experiment(cfg, workdir, overwrite=not resume, progress=False, resume=resume)
+    return result_row(workdir, split, name, resumed=resume)
+
+
+def result_row(workdir: str, split: str, name: str, resumed: bool = False) -> dict:
+    """One table row from a finished run's results directory (``summary.json``, ``metrics.jsonl``,
+    ``privacy.json``): the same row whether the run went through in one go or was resumed (then
+    ``seconds`` is the last segment's only, and the row says ``resumed``)."""
+    summary = json.load(open(os.path.join(workdir, "summary.json")))
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     evaluated = [r for r in rows if "personalized_accuracy" in r or "client_accuracy" in r]
     key = "personalized_accuracy" if "personalized_accuracy" in evaluated[-1] else "client_accuracy"
     privacy = json.load(open(os.path.join(workdir, "privacy.json")))
     claim = privacy.get("epsilons", {}).get("paper_claim")
-    return {"split": split, "method": name, "rounds": summary.rounds, "metric": key,
+    rounds = summary["rounds"]
+    return {"split": split, "method": name, "rounds": rounds, "metric": key,
             "final": evaluated[-1][key], "best": max(r[key] for r in evaluated),
-            "uplink_gb": summary.uplink_gb, "uplink_gb_300_rounds": summary.uplink_gb * 300 / max(summary.rounds, 1),
+            "uplink_gb": summary["uplink_gb"], "uplink_gb_300_rounds": summary["uplink_gb"] * 300 / max(rounds, 1),
             "epsilon": privacy.get("epsilon"), "formal": privacy.get("formal"), "paper_claim_epsilon": claim,
-            "stop_reason": summary.stop_reason, "seconds": round(summary.seconds, 1), "workdir": workdir}
+            "stop_reason": summary["stop_reason"], "seconds": round(summary["seconds"], 1), "resumed": resumed,
+            "workdir": workdir}
 
 
 def markdown(rows: list[dict]) -> str:
@@ -176,6 +193,9 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/seed004")
     p.add_argument("--rows", nargs="*", default=[], help="--table 1: the rows.json files of Table 2 runs to read")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="checkpoint each run every k rounds")
+    p.add_argument("--resume", action="store_true",
+                   help="continue each run from its newest checkpoint under --out (a run without one starts afresh)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.table == 1:

@@ -48,3 +48,32 @@ def test_table1_gives_the_epsilon_when_each_baselines_best_accuracy_was_first_re
     assert table[2] == "| acid3 | CUAG-PFL | 0.300 | 0.300 |"
     assert table[3] == "| acid3 | UDP (paper) | 4.000 (no formal guarantee) | not reached |"
     assert table[4] == "| acid3 | DP-SCAFFOLD | 20.000 | 20.000 |"
+
+
+def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables, tmp_path, monkeypatch):
+    import numpy as np
+
+    from fedjax_dp.training.checkpointing import Checkpointer
+
+    calls = []
+
+    def fake_run(cfg, workdir, overwrite, progress, resume):  # writes what a finished run leaves behind
+        calls.append((os.path.basename(workdir), cfg.checkpoint_every, overwrite, resume))
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+            for t, acc in [(0, 0.4), (5, 0.7), (10, 0.6)]:
+                f.write(json.dumps({"round": t, "personalized_accuracy": acc}) + "\n")
+        json.dump({"rounds": 10, "uplink_gb": 0.5, "stop_reason": None, "seconds": 12.34},
+                  open(os.path.join(workdir, "summary.json"), "w"))
+        json.dump({"epsilon": 3.0, "formal": True}, open(os.path.join(workdir, "privacy.json"), "w"))
+
+    monkeypatch.setattr(tables, "run_experiment", fake_run)
+    args = SimpleNamespace(rounds=10, seed=0, source="cifar10", data_dir="/data/cifar10", out=str(tmp_path),
+                           checkpoint_every=5, resume=True)
+    Checkpointer(str(tmp_path / "acid3-block" / "checkpoints")).save(5, {"x": np.zeros(2)}, {})
+    block = tables.run(args, "acid3", "block", {"compression.kind": "block"})
+    fresh = tables.run(args, "acid3", "gaussian", {"compression.kind": "gaussian"})
+    assert calls == [("acid3-block", 5, False, True), ("acid3-gaussian", 5, True, False)]
+    assert (block["resumed"], fresh["resumed"]) == (True, False)
+    assert (block["final"], block["best"], block["metric"]) == (0.6, 0.7, "personalized_accuracy")
+    assert block["uplink_gb_300_rounds"] == pytest.approx(15.0) and block["epsilon"] == 3.0

@@ -133,6 +133,32 @@ def test_alpha_to_zero_leaves_plain_prototype_sgd_and_the_population_mean_scales
             np.testing.assert_allclose(a, factor * b, rtol=1e-3, atol=1e-6)
 
 
+@pytest.mark.parametrize("server_mean, scale", [("population", 1.0), ("cohort", 4 / 2)])
+def test_the_server_g_tracks_the_mean_of_every_clients_g_n_only_under_the_population_mean(server_mean, scale):
+    """FedDyn's invariant (Acar et al. 2021, Alg. 1): with h (= -g) updated by alpha / N times the cohort's
+    summed deltas, the server's g stays the mean of all N clients' g_n (unsampled ones included). The
+    seed's cohort mean updates g by the cohort's mean delta, so g is N / |Q| times that mean: with 2 of 4
+    clients a round, twice it (the over-correction that the noised CUAG runs amplify)."""
+    model, runner = _tiny_round(**{"pfldyn.alpha": 0.1, "pfldyn.server_mean": server_mean})
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((80, 4, 4, 1)).astype(np.float32)
+    y = rng.integers(0, 3, 80).astype(np.int32)
+    clients = [np.arange(20 * k, 20 * k + 20) for k in range(4)]
+    params = model.init(jax.random.key(0))
+    state = runner.init(params)
+    store = ClientStateStore(runner.algorithm.client_state_init(params))
+    for t, ids in enumerate([[0, 1], [1, 3], [2, 1], [3, 0]], start=1):
+        cohort = pack_sampled_cohort(x, y, [clients[i] for i in ids], 8, 2, np.random.default_rng(t))
+        cohort["client_id"] = np.asarray(ids, np.int32)
+        result = runner(state, cohort, jax.random.key(t), t, store.gather(ids))
+        state = result.state
+        store.scatter(ids, result.client_states, ~result.dropped)
+    mean_g_n = jax.tree_util.tree_map(lambda *g: sum(g) / 4, *[store.get(i) for i in range(4)])
+    assert max(np.abs(g).max() for g in jax.tree_util.tree_leaves(mean_g_n)) > 1e-3  # the g_n have moved
+    for a, b in zip(jax.tree_util.tree_leaves(state.extra), jax.tree_util.tree_leaves(mean_g_n)):
+        np.testing.assert_allclose(a, scale * b, rtol=1e-4, atol=1e-7)
+
+
 def _pfl_config(algorithm="pfldyn_proto", **overrides):
     c = default_config()
     c.algorithm, c.rounds, c.eval_every = algorithm, 3, 3

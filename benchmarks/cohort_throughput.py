@@ -25,8 +25,9 @@ sys.path.insert(1, os.path.dirname(HERE))  # the repository, so a machine withou
 
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 
-# model:cohort:strategy[:chunk:unroll:conv[:dtype]]  ('-' = none, unroll 'full' = every step unrolled,
-# dtype 'bf16' = bfloat16 compute with float32 parameters)
+# model:cohort:strategy[:chunk:unroll:conv[:dtype]][@stream]  ('-' = none, unroll 'full' = every step unrolled,
+# dtype 'bf16' = bfloat16 compute with float32 parameters, @stream = the cohort sent to the device that many
+# clients at a time, ``CohortEngine(stream_size=)``)
 DEFAULT_CASES = [
     "cnn:10:vmap:-:full:xla", "cnn:10:chunked:5:full:im2col", "cnn:10:loop:-:full:xla", "cnn:10:loop:-:full:im2col",
     "cnn:10:loop:-:1:im2col", "cnn:10:sequential:-:1:im2col", "cnn:10:auto",
@@ -39,8 +40,10 @@ DEFAULT_CASES = [
 
 
 def parse_case(text: str) -> dict:
+    text, _, stream = text.partition("@")
     parts = text.split(":")
-    case = {"model": parts[0], "cohort": int(parts[1]), "strategy": parts[2]}
+    case = {"model": parts[0], "cohort": int(parts[1]), "strategy": parts[2],
+            "stream_size": int(stream) if stream else None}
     if case["strategy"] != "auto":
         chunk, unroll, conv, dtype = (parts[3:] + ["-", "1", "xla", "f32"][len(parts) - 3:])[:4]
         case.update(chunk_size=None if chunk == "-" else int(chunk),
@@ -91,7 +94,8 @@ def worker(case: dict, rounds: int, warmup: int) -> dict:
         case.update(resolved=choice.strategy, chunk_size=choice.chunk_size, unroll=choice.unroll,
                     conv_impl=choice.conv_impl)
     work = WorkloadW(case["model"], case.get("resolved", case["strategy"]), case["chunk_size"], case["unroll"],
-                     case["conv_impl"], case.get("compute_dtype"), population=case["cohort"])
+                     case["conv_impl"], case.get("compute_dtype"), population=case["cohort"],
+                     stream_size=case.get("stream_size"))
     start = time.perf_counter()
     work.round(0, case["cohort"])
     first_round = time.perf_counter() - start

@@ -69,6 +69,26 @@ def test_cnn_strategies_agree(conv_impl):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("strategy,chunk,stream", [("vmap", None, 3), ("chunked", 2, 3), ("sequential", None, 4),
+                                                   ("vmap", None, 7), ("sequential", None, 1)])
+def test_streamed_cohorts_equal_python_loop_and_send_the_device_one_slice_at_a_time(strategy, chunk, stream):
+    """``stream_size``: the 7 clients reach the program in host slices of ``stream`` (the last padded with
+    masked copies of its last client, so one program serves all); sums and per-client rows as unstreamed."""
+    client_fn, params, clients = make_problem()
+    want_sum, want_loss = python_loop(client_fn, params, clients)
+    engine = CohortEngine(client_fn, strategy, chunk, stream_size=stream)
+    seen = []
+    traced = engine.trace
+    object.__setattr__(engine, "trace", lambda s, c, v=None: (seen.append(c["mask"].shape[0]), traced(s, c, v))[1])
+    got_sum, got_loss = engine(params, clients)
+    for a, b in zip(jax.tree_util.tree_leaves(got_sum), jax.tree_util.tree_leaves(want_sum)):
+        np.testing.assert_allclose(a, b, **TOLERANCE)
+    np.testing.assert_allclose(got_loss, want_loss, **TOLERANCE)
+    assert seen == [min(stream, 7)]  # traced once, for one slice's clients (7: the cohort fits one slice)
+    with pytest.raises(ValueError, match="stream_size must be >= 1"):
+        CohortEngine(client_fn, strategy, chunk, stream_size=0)
+
+
 def test_nan_in_a_padding_client_cannot_leak():
     def client_fn(shared, client):
         return client["v"] * shared, client["v"]

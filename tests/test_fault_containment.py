@@ -47,13 +47,14 @@ def _cohort(corrupt_positions, num_clients=4):
     return x, y, indices
 
 
-@pytest.mark.parametrize("strategy", ["loop", "vmap", "sequential"])
-def test_a_raising_client_is_dropped_and_the_others_aggregate(strategy, caplog):
+@pytest.mark.parametrize("strategy, stream", [("loop", None), ("vmap", None), ("sequential", None), ("vmap", 3),
+                                              ("sequential", 2)])
+def test_a_raising_client_is_dropped_and_the_others_aggregate(strategy, stream, caplog):
     model = get_model("logistic", (4, 4, 1), 3)
     params = model.init(jax.random.key(0))
     x, y, indices = _cohort([2])
     cohort = pack_cohort(x, y, indices, 3, 1, np.random.default_rng(1))
-    algorithm = FederatedRound(FedAvg(_faulty_loss(model), optax.sgd(0.1)), strategy=strategy)
+    algorithm = FederatedRound(FedAvg(_faulty_loss(model), optax.sgd(0.1)), strategy=strategy, stream_size=stream)
     with caplog.at_level(logging.WARNING):
         result = algorithm(algorithm.init(params), cohort, jax.random.key(0))
     state, metrics = result.state, result.metrics
@@ -71,11 +72,32 @@ def test_a_raising_client_is_dropped_and_the_others_aggregate(strategy, caplog):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
 
 
-def test_when_every_client_raises_the_error_is_the_programs_and_is_raised():
+def test_a_streamed_slice_whose_clients_all_raise_is_dropped_not_raised(caplog):
+    """Streaming in slices of 2: clients 2 and 3 (the whole second slice) raise; the round goes on with 0
+    and 1 (as unstreamed), positions logged in the cohort's numbering."""
+    model = get_model("logistic", (4, 4, 1), 3)
+    x, y, indices = _cohort([2, 3])
+    cohort = pack_cohort(x, y, indices, 3, 1, np.random.default_rng(1))
+    params = model.init(jax.random.key(0))
+    results = []
+    for stream in (None, 2):
+        algorithm = FederatedRound(FedAvg(_faulty_loss(model), optax.sgd(0.1)), strategy="vmap", stream_size=stream)
+        with caplog.at_level(logging.WARNING):
+            results.append(algorithm(algorithm.init(params), cohort, jax.random.key(0)))
+        np.testing.assert_array_equal(results[-1].dropped, [False, False, True, True])
+    assert "cohort position 3 raised" in caplog.text
+    unstreamed, streamed = (jax.tree_util.tree_leaves(r.state.params) for r in results)
+    for a, b in zip(unstreamed, streamed):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("stream", [None, 2])
+def test_when_every_client_raises_the_error_is_the_programs_and_is_raised(stream):
     model = get_model("logistic", (4, 4, 1), 3)
     x, y, indices = _cohort([0, 1, 2, 3])
     cohort = pack_cohort(x, y, indices, 3, 1, np.random.default_rng(1))
-    algorithm = FederatedRound(FedAvg(_faulty_loss(model), optax.sgd(0.1)), strategy="loop")
+    algorithm = FederatedRound(FedAvg(_faulty_loss(model), optax.sgd(0.1)), strategy="vmap" if stream else "loop",
+                               stream_size=stream)
     with pytest.raises(jax.errors.JaxRuntimeError, match="corrupt client data"):
         algorithm.round(algorithm.init(model.init(jax.random.key(0))), cohort, jax.random.key(0))
 

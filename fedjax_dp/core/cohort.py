@@ -18,6 +18,11 @@ failing client is found and dropped (``per_client['finite']`` False) while the o
 
 A ``jax.sharding.Mesh`` with a ``clients`` axis spreads the cohort over devices with ``shard_map``;
 each device runs the chosen strategy on its shard and the sums are combined with ``psum``.
+
+Streaming (``stream_size``): the cohort stays on the host and goes to the device ``stream_size``
+clients at a time (the last slice padded with masked copies, so one program serves every slice); the
+model-sized sums are added on the device and the per-client rows come back to the host. The device then
+holds one slice's inputs, not the cohort's: peak device memory is bounded by the slice, not by C.
 ``auto`` is resolved by :func:`fedjax_dp.core.strategy.choose_strategy`.
 """
 
@@ -144,6 +149,7 @@ class CohortEngine:
     chunk_size: int | None = None
     mesh: Mesh | None = None
     failed_fn: ClientFn | None = None  # the outputs of a client that raised (default: zeros, finite False)
+    stream_size: int | None = None  # send the cohort to the device this many clients at a time (traced strategies)
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -152,6 +158,8 @@ class CohortEngine:
             raise ValueError(f"strategy 'chunked' needs chunk_size >= 1, got {self.chunk_size!r}")
         if self.mesh is not None and self.strategy == "loop":
             raise ValueError("strategy 'loop' cannot be combined with a device mesh; use vmap, chunked or sequential")
+        if self.stream_size is not None and self.stream_size < 1:
+            raise ValueError(f"stream_size must be >= 1 clients (None: the whole cohort at once), got {self.stream_size!r}")
         if self.mesh is not None and CLIENT_AXIS not in self.mesh.axis_names:
             raise ValueError(f"the mesh needs an axis named {CLIENT_AXIS!r}; it has {self.mesh.axis_names}")
 
@@ -167,10 +175,11 @@ class CohortEngine:
     def _failed_jit(self):
         return jax.jit(self.failed_fn) if self.failed_fn is not None else None
 
-    def trace(self, shared, clients):
-        """The traced computation (strategies vmap, chunked, sequential)."""
+    def trace(self, shared, clients, valid=None):
+        """The traced computation (strategies vmap, chunked, sequential); ``valid`` masks padding
+        clients out of the sum (default: every client counts)."""
         n = _num_clients(clients)
-        valid = jnp.ones(n, dtype=bool)
+        valid = jnp.ones(n, dtype=bool) if valid is None else valid
         run = _traced_strategy(self.strategy, self.chunk_size)
         if self.mesh is None:
             return run(self.client_fn, shared, clients, valid)
@@ -189,34 +198,60 @@ class CohortEngine:
         return summed, jax.tree_util.tree_map(lambda x: x[:n], per_client)
 
     def __call__(self, shared, clients):
-        if self.strategy != "loop":
-            try:  # block: a run-time error surfaces here, not later in the caller
-                return jax.block_until_ready(self._jitted(shared, clients))
-            except jax.errors.JaxRuntimeError as error:  # at run time, not tracing: find the client
-                logging.warning("the cohort program failed at run time (%s); rerunning its clients one at a "
-                                "time to contain the failure", _first_line(error))
-        return self._one_at_a_time_contained(shared, clients)
+        if self.strategy == "loop":
+            return self._one_at_a_time_contained(shared, clients)
+        if self.stream_size is not None and _num_clients(clients) > self.stream_size:
+            return self._streamed(shared, clients)
+        return self._contained(shared, clients)
 
-    def _one_at_a_time_contained(self, shared, clients):
+    def _contained(self, shared, clients, valid=None, failures: list | None = None, offset: int = 0):
+        """The jitted program; if it fails at run time, every real client again in its own call."""
+        try:  # block: a run-time error surfaces here, not later in the caller
+            return jax.block_until_ready(self._jitted(shared, clients, valid))
+        except jax.errors.JaxRuntimeError as error:  # at run time, not tracing: find the client
+            logging.warning("the cohort program failed at run time (%s); rerunning its clients one at a "
+                            "time to contain the failure", _first_line(error))
+        if valid is not None:  # a padded slice: its real clients only (padding is at the end)
+            clients = jax.tree_util.tree_map(lambda x: x[:int(np.sum(valid))], clients)
+        return self._one_at_a_time_contained(shared, clients, failures, offset)
+
+    def _streamed(self, shared, clients):
+        """The cohort in host-side slices of ``stream_size`` clients (module docstring, Streaming)."""
+        n, size = _num_clients(clients), self.stream_size
+        total, rows, failures = None, [], []
+        for start in range(0, n, size):
+            real = min(size, n - start)
+            index = np.minimum(np.arange(start, start + size), n - 1)  # the last slice repeats its last client
+            part = jax.tree_util.tree_map(lambda x: x[index], clients)
+            summed, per_client = self._contained(shared, part, np.arange(size) < real, failures, start)
+            total = summed if total is None else _add(total, summed)
+            rows.append(jax.tree_util.tree_map(lambda x: np.asarray(x)[:real], per_client))
+        if len(failures) == n:  # as unstreamed: a fault of every client is the program's
+            raise failures[0]
+        return total, jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *rows)
+
+    def _one_at_a_time_contained(self, shared, clients, failures: list | None = None, offset: int = 0):
         """Every client in its own call; a client that raises is dropped: it contributes zeros and its
         ``per_client['finite']`` is False, so algorithms count it and the loop logs its id. If every
-        client raises, the fault is the program's, not a client's, and the first error is raised."""
+        client raises, the fault is the program's, not a client's, and the first error is raised.
+        A streamed slice passes the cohort's ``failures`` (its errors are added there; the caller
+        decides) and ``offset``, the cohort position of its first client."""
         n = _num_clients(clients)
-        total, rows, failures = None, [], []
+        total, rows, errors = None, [], [] if failures is None else failures
         for i in range(n):
             client = jax.tree_util.tree_map(lambda x: x[i], clients)
             try:
                 summed, per_client = jax.block_until_ready(self._client_jit(shared, client))
             except Exception as error:  # noqa: BLE001  (contained, counted and logged; re-raised if all fail)
-                failures.append((i, error))
-                logging.warning("client at cohort position %d raised %s: %s; its update is dropped", i,
+                errors.append(error)
+                logging.warning("client at cohort position %d raised %s: %s; its update is dropped", offset + i,
                                 type(error).__name__, _first_line(error))
                 summed, per_client = (_failed_client_outputs(self.client_fn, shared, client) if self._failed_jit is None
                                       else self._failed_jit(shared, client))
             total = summed if total is None else _add(total, summed)
             rows.append(per_client)
-        if len(failures) == n:
-            raise failures[0][1]
+        if failures is None and len(errors) == n:
+            raise errors[0]
         return total, jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *rows)
 
 

@@ -57,7 +57,8 @@ def build_round(cfg, model, choice: StrategyChoice, num_clients: int, server_set
     if cfg.compression.enabled:
         uploads = with_compression(uploads, cfg.compression)
     mesh = client_mesh(cfg.engine.num_devices) if cfg.engine.num_devices else None
-    return FederatedRound(algorithm, uploads, choice.strategy, choice.chunk_size, mesh)
+    return FederatedRound(algorithm, uploads, choice.strategy, choice.chunk_size, mesh,
+                          stream_size=cfg.engine.stream_clients or None)
 
 
 def shares_server_set(cfg) -> bool:

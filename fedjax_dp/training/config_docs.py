@@ -61,6 +61,8 @@ KEY_DOCS = {
     "engine.unroll": "local-training scan unroll: auto | full | an integer",
     "engine.conv_impl": "convolutions: auto | xla | im2col",
     "engine.num_devices": "spread the cohort over this many devices (0 = no mesh)",
+    "engine.stream_clients": "send the cohort to the device this many clients at a time, so device memory is "
+                             "bounded by the slice, not the cohort (0 = all at once)",
     "dp.noise_multiplier": "z: Gaussian noise std on the clipped sum / S",
     "dp.noise_schedule": "piecewise-constant z_t, e.g. '1:1.2,100:1.0' ('' = constant z)",
     "dp.calibrate_epsilon": "> 0: choose z so that `rounds` rounds spend this epsilon at dp.delta",

@@ -73,16 +73,20 @@ def _reference_client(model, w_t, g_n, batches, alpha, lr, wd):
     return delta, jax.tree_util.tree_map(lambda g, d: g - alpha * d, g_n, delta)
 
 
-def test_pfldyn_client_state_and_server_step_match_an_independent_loop_over_three_rounds():
-    alpha, lr, wd = 0.1, 0.2, 1e-3
-    model, runner = _tiny_round(**{"pfldyn.alpha": alpha})
-    rng = np.random.default_rng(1)
+def _four_clients(model, runner, seed):
+    """80 random 4x4 examples of 3 classes, 4 clients of 20; the initial params, server state and g_n store."""
+    rng = np.random.default_rng(seed)
     x = rng.standard_normal((80, 4, 4, 1)).astype(np.float32)
     y = rng.integers(0, 3, 80).astype(np.int32)
     clients = [np.arange(20 * k, 20 * k + 20) for k in range(4)]
     params = model.init(jax.random.key(0))
-    state = runner.init(params)
-    store = ClientStateStore(runner.algorithm.client_state_init(params))
+    return x, y, clients, params, runner.init(params), ClientStateStore(runner.algorithm.client_state_init(params))
+
+
+def test_pfldyn_client_state_and_server_step_match_an_independent_loop_over_three_rounds():
+    alpha, lr, wd = 0.1, 0.2, 1e-3
+    model, runner = _tiny_round(**{"pfldyn.alpha": alpha})
+    x, y, clients, params, state, store = _four_clients(model, runner, seed=1)
     ref_w, ref_g = params, jax.tree_util.tree_map(jnp.zeros_like, params)
     ref_gn = {k: ref_g for k in range(4)}
     for t, ids in enumerate([[0, 1], [1, 3], [2, 1]], start=1):
@@ -140,13 +144,7 @@ def test_the_server_g_tracks_the_mean_of_every_clients_g_n_only_under_the_popula
     seed's cohort mean updates g by the cohort's mean delta, so g is N / |Q| times that mean: with 2 of 4
     clients a round, twice it (the over-correction that the noised CUAG runs amplify)."""
     model, runner = _tiny_round(**{"pfldyn.alpha": 0.1, "pfldyn.server_mean": server_mean})
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((80, 4, 4, 1)).astype(np.float32)
-    y = rng.integers(0, 3, 80).astype(np.int32)
-    clients = [np.arange(20 * k, 20 * k + 20) for k in range(4)]
-    params = model.init(jax.random.key(0))
-    state = runner.init(params)
-    store = ClientStateStore(runner.algorithm.client_state_init(params))
+    x, y, clients, _, state, store = _four_clients(model, runner, seed=3)
     for t, ids in enumerate([[0, 1], [1, 3], [2, 1], [3, 0]], start=1):
         cohort = pack_sampled_cohort(x, y, [clients[i] for i in ids], 8, 2, np.random.default_rng(t))
         cohort["client_id"] = np.asarray(ids, np.int32)

@@ -11,6 +11,8 @@ lines 26-27) before PFLDyn's server step. ``cuag.mode``:
   norm, sigma_t schedule from mu. NO formal guarantee (warned; ``formal: false`` wherever its epsilon
   appears); the ledger records the paper's own CLT figure for the rounds each client ran, and
   ``privacy.json`` lists the paper's claim (mu -> epsilon, 0.92 for mu = 0.25 at 1e-5) beside it.
+  Alg. 4's sigma_t grows with t and PFLDyn's g keeps every round's noise: in the Table 2 setting the
+  run peaks within 10-30 rounds and diverges by ~75 (experiments/RESULTS.md, "Past 20 rounds").
 * ``sound``: the same structure with a fixed threshold C (``cuag.clip_norm``) on every measured layer
   (sensitivity C sqrt(L)) and local Gaussian noise z_n C sqrt(L). z_n is calibrated so that K
   participations (``cuag.participations``; 0 = ceil(lambda T), the expected count) compose to exactly the

@@ -149,6 +149,14 @@ def main():
 
 def plot(rows, path):
     fig, ax = plt.subplots(figsize=(6, 4))
+    plot_panel(ax, rows)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def plot_panel(ax, rows, title=None):
+    """Final test accuracy against the per-client epsilon, one line per method (the alpha / tau sweeps
+    left out), non-private FedAvg as a dashed line."""
     for method in METHODS[1:]:
         pts = sorted((r["epsilon"], r["accuracy"]) for r in rows if r["method"] == method and "alpha" not in r
                      and "tau" not in r)
@@ -157,11 +165,11 @@ def plot(rows, path):
     ref = [r["accuracy"] for r in rows if r["method"] == "fedavg"]
     if ref:
         ax.axhline(ref[0], color="k", linestyle="--", label="fedavg (non-private)")
-    ax.set(xscale="log", xlabel="per-client epsilon (delta 1e-5)", ylabel="test accuracy")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-
+    ax.set(xscale="log", xlabel="per-client epsilon (delta 1e-5)", ylabel="test accuracy", title=title)
+    epsilons = sorted({r["epsilon"] for r in rows if r["epsilon"] is not None})
+    ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+    ax.minorticks_off()
+    ax.legend(fontsize="small")
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,8 @@
 """Shared test fixtures: tiny models and data, and the location of the optional shared data."""
 
+import importlib.util
 import os
+import sys
 import tempfile
 
 import jax
@@ -20,6 +22,18 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs",
                   float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+EXPERIMENTS = os.path.join(os.path.dirname(__file__), "..", "experiments")
+
+
+def load_experiment(name: str):
+    """Imports ``experiments/<name>.py`` (a script, not a package module), with ``experiments/`` on the
+    path for the scripts that import one another."""
+    if EXPERIMENTS not in sys.path:
+        sys.path.insert(0, EXPERIMENTS)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(EXPERIMENTS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 MAX_WORKERS = 4

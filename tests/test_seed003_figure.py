@@ -1,23 +1,17 @@
 """experiments/seed003_figure.py: reads both committed row formats, keeps only the asked seed, and draws
 one panel per --panel."""
 
-import importlib.util
 import json
-import os
 import sys
 
 import pytest
 
-HERE = os.path.join(os.path.dirname(__file__), "..", "experiments")
+from conftest import load_experiment
 
 
 @pytest.fixture(scope="module")
 def figure():
-    sys.path.insert(0, HERE)
-    spec = importlib.util.spec_from_file_location("seed003_figure", os.path.join(HERE, "seed003_figure.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("seed003_figure")
 
 
 def row(method, epsilon, accuracy, **extra):

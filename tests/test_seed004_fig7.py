@@ -1,25 +1,17 @@
 """experiments/seed004_fig7.py: every run it makes is a valid config for both datasets and all six splits,
 and CUAG-PFL's reduction is read against the uncompressed run of the same dataset (measured on one split)."""
 
-import importlib.util
-import os
-import sys
 from types import SimpleNamespace
 
 import pytest
 
+from conftest import load_experiment
 from fedjax_dp.training.config_validation import validate_config
-
-HERE = os.path.join(os.path.dirname(__file__), "..", "experiments")
 
 
 @pytest.fixture(scope="module")
 def fig7():
-    sys.path.insert(0, HERE)
-    spec = importlib.util.spec_from_file_location("seed004_fig7", os.path.join(HERE, "seed004_fig7.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("seed004_fig7")
 
 
 @pytest.mark.parametrize("source", ["cifar10", "cifar100"])

@@ -1,24 +1,19 @@
 """experiments/seed004_tables.py: every Table 2 variant is a valid config (refused before any data is
 loaded otherwise), and Table 1 reads the epsilon recorded when each target accuracy was first reached."""
 
-import importlib.util
 import json
 import os
 from types import SimpleNamespace
 
 import pytest
 
+from conftest import load_experiment
 from fedjax_dp.training.config_validation import validate_config
-
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "experiments", "seed004_tables.py")
 
 
 @pytest.fixture(scope="module")
 def tables():
-    spec = importlib.util.spec_from_file_location("seed004_tables", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("seed004_tables")
 
 
 @pytest.mark.parametrize("table", [2, 3, 5, 6, 7, 8])

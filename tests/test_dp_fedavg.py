@@ -144,6 +144,20 @@ def test_bad_arguments():
     assert "dp.clip 'huge' unknown" in str(error.value) and "got -0.5" in str(error.value)
 
 
+@pytest.mark.parametrize("path, value", [("rounds", 0), ("data.num_clients", 0)])
+def test_a_bad_round_or_client_count_is_reported_once_under_calibration(path, value):
+    """The calibration of ``dp.calibrate_epsilon`` needs both counts: it is not tried (and does not repeat
+    the count's error in its own words) when one of them is refused."""
+    from fedjax_dp.configs.dp_fedavg_mnist import get_config
+
+    cfg = get_config()
+    *sections, key = path.split(".")
+    (cfg[sections[0]] if sections else cfg)[key] = value
+    with pytest.raises(ValueError, match=f"{path} must be >= 1, got 0") as error:
+        validate_config(cfg)
+    assert "dp.calibrate_epsilon" not in str(error.value)
+
+
 def test_calibrated_local_noise_spends_the_target_epsilon_not_more(tmp_path):
     """Bug (found for issue 19): ``dp.calibrate_epsilon`` under ``dp.noise_mode='local'`` calibrated z
     for the central, sampling-amplified event, so a client in every round spent far more than the

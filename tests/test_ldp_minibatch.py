@@ -319,8 +319,10 @@ def test_bad_input_is_refused_by_name_before_training(path, value, message):
     c = _ldp_config()
     section, key = path.split("__")
     c[section][key] = value
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as refused:
         validate_config(c)
+    problems = [line for line in str(refused.value).splitlines() if line.lstrip().startswith("- ")]
+    assert len([p for p in problems if f"{section}.{key}" in p]) == 1, problems  # each problem said once
 
 
 def test_a_batch_larger_than_a_clients_data_is_refused_before_training(tmp_path):

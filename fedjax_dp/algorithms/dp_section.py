@@ -42,7 +42,7 @@ def check_dp(cfg, need) -> None:
          "client noises itself) with local noise")
     need(not (dp.calibrate_epsilon and dp.noise_schedule),
          f"dp.calibrate_epsilon={dp.calibrate_epsilon} and dp.noise_schedule={dp.noise_schedule!r} both choose z; set one")
-    if dp.calibrate_epsilon > 0 and 0 < dp.delta < 1:
+    if dp.calibrate_epsilon > 0 and 0 < dp.delta < 1 and cfg.rounds >= 1 and cfg.data.num_clients >= 1:
         try:  # cached: the build calibrates with the same arguments
             calibrated_noise_multiplier(cfg, cfg.data.num_clients)
         except ValueError as error:

@@ -108,7 +108,6 @@ def check_ldp(cfg, need) -> None:
     need(0 < c.delta < 1, f"ldp.delta must lie in (0, 1), got {c.delta}")
     need(c.step_sampling in STEP_SAMPLINGS, f"ldp.step_sampling {c.step_sampling!r} unknown; use one of {STEP_SAMPLINGS}")
     need(c.accountant in LEDGER_ACCOUNTANTS, f"ldp.accountant {c.accountant!r} unknown; use one of {LEDGER_ACCOUNTANTS}")
-    need(cfg.client.learning_rate > 0, f"client.learning_rate gamma must be > 0, got {cfg.client.learning_rate}")
     need(cfg.server_data.overlap == 0,
          f"server_data.overlap={cfg.server_data.overlap}: ldp_minibatch validates on a server-held set that must be "
          "held out of every client's data (overlap 0); a set drawn from the clients would be their data")

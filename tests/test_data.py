@@ -115,3 +115,24 @@ def test_embedded_mnist_is_real_and_balanced():
     assert 0.0 <= x.min() and x.max() <= 1.0
     np.testing.assert_array_equal(np.bincount(y), [500] * 10)
     assert 0.1 < x.mean() < 0.16  # MNIST's mean pixel intensity is about 0.13
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"seed": -1}, "seed must be >= 0"),  # numpy's "expected non-negative integer" after loading, before
+    ({"compression.enabled": True, "compression.seed": -1}, "compression.seed must be >= 0"),
+    ({"data.partition": "acid", "data.classes_per_client": -1}, "data.classes_per_client must be >= 1"),
+    ({"data.partition": "alid", "data.max_train_per_client": -1}, "data.max_train_per_client must be >= 0"),
+    ({"data.partition": "acid", "data.max_test_per_client": -2}, "data.max_test_per_client must be >= 0"),
+])
+def test_negative_seeds_and_per_client_limits_are_refused_by_name(overrides, message):
+    """A negative max_*_per_client used to mean 'all' silently; a negative seed failed after the data loaded
+    with an error that named no key."""
+    from fedjax_dp.training.config_validation import validate_config
+    from fedjax_dp.training.default_config import default_config
+
+    cfg = default_config()
+    for path, value in overrides.items():
+        *sections, key = path.split(".")
+        (cfg[sections[0]] if sections else cfg)[key] = value
+    with pytest.raises(ValueError, match=message):
+        validate_config(cfg)

@@ -30,6 +30,7 @@ def validate_config(cfg) -> None:
             errors.append(message)
 
     need(cfg.rounds >= 1, f"rounds must be >= 1, got {cfg.rounds}")
+    need(cfg.seed >= 0, f"seed must be >= 0 (numpy and JAX seed from it), got {cfg.seed}")
     need(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
     need(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0 = only at exit), got {cfg.checkpoint_every}")
     need(cfg.data.num_clients >= 1, f"data.num_clients must be >= 1, got {cfg.data.num_clients}")
@@ -43,6 +44,10 @@ def validate_config(cfg) -> None:
     need(cfg.data.source != "shakespeare" or importlib.util.find_spec("h5py") is not None,
          'data.source=shakespeare needs h5py: pip install "fedjax_dp[shakespeare]"')
     need(cfg.data.partition != "dirichlet" or cfg.data.alpha > 0, f"data.alpha must be > 0, got {cfg.data.alpha}")
+    need(cfg.data.partition not in ("acid", "alid") or cfg.data.classes_per_client >= 1,
+         f"data.classes_per_client must be >= 1 for partition {cfg.data.partition!r}, got {cfg.data.classes_per_client}")
+    for key in ("max_train_per_client", "max_test_per_client"):
+        need(cfg.data[key] >= 0, f"data.{key} must be >= 0 (0 = all of a client's examples), got {cfg.data[key]}")
     need(cfg.data.min_train_per_client >= 0,
          f"data.min_train_per_client must be >= 0 (0 = every client), got {cfg.data.min_train_per_client}")
     need(cfg.data.min_train_per_client == 0 or cfg.data.partition == "natural",
@@ -115,6 +120,7 @@ def _validate_compression(cfg, need) -> None:
     need(c.method in METHODS, f"compression.method {c.method!r} unknown; available: {METHODS}")
     need(0 < c.r_min <= 1 and 0 < c.r_max <= 1, f"compression rates must lie in (0, 1]; got r_min={c.r_min}, r_max={c.r_max}")
     need(c.r_min <= c.r_max, f"compression.r_min={c.r_min} exceeds r_max={c.r_max}")
+    need(c.seed >= 0, f"compression.seed must be >= 0, got {c.seed}")
     need(c.materialize_gb >= 0, f"compression.materialize_gb must be >= 0 (0 = never), got {c.materialize_gb}")
     if c.rates != "dynamic":
         try:

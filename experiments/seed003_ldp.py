@@ -32,6 +32,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fedjax_dp.privacy import gdp  # noqa: E402
+from fedjax_dp.training.config_validation import validate_config  # noqa: E402
 from fedjax_dp.training.default_config import default_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json
@@ -87,7 +88,33 @@ def run(name, cfg, args, extra):
     return row
 
 
-def main():
+def plan_runs(args):
+    """The (name, config, row fields) of every run the arguments ask for, in the order they run."""
+    runs, wanted = [], set(args.methods)
+    if "fedavg" in wanted:
+        fedavg = base(args)
+        fedavg.algorithm = "fedavg"
+        runs.append(("fedavg", fedavg, {"method": "fedavg", "epsilon": None}))
+    variants = {"ldp": {}, "ldp_fixed": {"adaptive": False, "fixed_noise": "calibrated"},
+                "ldp_mean": {"weighting": "uniform"}, "ldp_poisson": {"step_sampling": "poisson", "accountant": "pld"}}
+    for eps in args.epsilons:
+        if eps <= 0:
+            raise ValueError(f"--epsilons: every per-client epsilon must be > 0, got {eps:g}")
+        for method in METHODS[1:]:
+            if method in wanted:
+                cfg = dp_fedavg(args, eps) if method == "dpfedavg" else ldp(args, eps, **variants[method])
+                runs.append((f"{method}-eps{eps:g}", cfg, {"method": method, "epsilon": eps}))
+    middle = args.epsilons[len(args.epsilons) // 2]
+    for alpha in args.alphas:
+        runs.append((f"ldp-alpha{alpha:g}", ldp(args, middle, alpha=alpha),
+                     {"method": "ldp", "epsilon": middle, "alpha": alpha}))
+    for tau in args.taus:
+        runs.append((f"ldp-tau{tau:g}", ldp(args, middle, temperature=tau),
+                     {"method": "ldp", "epsilon": middle, "tau": tau}))
+    return runs
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--epsilons", type=float, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--alphas", type=float, nargs="*", default=[0.5, 1.0])
@@ -114,36 +141,27 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--out", default="results/seed003")
+    return p
+
+
+def main():
+    p = parser()
     args = p.parse_args()
+    try:  # every run's config is built and checked before the first one loads any data
+        runs = plan_runs(args)
+    except ValueError as error:
+        p.error(str(error))
+    for name, cfg, _ in runs:
+        try:
+            validate_config(cfg)
+        except ValueError as error:
+            p.error(f"run {name}: {error}")
     os.makedirs(args.out, exist_ok=True)
-    rows, wanted = [], set(args.methods)
-    if "fedavg" in wanted:
-        fedavg = base(args)
-        fedavg.algorithm = "fedavg"
-        rows.append(run("fedavg", fedavg, args, {"method": "fedavg", "epsilon": None}))
-    for eps in args.epsilons:
-        if "ldp" in wanted:
-            rows.append(run(f"ldp-eps{eps:g}", ldp(args, eps), args, {"method": "ldp", "epsilon": eps}))
-        if "ldp_fixed" in wanted:
-            rows.append(run(f"ldp_fixed-eps{eps:g}", ldp(args, eps, adaptive=False, fixed_noise="calibrated"), args,
-                            {"method": "ldp_fixed", "epsilon": eps}))
-        if "ldp_mean" in wanted:
-            rows.append(run(f"ldp_mean-eps{eps:g}", ldp(args, eps, weighting="uniform"), args,
-                            {"method": "ldp_mean", "epsilon": eps}))
-        if "ldp_poisson" in wanted:
-            rows.append(run(f"ldp_poisson-eps{eps:g}", ldp(args, eps, step_sampling="poisson", accountant="pld"), args,
-                            {"method": "ldp_poisson", "epsilon": eps}))
-        if "dpfedavg" in wanted:
-            rows.append(run(f"dpfedavg-eps{eps:g}", dp_fedavg(args, eps), args, {"method": "dpfedavg", "epsilon": eps}))
-    middle = args.epsilons[len(args.epsilons) // 2]
-    for alpha in args.alphas:
-        rows.append(run(f"ldp-alpha{alpha:g}", ldp(args, middle, alpha=alpha), args,
-                        {"method": "ldp", "epsilon": middle, "alpha": alpha}))
-    for tau in args.taus:
-        rows.append(run(f"ldp-tau{tau:g}", ldp(args, middle, temperature=tau), args,
-                        {"method": "ldp", "epsilon": middle, "tau": tau}))
-    with open(os.path.join(args.out, "rows.json"), "w") as f:
-        f.write(strict_json({"args": vars(args), "rows": rows}, indent=2))
+    rows = []
+    for name, cfg, extra in runs:
+        rows.append(run(name, cfg, args, extra))
+        with open(os.path.join(args.out, "rows.json"), "w") as f:  # after every run: a crash keeps the rows
+            f.write(strict_json({"args": vars(args), "rows": rows}, indent=2))
     plot(rows, os.path.join(args.out, "accuracy_vs_epsilon.png"))
 
 

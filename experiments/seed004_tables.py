@@ -42,6 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 from fedjax_dp.configs import cuag_pfl_cifar10  # noqa: E402
 
 from fedjax_dp.training.checkpointing import Checkpointer  # noqa: E402
+from fedjax_dp.training.config_validation import validate_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json
 
@@ -96,9 +97,10 @@ def table_variants(table: int) -> list[tuple[str, dict]]:
 
 def split_overrides(split: str) -> dict:
     """``acid3`` / ``alid5`` ... -> the data partition and classes per client."""
-    kind, classes = split[:4], int(split[4:])
-    if kind not in ("acid", "alid"):
-        raise ValueError(f"split {split!r}: use acidN or alidN")
+    kind, classes = split[:4], split[4:]
+    if kind not in ("acid", "alid") or not classes.isdigit():
+        raise ValueError(f"split {split!r}: use acidN or alidN (N classes per client)")
+    classes = int(classes)
     return {"data.partition": kind, "data.classes_per_client": classes}
 
 
@@ -114,9 +116,31 @@ def configure(args, overrides: dict):
     return c
 
 
-def run(args, split: str, name: str, overrides: dict) -> dict:
+def plan_runs(args) -> list[tuple[str, str, dict]]:
+    """(split, variant name, overrides) of every run asked for, each config validated; a ValueError names
+    the first problem (a bad split or table, an --only that matches nothing, an invalid setting)."""
+    variants = [(name, o) for name, o in table_variants(args.table)
+                if not args.only or any(text in name for text in args.only)]
+    if not variants:
+        raise ValueError(f"--only {args.only} matches no variant of table {args.table}; its variants: "
+                         f"{[name for name, _ in table_variants(args.table)]}")
+    runs = [(split, name, overrides) for split in args.splits for name, overrides in variants]
+    for split, name, overrides in runs:
+        try:
+            validate_config(run_config(args, split, overrides))
+        except ValueError as error:
+            raise ValueError(f"{split} / {name}: {error}") from None
+    return runs
+
+
+def run_config(args, split: str, overrides: dict):
     cfg = configure(args, {**split_overrides(split), **overrides})
     cfg.checkpoint_every = args.checkpoint_every
+    return cfg
+
+
+def run(args, split: str, name: str, overrides: dict) -> dict:
+    cfg = run_config(args, split, overrides)
     workdir = os.path.join(args.out, f"{split}-{''.join(ch if ch.isalnum() else '_' for ch in name)[:60]}")
     resume = args.resume and bool(Checkpointer(os.path.join(workdir, "checkpoints")).rounds())
     run_experiment(cfg, workdir, overwrite=not resume, progress=False, resume=resume)
@@ -197,24 +221,26 @@ def main():
     p.add_argument("--resume", action="store_true",
                    help="continue each run from its newest checkpoint under --out (a run without one starts afresh)")
     args = p.parse_args()
-    os.makedirs(args.out, exist_ok=True)
     if args.table == 1:
+        os.makedirs(args.out, exist_ok=True)
         rows = [row for path in args.rows for row in json.load(open(path))]
         with open(os.path.join(args.out, "table1.md"), "w") as f:
             f.write(table1_markdown(rows))
         print(table1_markdown(rows))
         return
+    try:  # every run is planned and its config checked before the first one loads any data
+        runs = plan_runs(args)
+    except ValueError as error:
+        p.error(str(error))
+    os.makedirs(args.out, exist_ok=True)
     rows = []
-    for split in args.splits:
-        for name, overrides in table_variants(args.table):
-            if args.only and not any(o in name for o in args.only):
-                continue
-            rows.append(run(args, split, name, overrides))
-            print(json.dumps(rows[-1]), flush=True)
-            with open(os.path.join(args.out, "rows.json"), "w") as f:
-                f.write(strict_json(rows, indent=2))
-            with open(os.path.join(args.out, "table.md"), "w") as f:
-                f.write(markdown(rows))
+    for split, name, overrides in runs:
+        rows.append(run(args, split, name, overrides))
+        print(json.dumps(rows[-1]), flush=True)
+        with open(os.path.join(args.out, "rows.json"), "w") as f:
+            f.write(strict_json(rows, indent=2))
+        with open(os.path.join(args.out, "table.md"), "w") as f:
+            f.write(markdown(rows))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ loaded otherwise), and Table 1 reads the epsilon recorded when each target accur
 
 import json
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -72,3 +73,18 @@ def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables
     assert (block["resumed"], fresh["resumed"]) == (True, False)
     assert (block["final"], block["best"], block["metric"]) == (0.6, 0.7, "personalized_accuracy")
     assert block["uplink_gb_300_rounds"] == pytest.approx(15.0) and block["epsilon"] == 3.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--table", "4"], "--table 4 unknown"),
+    (["--table", "2", "--only", "nothing"], "matches no variant of table 2"),
+    (["--table", "6", "--splits", "acidx"], "split 'acidx': use acidN or alidN"),
+    (["--table", "6", "--splits", "acid3", "alid0"], "alid0 / dynamic"),  # the second split: before the first runs
+])
+def test_every_run_is_planned_and_checked_before_the_first_one(tables, monkeypatch, tmp_path, capsys, argv, message):
+    monkeypatch.setattr(tables, "run", lambda *a: pytest.fail("nothing may run"))
+    monkeypatch.setattr(sys, "argv", ["seed004_tables.py", *argv, "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit):
+        tables.main()
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

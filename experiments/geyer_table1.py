@@ -25,7 +25,8 @@ from fedjax_dp.privacy.accounting import Accountant, RoundEvent  # noqa: E402
 from fedjax_dp.training import results  # noqa: E402
 from fedjax_dp.training.default_config import default_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
-from fedjax_dp.training.results import dumps as strict_json
+from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
+from preflight import check_runs  # noqa: E402
 
 EPSILON = 8.0
 
@@ -62,6 +63,10 @@ def apply(cfg, overrides: dict):
     return cfg
 
 
+def run_config(args, k: int, overrides: dict):
+    return apply(geyer_mnist.get_config(str(k)), {"data.data_dir": args.data_dir, "rounds": args.max_rounds, **overrides})
+
+
 def plot(curves: dict, path: str, key: str, ylabel: str):
     import matplotlib
     matplotlib.use("Agg")
@@ -88,6 +93,8 @@ def main():
     parser.add_argument("--max-rounds", type=int, default=1000)
     parser.add_argument("--skip-training", action="store_true")
     args = parser.parse_args()
+    check_runs(parser, lambda: ((f"K={k} {name}", run_config(args, k, overrides))
+                                for k in args.clients for name, overrides in variants(k)))
     os.makedirs(args.out, exist_ok=True)
     report = {"epsilon": EPSILON, "stop_rounds": {}, "runs": []}
     curves = {}
@@ -99,7 +106,7 @@ def main():
         if args.skip_training:
             continue
         for name, overrides in variants(k):
-            cfg = apply(geyer_mnist.get_config(str(k)), {"data.data_dir": args.data_dir, "rounds": args.max_rounds, **overrides})
+            cfg = run_config(args, k, overrides)
             workdir = os.path.join(args.out, f"K{k}-" + "".join(ch if ch.isalnum() else "_" for ch in name)[:40])
             start = time.perf_counter()
             summary = run_experiment(cfg, workdir, overwrite=True, progress=False)

@@ -20,6 +20,7 @@ from fedjax_dp.experiment import Experiment
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.plots import plot_accuracy_vs_epsilon
 from fedjax_dp.training.results import dumps as strict_json
+from preflight import check_runs
 
 
 def config(mode: str, epsilon: float, args):
@@ -38,6 +39,18 @@ def config(mode: str, epsilon: float, args):
     return c
 
 
+def plan(args):
+    """(name, config) of every run, for the preflight check (``--seeds`` checked here: each run takes them
+    all)."""
+    if min(args.seeds) < 0:
+        raise ValueError(f"--seeds must be >= 0, got {args.seeds}")
+    for eps in args.epsilons:
+        if eps <= 0:  # dp.calibrate_epsilon = 0 would mean "not calibrated"
+            raise ValueError(f"--epsilons: every target epsilon must be > 0, got {eps:g}")
+        for mode in ("central", "local"):
+            yield f"{mode}-eps{eps:g}", config(mode, eps, args)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8, 16, 64])
@@ -51,6 +64,7 @@ def main():
     parser.add_argument("--data-dir", default="")
     parser.add_argument("--out", default="results/local_vs_central")
     args = parser.parse_args()
+    check_runs(parser, lambda: plan(args))
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for eps in args.epsilons:

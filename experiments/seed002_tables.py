@@ -23,6 +23,7 @@ from fedjax_dp import configs
 from fedjax_dp.training import results
 from fedjax_dp.training.loop import run_experiment
 from fedjax_dp.training.results import dumps as strict_json
+from preflight import check_runs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS = {
@@ -40,12 +41,17 @@ def base_config(dataset: str):
 
 def apply_overrides(cfg, items):
     for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: write key=value, e.g. client.learning_rate=0.05")
         key, value = item.split("=", 1)
         *sections, name = key.split(".")
         node = cfg
-        for s in sections:
-            node = node[s]
-        old = node[name]
+        try:
+            for s in sections:
+                node = node[s]
+            old = node[name]
+        except (KeyError, AttributeError, TypeError):
+            raise ValueError(f"--set {item!r}: the config has no key {key!r}") from None
         node[name] = type(old)(value) if not isinstance(old, bool) else value.lower() in ("1", "true", "yes")
 
 
@@ -144,10 +150,11 @@ def main():
     parser.add_argument("--reuse", action="store_true", help="keep finished runs of the same config; resume interrupted ones from their checkpoint")
     args = parser.parse_args()
     out = args.out or os.path.join("results", "seed002", args.dataset + ("-overlap" if args.overlap_sweep else ""))
-    os.makedirs(out, exist_ok=True)
     thresholds = THRESHOLDS[args.dataset]
     runs = ([(f"fedmeta-overlap{o:g}", "fedmeta", o) for o in args.overlaps] + [("fedavg", "fedavg", None)]
             if args.overlap_sweep else [(m, m, None) for m in args.methods])
+    check_runs(parser, lambda: ((name, method_config(args, method, overlap)) for name, method, overlap in runs))
+    os.makedirs(out, exist_ok=True)
     rows = []
     for name, method, overlap in runs:
         cfg = method_config(args, method, overlap)

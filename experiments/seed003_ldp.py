@@ -32,10 +32,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fedjax_dp.privacy import gdp  # noqa: E402
-from fedjax_dp.training.config_validation import validate_config  # noqa: E402
 from fedjax_dp.training.default_config import default_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
-from fedjax_dp.training.results import dumps as strict_json
+from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
+from preflight import check_runs  # noqa: E402
 
 DELTA = 1e-5
 METHODS = ("fedavg", "ldp", "ldp_fixed", "ldp_mean", "ldp_poisson", "dpfedavg")
@@ -147,15 +147,8 @@ def parser() -> argparse.ArgumentParser:
 def main():
     p = parser()
     args = p.parse_args()
-    try:  # every run's config is built and checked before the first one loads any data
-        runs = plan_runs(args)
-    except ValueError as error:
-        p.error(str(error))
-    for name, cfg, _ in runs:
-        try:
-            validate_config(cfg)
-        except ValueError as error:
-            p.error(f"run {name}: {error}")
+    check_runs(p, lambda: ((name, cfg) for name, cfg, _ in plan_runs(args)))
+    runs = plan_runs(args)
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for name, cfg, extra in runs:

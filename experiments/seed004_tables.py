@@ -42,9 +42,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 from fedjax_dp.configs import cuag_pfl_cifar10  # noqa: E402
 
 from fedjax_dp.training.checkpointing import Checkpointer  # noqa: E402
-from fedjax_dp.training.config_validation import validate_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
-from fedjax_dp.training.results import dumps as strict_json
+from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
+from preflight import check_runs  # noqa: E402
 
 BASELINE = {"client.epochs": 5, "compression.enabled": False}
 DP_SCAFFOLD = {"dp_scaffold.local_steps": 25, "compression.enabled": False}
@@ -117,20 +117,16 @@ def configure(args, overrides: dict):
 
 
 def plan_runs(args) -> list[tuple[str, str, dict]]:
-    """(split, variant name, overrides) of every run asked for, each config validated; a ValueError names
-    the first problem (a bad split or table, an --only that matches nothing, an invalid setting)."""
+    """(split, variant name, overrides) of every run asked for; a ValueError names a bad split or table, or
+    an --only that matches nothing."""
     variants = [(name, o) for name, o in table_variants(args.table)
                 if not args.only or any(text in name for text in args.only)]
     if not variants:
         raise ValueError(f"--only {args.only} matches no variant of table {args.table}; its variants: "
                          f"{[name for name, _ in table_variants(args.table)]}")
-    runs = [(split, name, overrides) for split in args.splits for name, overrides in variants]
-    for split, name, overrides in runs:
-        try:
-            validate_config(run_config(args, split, overrides))
-        except ValueError as error:
-            raise ValueError(f"{split} / {name}: {error}") from None
-    return runs
+    for split in args.splits:
+        split_overrides(split)
+    return [(split, name, overrides) for split in args.splits for name, overrides in variants]
 
 
 def run_config(args, split: str, overrides: dict):
@@ -228,10 +224,9 @@ def main():
             f.write(table1_markdown(rows))
         print(table1_markdown(rows))
         return
-    try:  # every run is planned and its config checked before the first one loads any data
-        runs = plan_runs(args)
-    except ValueError as error:
-        p.error(str(error))
+    check_runs(p, lambda: ((f"{split} / {name}", run_config(args, split, overrides))
+                           for split, name, overrides in plan_runs(args)))
+    runs = plan_runs(args)
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for split, name, overrides in runs:

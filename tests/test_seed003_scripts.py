@@ -64,7 +64,7 @@ def test_every_planned_run_is_a_valid_config_in_the_documented_order(ldp_script)
 def test_a_bad_run_anywhere_in_the_grid_stops_the_script_before_any_run(ldp_script, monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(ldp_script, "run", lambda *a: pytest.fail("nothing may run"))
     for argv, message in ((["--epsilons", "1", "-1"], "every per-client epsilon must be > 0, got -1"),
-                          (["--epsilons", "1", "--gamma", "0"], "run fedavg: invalid configuration")):
+                          (["--epsilons", "1", "--gamma", "0"], "fedavg: invalid configuration")):
         monkeypatch.setattr(sys, "argv", ["seed003_ldp.py", *argv, "--out", str(tmp_path / "out")])
         with pytest.raises(SystemExit):
             ldp_script.main()

@@ -32,10 +32,14 @@ PAIRS = [  # (label, ours, peer script args)
 
 
 def run_ours(case: str, rounds: int) -> dict:
+    path = os.path.join(HERE, "out", "compare_ours_last.json")
+    if os.path.exists(path):
+        os.remove(path)  # never read a previous run's numbers
     out = subprocess.run([sys.executable, os.path.join(HERE, "cohort_throughput.py"), "--cases", case, "--rounds",
-                          str(rounds), "--out", os.path.join(HERE, "out", "compare_ours_last.json")],
-                         capture_output=True, text=True)
-    with open(os.path.join(HERE, "out", "compare_ours_last.json")) as f:
+                          str(rounds), "--out", path], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"cohort_throughput.py --cases {case} failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    with open(path) as f:
         return json.load(f)["rows"][0]
 
 

@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 
-import numpy as np
 
 from fedjax_dp.compression.coherence import BASES, basis, coherence
 from fedjax_dp.compression.operators import make_operator

@@ -3,7 +3,7 @@
 import math
 
 import dp_accounting
-import numpy as np
+from scipy.stats import norm
 import pytest
 from dp_accounting import pld, rdp
 
@@ -81,7 +81,9 @@ def test_gdp_conversions():
 def test_analytic_gaussian_beats_classic_formula_and_is_valid():
     for eps in (0.5, 1.0, 4.0):
         sigma = A.analytic_gaussian_sigma(eps, 1e-5)
-        acc = rdp.RdpAccountant()  # independent check that sigma really gives (eps, delta)
+        # independent check: the Gaussian mechanism's exact delta at eps (Balle and Wang 2018, Thm. 8)
+        exact_delta = norm.cdf(1 / (2 * sigma) - eps * sigma) - math.exp(eps) * norm.cdf(-1 / (2 * sigma) - eps * sigma)
+        assert exact_delta == pytest.approx(1e-5, rel=1e-3)  # calibrated, and tight
         pld_eps = A.epsilon_of([(A.RoundEvent("full", sigma), 1)], 1e-5, "pld")
         assert pld_eps <= eps * 1.01
         if eps < 1:

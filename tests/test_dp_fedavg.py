@@ -4,7 +4,6 @@ noise, contains NaN clients, labels median clipping, adapts S toward the target 
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

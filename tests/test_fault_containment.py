@@ -5,7 +5,6 @@ program's and is raised."""
 import logging
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

@@ -3,7 +3,6 @@ drift correction on a heterogeneous problem, per-client control variates through
 checkpoints, and bad input."""
 
 import json
-import os
 
 import jax
 import jax.numpy as jnp

@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.core import tree
 
 PerExampleLoss = Callable[..., jax.Array]
 """``per_example_loss(params, batch, key) -> (batch_size,)`` losses."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from scipy import optimize, special, stats
+from scipy import optimize, special
 
 
 def _check_mu(mu: float):

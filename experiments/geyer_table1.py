@@ -26,7 +26,7 @@ from fedjax_dp.training import results  # noqa: E402
 from fedjax_dp.training.default_config import default_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
-from preflight import check_runs  # noqa: E402
+from preflight import checked_runs  # noqa: E402
 
 EPSILON = 8.0
 
@@ -93,8 +93,8 @@ def main():
     parser.add_argument("--max-rounds", type=int, default=1000)
     parser.add_argument("--skip-training", action="store_true")
     args = parser.parse_args()
-    check_runs(parser, lambda: ((f"K={k} {name}", run_config(args, k, overrides))
-                                for k in args.clients for name, overrides in variants(k)))
+    runs = checked_runs(parser, lambda: [(f"K={k} {name}", run_config(args, k, overrides), k, name)
+                                         for k in args.clients for name, overrides in variants(k)])
     os.makedirs(args.out, exist_ok=True)
     report = {"epsilon": EPSILON, "stop_rounds": {}, "runs": []}
     curves = {}
@@ -105,8 +105,7 @@ def main():
         print(f"K={k}: rounds before delta(8) > Q={q_budget}: {report['stop_rounds'][k]}", flush=True)
         if args.skip_training:
             continue
-        for name, overrides in variants(k):
-            cfg = run_config(args, k, overrides)
+        for cfg, name in [(cfg, name) for _, cfg, run_k, name in runs if run_k == k]:
             workdir = os.path.join(args.out, f"K{k}-" + "".join(ch if ch.isalnum() else "_" for ch in name)[:40])
             start = time.perf_counter()
             summary = run_experiment(cfg, workdir, overwrite=True, progress=False)

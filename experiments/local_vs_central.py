@@ -20,7 +20,7 @@ from fedjax_dp.experiment import Experiment
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.plots import plot_accuracy_vs_epsilon
 from fedjax_dp.training.results import dumps as strict_json
-from preflight import check_runs
+from preflight import checked_runs
 
 
 def config(mode: str, epsilon: float, args):
@@ -40,15 +40,14 @@ def config(mode: str, epsilon: float, args):
 
 
 def plan(args):
-    """(name, config) of every run, for the preflight check (``--seeds`` checked here: each run takes them
-    all)."""
+    """(name, config, epsilon, mode) of every run (``--seeds`` checked here: each run takes them all)."""
     if min(args.seeds) < 0:
         raise ValueError(f"--seeds must be >= 0, got {args.seeds}")
     for eps in args.epsilons:
         if eps <= 0:  # dp.calibrate_epsilon = 0 would mean "not calibrated"
             raise ValueError(f"--epsilons: every target epsilon must be > 0, got {eps:g}")
         for mode in ("central", "local"):
-            yield f"{mode}-eps{eps:g}", config(mode, eps, args)
+            yield f"{mode}-eps{eps:g}", config(mode, eps, args), eps, mode
 
 
 def main():
@@ -64,17 +63,15 @@ def main():
     parser.add_argument("--data-dir", default="")
     parser.add_argument("--out", default="results/local_vs_central")
     args = parser.parse_args()
-    check_runs(parser, lambda: plan(args))
+    runs = checked_runs(parser, lambda: plan(args))
     os.makedirs(args.out, exist_ok=True)
     rows = []
-    for eps in args.epsilons:
-        for mode in ("central", "local"):
-            s = Experiment(config(mode, eps, args)).run_seeds(args.seeds, os.path.join(args.out, f"{mode}-eps{eps:g}"),
-                                                              overwrite=True, progress=False)
-            z = json.load(open(os.path.join(s.workdirs[0], "privacy.json")))["noise_multipliers"]
-            rows.append({"epsilon_target": eps, "mode": mode, "noise_multiplier": z[0], "seeds": args.seeds,
-                         "accuracy": s.final["test_accuracy"], "epsilon_spent": s.epsilon})
-            print(json.dumps(rows[-1]), flush=True)
+    for name, cfg, eps, mode in runs:
+        s = Experiment(cfg).run_seeds(args.seeds, os.path.join(args.out, name), overwrite=True, progress=False)
+        z = json.load(open(os.path.join(s.workdirs[0], "privacy.json")))["noise_multipliers"]
+        rows.append({"epsilon_target": eps, "mode": mode, "noise_multiplier": z[0], "seeds": args.seeds,
+                     "accuracy": s.final["test_accuracy"], "epsilon_spent": s.epsilon})
+        print(json.dumps(rows[-1]), flush=True)
     with open(os.path.join(args.out, "sweep.json"), "w") as f:
         f.write(strict_json({"args": vars(args), "rows": rows}, indent=2))
     points = {f"{mode} DP": [(r["epsilon_target"], r["accuracy"]["mean"], r["accuracy"]["ci95_half_width"] or 0.0)

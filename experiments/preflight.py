@@ -5,17 +5,22 @@ key and the value, before any data is loaded)."""
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Iterable
+from typing import Callable, Sequence
 
 from fedjax_dp.training.config_validation import validate_config
 
 
-def check_runs(parser: argparse.ArgumentParser, plan: Callable[[], Iterable[tuple[str, object]]]) -> None:
-    """Builds the ``(run name, config)`` pairs ``plan`` yields and validates each; the first problem (from
-    building or validating) exits through ``parser.error`` with the run's name, nothing having run."""
-    name = "planning the runs"
+def checked_runs(parser: argparse.ArgumentParser, plan: Callable[[], Sequence[tuple]]) -> list[tuple]:
+    """The runs ``plan()`` builds, each a tuple ``(name, config, ...)``, after validating every config; the
+    first problem (from building or validating) exits through ``parser.error`` with the run's name,
+    nothing having run."""
     try:
-        for name, cfg in plan():
-            validate_config(cfg)
+        runs = list(plan())
     except ValueError as error:
-        parser.error(f"{name}: {error}")
+        parser.error(f"planning the runs: {error}")
+    for name, cfg, *_ in runs:
+        try:
+            validate_config(cfg)
+        except ValueError as error:
+            parser.error(f"{name}: {error}")
+    return runs

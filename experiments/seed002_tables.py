@@ -23,7 +23,7 @@ from fedjax_dp import configs
 from fedjax_dp.training import results
 from fedjax_dp.training.loop import run_experiment
 from fedjax_dp.training.results import dumps as strict_json
-from preflight import check_runs
+from preflight import checked_runs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS = {
@@ -153,11 +153,11 @@ def main():
     thresholds = THRESHOLDS[args.dataset]
     runs = ([(f"fedmeta-overlap{o:g}", "fedmeta", o) for o in args.overlaps] + [("fedavg", "fedavg", None)]
             if args.overlap_sweep else [(m, m, None) for m in args.methods])
-    check_runs(parser, lambda: ((name, method_config(args, method, overlap)) for name, method, overlap in runs))
+    runs = checked_runs(parser, lambda: [(name, method_config(args, method, overlap), method, overlap)
+                                         for name, method, overlap in runs])
     os.makedirs(out, exist_ok=True)
     rows = []
-    for name, method, overlap in runs:
-        cfg = method_config(args, method, overlap)
+    for name, cfg, method, overlap in runs:
         workdir = os.path.join(out, name)
         stored = _stored_run(workdir, cfg) if args.reuse else "none"
         if stored == "finished":

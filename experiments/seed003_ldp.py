@@ -35,7 +35,7 @@ from fedjax_dp.privacy import gdp  # noqa: E402
 from fedjax_dp.training.default_config import default_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
-from preflight import check_runs  # noqa: E402
+from preflight import checked_runs  # noqa: E402
 
 DELTA = 1e-5
 METHODS = ("fedavg", "ldp", "ldp_fixed", "ldp_mean", "ldp_poisson", "dpfedavg")
@@ -147,8 +147,7 @@ def parser() -> argparse.ArgumentParser:
 def main():
     p = parser()
     args = p.parse_args()
-    check_runs(p, lambda: ((name, cfg) for name, cfg, _ in plan_runs(args)))
-    runs = plan_runs(args)
+    runs = checked_runs(p, lambda: plan_runs(args))
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for name, cfg, extra in runs:
@@ -181,6 +180,7 @@ def plot_panel(ax, rows, title=None):
     ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
     ax.minorticks_off()
     ax.legend(fontsize="small")
+
 
 if __name__ == "__main__":
     main()

@@ -31,7 +31,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from preflight import check_runs  # noqa: E402
+from preflight import checked_runs  # noqa: E402
 from seed004_tables import configure, split_overrides  # noqa: E402
 
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
@@ -57,15 +57,15 @@ def run_config(args, source: str, split: str, overrides: dict):
 
 
 def plan(args):
-    """(source, split, method, overrides) of every run: all methods on the first split, CUAG-PFL on the rest
-    (the other methods' traffic depends on the model only)."""
-    return [(source, split, method, overrides) for source in args.sources for split in args.splits
+    """(label, config, source, split, method) of every run: all methods on the first split, CUAG-PFL on the
+    rest (the other methods' traffic depends on the model only)."""
+    return [(f"{source} {split} {method}", run_config(args, source, split, overrides), source, split, method)
+            for source in args.sources for split in args.splits
             for method, overrides in (METHODS if split == args.splits[0] else METHODS[:1])]
 
 
-def measure(args, source: str, split: str, method: str, overrides: dict) -> dict:
+def measure(args, cfg, source: str, split: str, method: str) -> dict:
     """One short run; its measured traffic, per round and scaled to 300 rounds."""
-    cfg = run_config(args, source, split, overrides)
     workdir = os.path.join(args.out, f"{source}-{split}-{method.split(' ')[0].strip(',')}")
     summary = run_experiment(cfg, workdir, overwrite=True, progress=False)
     scale = 300 / summary.rounds
@@ -120,12 +120,11 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/seed004_fig7")
     args = p.parse_args()
-    check_runs(p, lambda: ((f"{source} {split} {method}", run_config(args, source, split, overrides))
-                           for source, split, method, overrides in plan(args)))
+    runs = checked_runs(p, lambda: plan(args))
     os.makedirs(args.out, exist_ok=True)
     rows = []
-    for source, split, method, overrides in plan(args):
-        rows.append(measure(args, source, split, method, overrides))
+    for _, cfg, source, split, method in runs:
+        rows.append(measure(args, cfg, source, split, method))
         print(json.dumps(rows[-1]), flush=True)
         with open(os.path.join(args.out, "rows.json"), "w") as f:
             f.write(strict_json(rows, indent=2))

@@ -44,7 +44,7 @@ from fedjax_dp.configs import cuag_pfl_cifar10  # noqa: E402
 from fedjax_dp.training.checkpointing import Checkpointer  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
-from preflight import check_runs  # noqa: E402
+from preflight import checked_runs  # noqa: E402
 
 BASELINE = {"client.epochs": 5, "compression.enabled": False}
 DP_SCAFFOLD = {"dp_scaffold.local_steps": 25, "compression.enabled": False}
@@ -116,17 +116,16 @@ def configure(args, overrides: dict):
     return c
 
 
-def plan_runs(args) -> list[tuple[str, str, dict]]:
-    """(split, variant name, overrides) of every run asked for; a ValueError names a bad split or table, or
-    an --only that matches nothing."""
+def plan_runs(args) -> list[tuple[str, object, str, str]]:
+    """(label, config, split, variant name) of every run asked for; a ValueError names a bad split or
+    table, or an --only that matches nothing."""
     variants = [(name, o) for name, o in table_variants(args.table)
                 if not args.only or any(text in name for text in args.only)]
     if not variants:
         raise ValueError(f"--only {args.only} matches no variant of table {args.table}; its variants: "
                          f"{[name for name, _ in table_variants(args.table)]}")
-    for split in args.splits:
-        split_overrides(split)
-    return [(split, name, overrides) for split in args.splits for name, overrides in variants]
+    return [(f"{split} / {name}", run_config(args, split, overrides), split, name)
+            for split in args.splits for name, overrides in variants]
 
 
 def run_config(args, split: str, overrides: dict):
@@ -135,8 +134,7 @@ def run_config(args, split: str, overrides: dict):
     return cfg
 
 
-def run(args, split: str, name: str, overrides: dict) -> dict:
-    cfg = run_config(args, split, overrides)
+def run(args, cfg, split: str, name: str) -> dict:
     workdir = os.path.join(args.out, f"{split}-{''.join(ch if ch.isalnum() else '_' for ch in name)[:60]}")
     resume = args.resume and bool(Checkpointer(os.path.join(workdir, "checkpoints")).rounds())
     run_experiment(cfg, workdir, overwrite=not resume, progress=False, resume=resume)
@@ -224,13 +222,11 @@ def main():
             f.write(table1_markdown(rows))
         print(table1_markdown(rows))
         return
-    check_runs(p, lambda: ((f"{split} / {name}", run_config(args, split, overrides))
-                           for split, name, overrides in plan_runs(args)))
-    runs = plan_runs(args)
+    runs = checked_runs(p, lambda: plan_runs(args))
     os.makedirs(args.out, exist_ok=True)
     rows = []
-    for split, name, overrides in runs:
-        rows.append(run(args, split, name, overrides))
+    for _, cfg, split, name in runs:
+        rows.append(run(args, cfg, split, name))
         print(json.dumps(rows[-1]), flush=True)
         with open(os.path.join(args.out, "rows.json"), "w") as f:
             f.write(strict_json(rows, indent=2))

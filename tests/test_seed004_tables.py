@@ -67,8 +67,8 @@ def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables
     args = SimpleNamespace(rounds=10, seed=0, source="cifar10", data_dir="/data/cifar10", out=str(tmp_path),
                            checkpoint_every=5, resume=True)
     Checkpointer(str(tmp_path / "acid3-block" / "checkpoints")).save(5, {"x": np.zeros(2)}, {})
-    block = tables.run(args, "acid3", "block", {"compression.kind": "block"})
-    fresh = tables.run(args, "acid3", "gaussian", {"compression.kind": "gaussian"})
+    block = tables.run(args, tables.run_config(args, "acid3", {"compression.kind": "block"}), "acid3", "block")
+    fresh = tables.run(args, tables.run_config(args, "acid3", {"compression.kind": "gaussian"}), "acid3", "gaussian")
     assert calls == [("acid3-block", 5, False, True), ("acid3-gaussian", 5, True, False)]
     assert (block["resumed"], fresh["resumed"]) == (True, False)
     assert (block["final"], block["best"], block["metric"]) == (0.6, 0.7, "personalized_accuracy")

@@ -253,12 +253,11 @@ def check_cuag(cfg, need) -> None:
              "would be ignored (leave one of them unset)")
     need(cfg.compression.enabled, "cuag_pfl compresses every upload: set compression.enabled=True (compression.rates="
                                   "'dynamic' for Alg. 2, or a fixed rate; '1.0' with cuag.mode='none' is PFLDyn(Proto))")
-    if c.mu <= 0 and not str(c.client_mu).strip():
-        return  # refused above; parsing the empty list would say it again
-    try:
-        parse_client_mu(c.client_mu, c.mu, max(cfg.data.num_clients, 1), cfg.seed)
-    except ValueError as error:
-        need(False, str(error))
+    if str(c.client_mu).strip():  # without a list every mu_n is cuag.mu, checked above
+        try:
+            parse_client_mu(c.client_mu, c.mu, max(cfg.data.num_clients, 1), cfg.seed)
+        except ValueError as error:
+            need(False, str(error))
 
 
 registry.register_section("cuag", {

@@ -119,13 +119,19 @@ def configure(args, overrides: dict):
 def plan_runs(args) -> list[tuple[str, object, str, str]]:
     """(label, config, split, variant name) of every run asked for; a ValueError names a bad split or
     table, or an --only that matches nothing."""
+    names = [name for name, _ in table_variants(args.table)]
     variants = [(name, o) for name, o in table_variants(args.table)
-                if not args.only or any(text in name for text in args.only)]
+                if not args.only or any(selects(text, name, names) for text in args.only)]
     if not variants:
-        raise ValueError(f"--only {args.only} matches no variant of table {args.table}; its variants: "
-                         f"{[name for name, _ in table_variants(args.table)]}")
+        raise ValueError(f"--only {args.only} matches no variant of table {args.table}; its variants: {names}")
     return [(f"{split} / {name}", run_config(args, split, overrides), split, name)
             for split in args.splits for name, overrides in variants]
+
+
+def selects(text: str, name: str, names: list[str]) -> bool:
+    """--only's rule: a text that is one of the table's variant ``names`` selects that variant alone
+    ("SCAFFOLD", not the DP-SCAFFOLD rows); any other text selects every variant whose name contains it."""
+    return text == name if text in names else text in name
 
 
 def run_config(args, split: str, overrides: dict):
@@ -207,7 +213,7 @@ def main():
     p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--source", default="cifar10", choices=["cifar10", "cifar100"])
     p.add_argument("--data-dir", default="")
-    p.add_argument("--only", nargs="*", default=[], help="run only the variants whose name contains one of these")
+    p.add_argument("--only", nargs="*", default=[], help="run only the variants named exactly so, or else whose name contains one of these")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/seed004")
     p.add_argument("--rows", nargs="*", default=[], help="--table 1: the rows.json files of Table 2 runs to read")

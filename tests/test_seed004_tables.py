@@ -88,3 +88,14 @@ def test_every_run_is_planned_and_checked_before_the_first_one(tables, monkeypat
         tables.main()
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("only, expected", [
+    (["SCAFFOLD"], ["SCAFFOLD"]),  # a whole name: that variant alone, not DP-SCAFFOLD's rows
+    (["DP-SCAFFOLD"], ["DP-SCAFFOLD (median clip, sigma 1)", "DP-SCAFFOLD (fixed clip 1, sigma 1)"]),
+    (["UDP", "FedAvg"], ["FedAvg", "UDP (paper calibration, epsilon 10)", "UDP (sound, epsilon 10)"]),
+])
+def test_only_selects_a_whole_name_alone_and_a_part_of_names_all_that_contain_it(tables, only, expected):
+    args = SimpleNamespace(table=2, only=only, splits=["acid3"], rounds=3, seed=0, source="cifar10",
+                           data_dir="/data/cifar10", checkpoint_every=10)
+    assert [name for *_, name in tables.plan_runs(args)] == expected

@@ -80,6 +80,7 @@ def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables
     (["--table", "2", "--only", "nothing"], "matches no variant of table 2"),
     (["--table", "6", "--splits", "acidx"], "split 'acidx': use acidN or alidN"),
     (["--table", "6", "--splits", "acid3", "alid0"], "alid0 / dynamic"),  # the second split: before the first runs
+    (["--table", "3", "--mus", "8", "0"], "cuag.mu must be > 0, got 0.0"),
 ])
 def test_every_run_is_planned_and_checked_before_the_first_one(tables, monkeypatch, tmp_path, capsys, argv, message):
     monkeypatch.setattr(tables, "run", lambda *a: pytest.fail("nothing may run"))
@@ -97,5 +98,13 @@ def test_every_run_is_planned_and_checked_before_the_first_one(tables, monkeypat
 ])
 def test_only_selects_a_whole_name_alone_and_a_part_of_names_all_that_contain_it(tables, only, expected):
     args = SimpleNamespace(table=2, only=only, splits=["acid3"], rounds=3, seed=0, source="cifar10",
-                           data_dir="/data/cifar10", checkpoint_every=10)
+                           data_dir="/data/cifar10", checkpoint_every=10, mus=tables.PAPER_MUS)
     assert [name for *_, name in tables.plan_runs(args)] == expected
+
+
+def test_table3_runs_the_mu_values_asked_for(tables):
+    args = SimpleNamespace(table=3, only=["sound mode"], mus=[8.0, 64.0], splits=["acid3"], rounds=3, seed=0,
+                           source="cifar10", data_dir="/data/cifar10", checkpoint_every=10)
+    runs = tables.plan_runs(args)
+    assert [name for *_, name in runs] == ["sound mode, mu 8.0", "sound mode, mu 64.0"]
+    assert [(cfg.cuag.mode, cfg.cuag.mu) for _, cfg, *_ in runs] == [("sound", 8.0), ("sound", 64.0)]

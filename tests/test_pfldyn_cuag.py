@@ -44,7 +44,7 @@ def test_prototypes_loss_and_prediction_match_a_hand_written_numpy_version():
 
 def _tiny_round(num_clients=4, **overrides):
     model = get_model("logistic", (4, 4, 1), 3)
-    options = {"pfldyn.local_steps": 2, "client.learning_rate": 0.2, "pfldyn.weight_decay": 1e-3, **overrides}
+    options = {"pfldyn.local_steps": 2, "client.learning_rate": 0.2, "client.weight_decay": 1e-3, **overrides}
     return model, make_round(model, "pfldyn_proto", num_clients=num_clients, **options)
 
 
@@ -122,7 +122,7 @@ def test_alpha_to_zero_leaves_plain_prototype_sgd_and_the_population_mean_scales
     cohort = pack_sampled_cohort(x, y, [np.arange(20), np.arange(20, 40)], 8, 3, np.random.default_rng(0))
     out = {}
     for mean in ("cohort", "population"):
-        model, runner = _tiny_round(**{"pfldyn.alpha": 1e-9, "pfldyn.weight_decay": 0.0, "pfldyn.server_mean": mean})
+        model, runner = _tiny_round(**{"pfldyn.alpha": 1e-9, "client.weight_decay": 0.0, "pfldyn.server_mean": mean})
         params = model.init(jax.random.key(0))
         state = runner.init(params)
         stacked = ClientStateStore(runner.algorithm.client_state_init(params)).gather([0, 1])

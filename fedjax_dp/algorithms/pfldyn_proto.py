@@ -10,7 +10,7 @@ replacement, split in halves; ``Requirements.batches_per_step = 2``):
 
     w <- w - beta (grad f_n(T_n(w, D), D') + grad R(w)),   R(w) = -<w, g_n^t> + alpha/2 ||w - w^t||^2   (Eq. 12)
 
-with weight decay (``pfldyn.weight_decay``, 1e-3 in the paper's experiments) and the client learning
+with weight decay (``client.weight_decay``, 1e-3 in the paper's experiments) and the client learning
 rate beta x decay^t (``client.learning_rate``, ``client.lr_decay``). After P steps
 g_n^{t+1} = g_n^t - alpha (w_n^{t+1} - w^t) (Alg. 1 line 18; per-client state, kept only by the clients
 that ran; the others keep g_n) and the upload is Delta w_n = w_n^{t+1} - w^t (line 19).
@@ -41,7 +41,6 @@ from fedjax_dp.algorithms import registry
 from fedjax_dp.core import tree
 from fedjax_dp.core.algorithm import ClientOut, Requirements, ServerState, check_decay, init_server_state, lr_scale
 from fedjax_dp.core.local_training import make_local_trainer
-from fedjax_dp.core.optimizers import build_optimizer
 from fedjax_dp.core.prototypes import prototype_correct, prototype_loss
 
 SERVER_MEANS = ("cohort", "population")
@@ -132,13 +131,6 @@ class PFLDynProto:
                                  self.num_classes)
 
 
-def client_optimizer(cfg) -> optax.GradientTransformation:
-    """beta (``client.learning_rate``) with the paper's weight decay added to the gradient."""
-    c = cfg.client
-    sgd = build_optimizer(c.optimizer, c.learning_rate, c.momentum)
-    return optax.chain(optax.add_decayed_weights(cfg.pfldyn.weight_decay), sgd) if cfg.pfldyn.weight_decay else sgd
-
-
 def evaluation_model(model):
     """The model with XLA convolutions for the forward-only evaluation pass: on XLA:CPU the im2col form
     that training prefers ran the personalised evaluation of 100 CIFAR-10 clients 3-4x slower (measured
@@ -150,7 +142,7 @@ def evaluation_model(model):
 
 def build_pfldyn_algorithm(ctx) -> PFLDynProto:
     c, p = ctx.cfg, ctx.cfg.pfldyn
-    return PFLDynProto(ctx.model.apply, ctx.model.num_classes, client_optimizer(c), ctx.num_clients, p.alpha,
+    return PFLDynProto(ctx.model.apply, ctx.model.num_classes, ctx.client_optimizer(), ctx.num_clients, p.alpha,
                        p.local_steps, p.server_mean, c.client.lr_decay, ctx.unroll, evaluation_model(ctx.model).apply)
 
 
@@ -158,14 +150,12 @@ def check_pfldyn(cfg, need) -> None:
     p = cfg.pfldyn
     need(p.alpha > 0, f"pfldyn.alpha must be > 0 (the server divides by it), got {p.alpha}")
     need(p.local_steps >= 1, f"pfldyn.local_steps P must be >= 1, got {p.local_steps}")
-    need(p.weight_decay >= 0, f"pfldyn.weight_decay must be >= 0, got {p.weight_decay}")
     need(p.server_mean in SERVER_MEANS, f"pfldyn.server_mean {p.server_mean!r} unknown; use one of {SERVER_MEANS}")
 
 
 registry.register_section("pfldyn", {
     "alpha": 0.1,  # the dynamic regulariser's alpha (Eq. 9-12)
     "local_steps": 25,  # P local steps, each two fresh batches of client.batch_size
-    "weight_decay": 1e-3,
     "server_mean": "cohort"})  # cohort (seed as written) | population (FedDyn's 1/N)
 registry.register("pfldyn_proto", build=lambda ctx: (build_pfldyn_algorithm(ctx), ()), sections=("pfldyn",),
                   validate=check_pfldyn,

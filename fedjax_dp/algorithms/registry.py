@@ -34,7 +34,8 @@ class BuildContext:
 
     def client_optimizer(self):
         c = self.cfg.client
-        return build_optimizer(c.optimizer, c.learning_rate, c.momentum)
+        return build_optimizer(c.optimizer, c.learning_rate, c.momentum, weight_decay=c.weight_decay,
+                               grad_clip_norm=c.grad_clip_norm)
 
     def server_optimizer(self):
         s = self.cfg.server

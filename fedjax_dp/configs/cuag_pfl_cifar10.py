@@ -2,7 +2,7 @@
 
 CUAG-PFL on CIFAR-10 ACID-3 (seed 004 §7, Table 2): N = 100 clients, lambda = 0.1 (10 a round), T = 300,
 P = 25 local steps of two batches of B = 50, beta = 0.1 decaying 0.997 a round, alpha = 0.1, weight decay
-1e-3, the seed-004 CNN (``cnn_pfl``), Alg. 2 dynamic rates in [0.2, 0.5] with the Alg. 3 block operator,
+1e-3 (the seed: the same for every method), the seed-004 CNN (``cnn_pfl``), Alg. 2 dynamic rates in [0.2, 0.5] with the Alg. 3 block operator,
 Alg. 4 noise as written (``cuag.mode='paper'``: NO formal guarantee, labelled) at mu = 0.25.
 
     fedjax-dp --config cuag_pfl_cifar10 --config.cuag.mode=sound
@@ -23,8 +23,8 @@ def get_config():
     c.data.update(source="cifar10", data_dir=data_dir("cifar10"), partition="acid", num_clients=100,
                   classes_per_client=3)
     c.model.name = "cnn_pfl"
-    c.client.update(batch_size=50, learning_rate=0.1, lr_decay=0.997)
-    c.pfldyn.update(alpha=0.1, local_steps=25, weight_decay=1e-3)
+    c.client.update(batch_size=50, learning_rate=0.1, lr_decay=0.997, weight_decay=1e-3)  # every method's
+    c.pfldyn.update(alpha=0.1, local_steps=25)
     c.compression.update(enabled=True, kind="block", rates="dynamic", r_min=0.2, r_max=0.5)
     c.cuag.update(mode="paper", mu=0.25, delta=1e-5)
     c.sampling.cohort_size = 10

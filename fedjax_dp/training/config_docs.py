@@ -35,6 +35,9 @@ KEY_DOCS = {
     "client.batch_size": "local batch size B",
     "client.epochs": "local epochs E",
     "client.lr_decay": "local learning rate x lr_decay**t in round t",
+    "client.weight_decay": "local L2 weight decay: weight_decay * w added to every local step's gradient (0 = off)",
+    "client.grad_clip_norm": "clip every local step's gradient to this global L2 norm before the step (0 = off; "
+                             "FedDyn's code uses 10); training only, not a DP clip",
     "server.optimizer": "server optimizer applied to the aggregate (FedOpt): sgd (with server.momentum) | adam",
     "server.learning_rate": "server learning rate eta_g (1.0 with sgd = plain FedAvg)",
     "server.momentum": "server momentum",
@@ -109,7 +112,6 @@ KEY_DOCS = {
     "ldp.accountant": "local mini-batch DP: rdp | pld, the per-client ledger that decides the noise schedule and stops and reports each epsilon",
     "pfldyn.alpha": "PFLDyn: alpha of the dynamic regulariser (CUAG-PFL Eqs. 9-12)",
     "pfldyn.local_steps": "PFLDyn: local steps P, each two fresh batches of client.batch_size",
-    "pfldyn.weight_decay": "PFLDyn: local weight decay",
     "pfldyn.server_mean": "PFLDyn: cohort (as written) | population (FedDyn's 1/N)",
     "cuag.mode": "CUAG-PFL noise: paper (Alg. 4 as written: NO formal guarantee, labelled) | sound | none",
     "cuag.mu": "CUAG-PFL: the GDP target mu (paper: 0.25, epsilon 0.92 at delta 1e-5 claimed)",

@@ -69,6 +69,8 @@ def validate_config(cfg) -> None:
         need(opt.momentum >= 0, f"{side}.momentum must be >= 0, got {opt.momentum}")
     need(cfg.client.batch_size >= 1, f"client.batch_size must be >= 1, got {cfg.client.batch_size}")
     need(cfg.client.epochs >= 1, f"client.epochs E must be >= 1, got {cfg.client.epochs}")
+    for key in ("weight_decay", "grad_clip_norm"):
+        need(cfg.client[key] >= 0, f"client.{key} must be >= 0, got {cfg.client[key]}")
     for side in ("client", "server"):
         need(0 < cfg[side].lr_decay <= 1, f"{side}.lr_decay must lie in (0, 1], got {cfg[side].lr_decay}")
     if cfg.compression.enabled:

@@ -28,7 +28,8 @@ def default_config() -> ml_collections.ConfigDict:
         invert=False, sequence_length=80))  # femnist pixel convention; shakespeare window
     c.model = ml_collections.ConfigDict(dict(name="mlp_2nn", compute_dtype=""))  # "bfloat16": mixed precision
     c.client = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.05, momentum=0.0, batch_size=10, epochs=5,
-                                              lr_decay=1.0))  # client lr x lr_decay**t in round t
+                                              lr_decay=1.0,  # client lr x lr_decay**t in round t
+                                              weight_decay=0.0, grad_clip_norm=0.0))
     c.server = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=1.0, momentum=0.0, lr_decay=1.0))
     c.compression = ml_collections.ConfigDict(dict(
         enabled=False,          # compressed-sensing uploads (seed 004), composable with any algorithm and DP

@@ -49,3 +49,23 @@ def test_reshape_max_pool_equals_flax_max_pool_in_values_and_gradients(shape):
     np.testing.assert_array_equal(max_pool_2x2(x), flax_pool(x))
     loss = lambda pool: lambda v: jnp.sum(jnp.sin(pool(jax.nn.relu(v))))  # noqa: E731
     np.testing.assert_array_equal(jax.grad(loss(max_pool_2x2))(x), jax.grad(loss(flax_pool))(x))
+
+
+@pytest.mark.parametrize("name, shape", [("mlp_2nn", (28, 28, 1)), ("cnn_fedavg", (12, 12, 1)), ("cnn_pfl", (32, 32, 3)),
+                                         ("vgg16", (32, 32, 3))])
+def test_the_penultimate_representation_is_the_input_of_the_output_layer(name, shape):
+    """``apply(..., penultimate=True)``: the last hidden layer after its ReLU, which the output layer maps to
+    the logits (PFLDyn's authors build prototypes on it)."""
+    model = get_model(name, shape, 7)
+    params = model.init(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (3,) + shape)
+    hidden = model.apply(params, x, penultimate=True)
+    last = params[sorted(k for k in params if k.startswith("Dense_"))[-1]]
+    assert hidden.shape == (3, last["kernel"].shape[0]) and float(jnp.min(hidden)) >= 0
+    np.testing.assert_allclose(hidden @ last["kernel"] + last["bias"], model.apply(params, x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_without_a_hidden_layer_has_no_penultimate_representation():
+    model = get_model("logistic", (4, 4, 1), 3)
+    with pytest.raises(ValueError, match="model 'logistic' has no hidden layer"):
+        model.apply(model.init(jax.random.key(0)), jnp.zeros((1, 4, 4, 1)), penultimate=True)

@@ -42,17 +42,17 @@ def test_prototypes_loss_and_prediction_match_a_hand_written_numpy_version():
     assert prototype_correct(support, ys, ms, query, yq, 4).tolist() == [float(a == b) for a, b in zip(nearest, yq)]
 
 
-def _tiny_round(num_clients=4, **overrides):
-    model = get_model("logistic", (4, 4, 1), 3)
+def _tiny_round(num_clients=4, model_name="logistic", **overrides):
+    model = get_model(model_name, (4, 4, 1), 3)
     options = {"pfldyn.local_steps": 2, "client.learning_rate": 0.2, "client.weight_decay": 1e-3, **overrides}
     return model, make_round(model, "pfldyn_proto", num_clients=num_clients, **options)
 
 
-def _reference_client(model, w_t, g_n, batches, alpha, lr, wd):
+def _reference_client(embed, w_t, g_n, batches, alpha, lr, wd):
     """Alg. 1 lines 10-19 written out: prototypes by Python loops over classes, explicit SGD."""
     def loss(w, x, y):
         half = len(y) // 2
-        es, eq = model.apply(w, x[:half]), model.apply(w, x[half:])
+        es, eq = embed(w, x[:half]), embed(w, x[half:])
         protos = {k: jnp.mean(es[y[:half] == k], axis=0) for k in np.unique(y[:half])}
         total, count = 0.0, 0
         for e, label in zip(eq, y[half:]):
@@ -83,9 +83,24 @@ def _four_clients(model, runner, seed):
     return x, y, clients, params, runner.init(params), ClientStateStore(runner.algorithm.client_state_init(params))
 
 
-def test_pfldyn_client_state_and_server_step_match_an_independent_loop_over_three_rounds():
-    alpha, lr, wd = 0.1, 0.2, 1e-3
-    model, runner = _tiny_round(**{"pfldyn.alpha": alpha})
+@pytest.mark.parametrize("model_name, representation, alpha, lr", [("logistic", "output", 0.1, 0.2),
+                                                                 ("mlp_2nn", "penultimate", 1.0, 0.05)])
+def test_pfldyn_client_state_and_server_step_match_an_independent_loop_over_three_rounds(model_name, representation,
+                                                                                         alpha, lr):
+    """r_W the model's output, or its last hidden layer (the PFLDyn authors' code): an MLP's ReLU features
+    computed by hand from its parameters, so the reference does not share the model's code path (a milder
+    alpha and rate for the MLP: with g / alpha amplifying every round, float rounding flips ReLUs)."""
+    wd = 1e-3
+    model, runner = _tiny_round(model_name=model_name, **{"pfldyn.alpha": alpha, "client.learning_rate": lr,
+                                                          "pfldyn.representation": representation})
+    if representation == "output":
+        embed = model.apply
+    else:
+        def embed(w, x):
+            h = x.reshape(len(x), -1)
+            for layer in ("Dense_0", "Dense_1"):
+                h = jax.nn.relu(h @ w[layer]["kernel"] + w[layer]["bias"])
+            return h
     x, y, clients, params, state, store = _four_clients(model, runner, seed=1)
     ref_w, ref_g = params, jax.tree_util.tree_map(jnp.zeros_like, params)
     ref_gn = {k: ref_g for k in range(4)}
@@ -98,7 +113,7 @@ def test_pfldyn_client_state_and_server_step_match_an_independent_loop_over_thre
         deltas = []
         for slot, i in enumerate(ids):
             batches = jax.tree_util.tree_map(lambda a: a[slot], cohort["batches"])
-            delta, ref_gn[i] = _reference_client(model, ref_w, ref_gn[i], batches, alpha, lr, wd)
+            delta, ref_gn[i] = _reference_client(embed, ref_w, ref_gn[i], batches, alpha, lr, wd)
             deltas.append(delta)
         mean = jax.tree_util.tree_map(lambda *d: sum(d) / len(d), *deltas)
         ref_g = jax.tree_util.tree_map(lambda g, d: g - alpha * d, ref_g, mean)
@@ -129,7 +144,7 @@ def test_alpha_to_zero_leaves_plain_prototype_sgd_and_the_population_mean_scales
         result = runner(state, cohort, jax.random.key(0), 1, stacked)
         out[mean] = jax.tree_util.tree_map(lambda a, b: (a - b), result.state.params, params)
         zero = jax.tree_util.tree_map(jnp.zeros_like, params)
-        deltas = [_reference_client(model, params, zero, jax.tree_util.tree_map(lambda a: a[k], cohort["batches"]),
+        deltas = [_reference_client(model.apply, params, zero, jax.tree_util.tree_map(lambda a: a[k], cohort["batches"]),
                                     0.0, 0.2, 0.0)[0] for k in range(2)]
         mean_delta = jax.tree_util.tree_map(lambda a, b: (a + b) / 2, *deltas)
         factor = 2.0 if mean == "cohort" else 1.0 + 2 / 4
@@ -311,6 +326,8 @@ def test_heterogeneous_mu_reaches_the_right_clients_and_no_client_exceeds_its_bu
     ("cuag.sigma", "wide", "cuag.sigma='wide' must be '', 'schedule' or a positive number"),
     ("cuag.sigma", "-0.5", "cuag.sigma='-0.5' must be"),
     ("model.name", "vgg16", "model.name='vgg16' needs 32x32"),
+    ("pfldyn.representation", "hidden", "pfldyn.representation 'hidden' unknown"),
+    ("pfldyn.representation", "penultimate", "pfldyn.representation='penultimate' needs a model with a hidden layer"),
 ])
 def test_bad_cuag_input_is_refused_before_loading(tmp_path, path, value, message):
     c = _pfl_config("cuag_pfl", **{"compression.enabled": True})

@@ -2,7 +2,8 @@
 transform (Acar et al. 2021, "Debiasing Model Updates for Improving Personalized Federated Training"),
 as seed 004 writes it (CUAG-PFL §5.2, Eq. 7-12 and Alg. 1 lines 9-29; ALGORITHMS.md §4).
 
-The shared meta-model W is a representation r_W (the model's output); client n's personalised model is
+The shared meta-model W is a representation r_W (``pfldyn.representation``: the model's output, or its
+penultimate layer as in the authors' code, alpemreacar/PFL ``model.proto = True``); client n's personalised model is
 the Proto transform T_n(W, D): class prototypes from D, nearest-prototype prediction
 (``core.prototypes``). Round t, client n in the cohort, from w_{n,0} = w^t, P local steps
 (``pfldyn.local_steps``), each with two fresh disjoint batches D, D' of B examples (one draw of 2B without
@@ -31,6 +32,7 @@ a representation, not class scores, so no central accuracy of the global model i
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -42,8 +44,10 @@ from fedjax_dp.core import tree
 from fedjax_dp.core.algorithm import ClientOut, Requirements, ServerState, check_decay, init_server_state, lr_scale
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.prototypes import prototype_correct, prototype_loss
+from fedjax_dp.models import PENULTIMATE_MODELS
 
 SERVER_MEANS = ("cohort", "population")
+REPRESENTATIONS = ("output", "penultimate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,10 +144,17 @@ def evaluation_model(model):
     return dataclasses.replace(model, module=model.module.clone(conv_impl="xla"))
 
 
+def representation(model, which: str):
+    """r_W: the model's ``output`` (its last layer, as wide as the class count) or its ``penultimate``
+    layer (the last hidden layer after its ReLU: ``model.proto = True`` in the PFLDyn authors' code)."""
+    return functools.partial(model.apply, penultimate=True) if which == "penultimate" else model.apply
+
+
 def build_pfldyn_algorithm(ctx) -> PFLDynProto:
     c, p = ctx.cfg, ctx.cfg.pfldyn
-    return PFLDynProto(ctx.model.apply, ctx.model.num_classes, ctx.client_optimizer(), ctx.num_clients, p.alpha,
-                       p.local_steps, p.server_mean, c.client.lr_decay, ctx.unroll, evaluation_model(ctx.model).apply)
+    return PFLDynProto(representation(ctx.model, p.representation), ctx.model.num_classes, ctx.client_optimizer(),
+                       ctx.num_clients, p.alpha, p.local_steps, p.server_mean, c.client.lr_decay, ctx.unroll,
+                       representation(evaluation_model(ctx.model), p.representation))
 
 
 def check_pfldyn(cfg, need) -> None:
@@ -151,12 +162,18 @@ def check_pfldyn(cfg, need) -> None:
     need(p.alpha > 0, f"pfldyn.alpha must be > 0 (the server divides by it), got {p.alpha}")
     need(p.local_steps >= 1, f"pfldyn.local_steps P must be >= 1, got {p.local_steps}")
     need(p.server_mean in SERVER_MEANS, f"pfldyn.server_mean {p.server_mean!r} unknown; use one of {SERVER_MEANS}")
+    need(p.representation in REPRESENTATIONS,
+         f"pfldyn.representation {p.representation!r} unknown; use one of {REPRESENTATIONS}")
+    need(p.representation != "penultimate" or cfg.model.name in PENULTIMATE_MODELS,
+         f"pfldyn.representation='penultimate' needs a model with a hidden layer ({PENULTIMATE_MODELS}), "
+         f"got model.name={cfg.model.name!r}")
 
 
 registry.register_section("pfldyn", {
     "alpha": 0.1,  # the dynamic regulariser's alpha (Eq. 9-12)
     "local_steps": 25,  # P local steps, each two fresh batches of client.batch_size
-    "server_mean": "cohort"})  # cohort (seed as written) | population (FedDyn's 1/N)
+    "server_mean": "cohort",  # cohort (seed as written) | population (FedDyn's 1/N)
+    "representation": "output"})  # r_W: output (the model's last layer) | penultimate (the authors' code)
 registry.register("pfldyn_proto", build=lambda ctx: (build_pfldyn_algorithm(ctx), ()), sections=("pfldyn",),
                   validate=check_pfldyn,
                   summary="PFLDyn(Proto) (Acar et al. 2021, seed 004): dynamic regularisation + prototype personalisation")

@@ -12,6 +12,7 @@ from fedjax_dp.models.mlp import MLP
 from fedjax_dp.models.pfl_cnn import VGG16, PflCNN, check_input_shape
 
 MODEL_NAMES = ("logistic", "mlp_2nn", "mlp_600_100", "cnn_fedavg", "cnn_pfl", "vgg16", "char_gru")
+PENULTIMATE_MODELS = ("mlp_2nn", "mlp_600_100", "cnn_fedavg", "cnn_pfl", "vgg16")  # apply(..., penultimate=True)
 
 
 def get_model(
@@ -28,7 +29,7 @@ def get_model(
     arithmetic in bfloat16 with float32 parameters (see ``Model``).
     """
     return dataclasses.replace(_build(name, tuple(input_shape), num_classes, _resolve_conv(conv_impl)),
-                               compute_dtype=compute_dtype)
+                               compute_dtype=compute_dtype, has_penultimate=name in PENULTIMATE_MODELS)
 
 
 def _resolve_conv(conv_impl: str) -> str:
@@ -57,4 +58,4 @@ def _build(name: str, input_shape: tuple[int, ...], num_classes: int, conv_impl:
     raise ValueError(f"unknown model {name!r}; available: {MODEL_NAMES}")
 
 
-__all__ = ["COMPUTE_DTYPES", "Model", "SequenceModel", "get_model", "MODEL_NAMES"]
+__all__ = ["COMPUTE_DTYPES", "Model", "SequenceModel", "get_model", "MODEL_NAMES", "PENULTIMATE_MODELS"]

@@ -23,6 +23,8 @@ class Model:
       input_shape: the shape of one example.
       num_classes: number of output classes.
       has_conv: whether the model convolves (the cohort engine picks strategies by it on CPU).
+      has_penultimate: whether ``apply(..., penultimate=True)`` gives the last hidden layer (after its
+        ReLU, before the output layer): the representation PFLDyn(Proto)'s authors build prototypes on.
       compute_dtype: ``None`` (float32 throughout) or ``'bfloat16'``: mixed precision. Parameters,
         gradients, optimizer state, clipping and privacy noise stay float32; only the forward and
         backward arithmetic of ``apply`` runs in bfloat16 (parameters and inputs are cast on entry,
@@ -36,6 +38,7 @@ class Model:
     num_classes: int
     has_conv: bool = False
     compute_dtype: str | None = None
+    has_penultimate: bool = False
 
     def __post_init__(self):
         if self.compute_dtype not in COMPUTE_DTYPES:
@@ -45,14 +48,18 @@ class Model:
         """Fresh parameters (a pytree)."""
         return self.module.init(key, jnp.zeros((1,) + self.input_shape, jnp.float32))["params"]
 
-    def apply(self, params, x: jax.Array) -> jax.Array:
-        """Logits of a batch (float32, whatever the compute dtype)."""
+    def apply(self, params, x: jax.Array, penultimate: bool = False) -> jax.Array:
+        """Logits of a batch (float32, whatever the compute dtype); with ``penultimate`` the last hidden
+        layer's activations instead (models with ``has_penultimate``)."""
+        if penultimate and not self.has_penultimate:
+            raise ValueError(f"model {self.name!r} has no hidden layer to give as the penultimate representation")
+        options = {"penultimate": True} if penultimate else {}
         if self.compute_dtype is None:
-            return self.module.apply({"params": params}, x)
+            return self.module.apply({"params": params}, x, **options)
         dtype = jnp.dtype(self.compute_dtype)
         low = jax.tree_util.tree_map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
         x = x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-        return self.module.apply({"params": low}, x).astype(jnp.float32)
+        return self.module.apply({"params": low}, x, **options).astype(jnp.float32)
 
     def per_example_loss(self, params, batch, key=None) -> jax.Array:
         """Softmax cross-entropy of each example of ``batch = {'x': ..., 'y': ...}``."""

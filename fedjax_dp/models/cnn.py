@@ -15,10 +15,10 @@ class FedAvgCNN(nn.Module):
     conv_impl: str = "xla"
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, penultimate: bool = False):
         for features in (32, 64):
             x = nn.relu(Conv2D(features, (5, 5), impl=self.conv_impl)(x))
             x = max_pool_2x2(x)
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(512)(x))
-        return nn.Dense(self.num_classes)(x)
+        return x if penultimate else nn.Dense(self.num_classes)(x)

@@ -14,8 +14,8 @@ class MLP(nn.Module):
     num_classes: int
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, penultimate: bool = False):
         x = x.reshape((x.shape[0], -1))
         for width in self.hidden:
             x = nn.relu(nn.Dense(width)(x))
-        return nn.Dense(self.num_classes)(x)
+        return x if penultimate else nn.Dense(self.num_classes)(x)

@@ -29,13 +29,13 @@ class PflCNN(nn.Module):
     hidden: int = 64
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, penultimate: bool = False):
         for features in self.features:
             x = nn.relu(Conv2D(features, (5, 5), impl=self.conv_impl)(x))
             x = max_pool_2x2(x)
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(self.hidden)(x))
-        return nn.Dense(self.num_outputs)(x)
+        return x if penultimate else nn.Dense(self.num_outputs)(x)
 
 
 class VGG16(nn.Module):
@@ -43,7 +43,7 @@ class VGG16(nn.Module):
     conv_impl: str = "xla"
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, penultimate: bool = False):
         if x.shape[1] % 32 or x.shape[2] % 32:
             raise ValueError(f"vgg16 needs inputs whose height and width are multiples of 32 (five 2x2 max-pools), "
                              f"got {tuple(x.shape[1:])}")
@@ -55,7 +55,7 @@ class VGG16(nn.Module):
         x = x.reshape((x.shape[0], -1))
         for width in (512, 512):
             x = nn.relu(nn.Dense(width)(x))
-        return nn.Dense(self.num_outputs)(x)
+        return x if penultimate else nn.Dense(self.num_outputs)(x)
 
 
 def check_input_shape(name: str, input_shape: tuple) -> None:

@@ -112,6 +112,8 @@ KEY_DOCS = {
     "ldp.accountant": "local mini-batch DP: rdp | pld, the per-client ledger that decides the noise schedule and stops and reports each epsilon",
     "pfldyn.alpha": "PFLDyn: alpha of the dynamic regulariser (CUAG-PFL Eqs. 9-12)",
     "pfldyn.local_steps": "PFLDyn: local steps P, each two fresh batches of client.batch_size",
+    "pfldyn.representation": "PFLDyn: r_W for the prototypes: output (the model's last layer) | penultimate (the last "
+                             "hidden layer after its ReLU, as the PFLDyn authors' code)",
     "pfldyn.server_mean": "PFLDyn: cohort (as written) | population (FedDyn's 1/N)",
     "cuag.mode": "CUAG-PFL noise: paper (Alg. 4 as written: NO formal guarantee, labelled) | sound | none",
     "cuag.mu": "CUAG-PFL: the GDP target mu (paper: 0.25, epsilon 0.92 at delta 1e-5 claimed)",

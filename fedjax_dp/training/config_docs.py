@@ -8,6 +8,9 @@ KEY_DOCS = {
     "rounds": "federated rounds T",
     "eval_every": "evaluate the global (and personalised) models every this many rounds",
     "eval_initial": "also evaluate the initial model, logged as round 0",
+    "eval_prototypes": "also report the personalised accuracy of each client's prototype classifier on the global "
+                       "model's penultimate features (Proto adaptation: seed 004's metric for SCAFFOLD); for "
+                       "algorithms without their own personalised models",
     "checkpoint_every": "orbax checkpoint every k rounds (0: only at exit); continue with --resume",
     "algorithm": "fedavg | fedprox | fedshare | uga | scaffold | dp_fedavg | dp_uga | ldp_minibatch | pfldyn_proto | "
                  "cuag_pfl | udp | prifedsync | dp_scaffold (algorithms.registry.names())",

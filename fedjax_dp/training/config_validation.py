@@ -10,7 +10,7 @@ from fedjax_dp.algorithms import registry
 from fedjax_dp.core.cohort import STRATEGIES
 from fedjax_dp.data.builders import NATURAL_SOURCES, PARTITIONS, SOURCES
 from fedjax_dp.core.optimizers import OPTIMIZERS
-from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES
+from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES, PENULTIMATE_MODELS
 from fedjax_dp.models.conv import CONV_IMPLS
 from fedjax_dp.models.pfl_cnn import check_input_shape
 from fedjax_dp.training.default_config import default_config
@@ -32,6 +32,8 @@ def validate_config(cfg) -> None:
     need(cfg.rounds >= 1, f"rounds must be >= 1, got {cfg.rounds}")
     need(cfg.seed >= 0, f"seed must be >= 0 (numpy and JAX seed from it), got {cfg.seed}")
     need(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
+    need(not cfg.eval_prototypes or cfg.model.name in PENULTIMATE_MODELS,
+         f"eval_prototypes needs a model with a hidden layer ({PENULTIMATE_MODELS}), got model.name={cfg.model.name!r}")
     need(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0 = only at exit), got {cfg.checkpoint_every}")
     need(cfg.data.num_clients >= 1, f"data.num_clients must be >= 1, got {cfg.data.num_clients}")
     need(0 <= cfg.data.test_fraction < 1, f"data.test_fraction must lie in [0, 1), got {cfg.data.test_fraction}")

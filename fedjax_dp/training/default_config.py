@@ -14,6 +14,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rounds = 100
     c.eval_every = 5
     c.eval_initial = True  # evaluate the initial model as round 0 (metrics.jsonl, the plots)
+    c.eval_prototypes = False  # also score each client's prototype classifier on the global model's features
     c.checkpoint_every = 0  # > 0: checkpoint every k rounds (always at exit); resume with --resume
     c.algorithm = fedjax_dp.algorithms.DEFAULT_ALGORITHM  # any registered name: algorithms.registry.names()
     c.data = ml_collections.ConfigDict(dict(

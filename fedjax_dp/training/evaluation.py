@@ -76,7 +76,8 @@ def evaluate_state(model: Model, algorithm, state, dataset: FederatedDataset, cl
     """``evaluate`` of the global model (where ``requirements.global_classifier``), and for an algorithm
     with ``requirements.personalized`` the mean and distribution over clients of each personalised
     model's accuracy on that client's own test data (``personalized``: the run's
-    ``PersonalizedEvaluator``, built here if None; ``client_states``: the loop's per-client state
+    ``PersonalizedEvaluator``, built here if None; one with a ``scorer`` personalises a global classifier,
+    ``eval_prototypes``); ``client_states``: the loop's per-client state
     store). With a ``validation_set`` (a server-held set with ``x``, ``y``), ``validation_accuracy``.
     The per-client accuracies are the personalised ones where the algorithm has them, else the global
     model's: computed once here, not again for ``client_accuracies.json``."""
@@ -88,9 +89,10 @@ def evaluate_state(model: Model, algorithm, state, dataset: FederatedDataset, cl
     if validation_set is not None:
         correct = per_example_stats(model, state.params, validation_set.x, validation_set.y)[1]
         metrics["validation_accuracy"] = float(correct.mean())
-    if requirements.personalized:
+    scorer = algorithm if requirements.personalized else getattr(personalized, "scorer", None)
+    if scorer is not None:
         personalized = PersonalizedEvaluator(dataset) if personalized is None else personalized
-        accuracy = personalized.per_client_accuracy(algorithm, state, client_states)
+        accuracy = personalized.per_client_accuracy(scorer, state, client_states)
         metrics = {**metrics, **personalized.summary(accuracy)}
         per_client, label = accuracy[np.isfinite(accuracy)], "final personalised accuracy per client"
     return Evaluation(metrics, per_client, label)

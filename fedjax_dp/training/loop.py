@@ -32,11 +32,22 @@ from fedjax_dp.training.cohorts import cohort_slots, expected_cohort, make_packe
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.evaluation import evaluate_state
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
+from fedjax_dp.training.prototype_adaptation import PrototypeAdaptation
 from fedjax_dp.training.reporting import RunSummary, format_summary, privacy_record, progress_postfix, run_title  # noqa: F401
 from fedjax_dp.training.run_state import LoopState
 from fedjax_dp.training.tensorboard import TensorBoardScalars
 
 STALL_ROUNDS = 3  # rounds in a row with every client update non-finite before the run stops
+
+
+def personalized_evaluator(cfg, dataset, model, requirements):
+    """The run's personalised evaluation: the algorithm's own, or with ``eval_prototypes`` the prototype
+    adaptation of its global classifier; None when neither applies."""
+    if requirements.personalized:
+        return PersonalizedEvaluator(dataset)
+    if cfg.eval_prototypes and requirements.global_classifier:
+        return PersonalizedEvaluator(dataset, scorer=PrototypeAdaptation(model))
+    return None
 
 
 def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = True,
@@ -64,7 +75,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
         dataset = share_with_clients(dataset, server_set)
     pack = make_packer(cfg, dataset, requirements)
     validation = server_set if validates_on_server_set(cfg) else None
-    personalized = PersonalizedEvaluator(dataset) if requirements.personalized else None
+    personalized = personalized_evaluator(cfg, dataset, model, requirements)
     tracker = privacy_tracker(cfg, runner, dataset)
     streams = rng_lib.run_streams(cfg.seed, cfg.privacy.secure_rng)
     params = model.init(streams.model_init)

@@ -38,10 +38,12 @@ def _correct_counts(algorithm, chunk: int, state, client_states, x, y, train_idx
 
 
 class PersonalizedEvaluator:
-    """``evaluator(algorithm, state, client_states) -> metrics`` for one dataset (built once per run)."""
+    """``evaluator(algorithm, state, client_states) -> metrics`` for one dataset (built once per run).
+    ``scorer``: what builds the personalised models when the algorithm has none of its own (a
+    ``training.prototype_adaptation.PrototypeAdaptation`` of a global classifier)."""
 
-    def __init__(self, dataset, chunk: int = 4):
-        self.chunk = chunk
+    def __init__(self, dataset, chunk: int = 4, scorer=None):
+        self.chunk, self.scorer = chunk, scorer
         self.train_idx, self.train_mask = _padded(dataset.client_train)
         self.test_idx, self.test_mask = _padded(dataset.client_test)
         self.test_sizes = self.test_mask.sum(axis=1)

@@ -115,7 +115,7 @@ def split_overrides(split: str) -> dict:
 
 def configure(args, overrides: dict):
     c = cuag_pfl_cifar10.get_config()
-    c.rounds, c.eval_every, c.seed = args.rounds, max(1, args.rounds // 6), args.seed
+    c.rounds, c.eval_every, c.seed = args.rounds, args.eval_every or max(1, args.rounds // 6), args.seed
     c.data.source = args.source
     if args.data_dir:
         c.data.data_dir = args.data_dir
@@ -231,6 +231,7 @@ def main():
     p.add_argument("--out", default="results/seed004")
     p.add_argument("--rows", nargs="*", default=[], help="--table 1: the rows.json files of Table 2 runs to read")
     p.add_argument("--checkpoint-every", type=int, default=10, help="checkpoint each run every k rounds")
+    p.add_argument("--eval-every", type=int, default=0, help="evaluate every k rounds (0: rounds // 6)")
     p.add_argument("--resume", action="store_true",
                    help="continue each run from its newest checkpoint under --out (a run without one starts afresh)")
     args = p.parse_args()

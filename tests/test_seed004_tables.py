@@ -19,7 +19,7 @@ def tables():
 
 @pytest.mark.parametrize("table", [2, 3, 5, 6, 7, 8])
 def test_every_variant_is_a_valid_config(tables, table):
-    args = SimpleNamespace(rounds=20, seed=0, source="cifar10", data_dir="/data/cifar10")
+    args = SimpleNamespace(rounds=20, seed=0, eval_every=0, source="cifar10", data_dir="/data/cifar10")
     variants = tables.table_variants(table)
     assert variants
     for name, overrides in variants:
@@ -64,7 +64,7 @@ def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables
         json.dump({"epsilon": 3.0, "formal": True}, open(os.path.join(workdir, "privacy.json"), "w"))
 
     monkeypatch.setattr(tables, "run_experiment", fake_run)
-    args = SimpleNamespace(rounds=10, seed=0, source="cifar10", data_dir="/data/cifar10", out=str(tmp_path),
+    args = SimpleNamespace(rounds=10, seed=0, eval_every=0, source="cifar10", data_dir="/data/cifar10", out=str(tmp_path),
                            checkpoint_every=5, resume=True)
     Checkpointer(str(tmp_path / "acid3-block" / "checkpoints")).save(5, {"x": np.zeros(2)}, {})
     block = tables.run(args, tables.run_config(args, "acid3", {"compression.kind": "block"}), "acid3", "block")
@@ -97,14 +97,14 @@ def test_every_run_is_planned_and_checked_before_the_first_one(tables, monkeypat
     (["UDP", "FedAvg"], ["FedAvg", "UDP (paper calibration, epsilon 10)", "UDP (sound, epsilon 10)"]),
 ])
 def test_only_selects_a_whole_name_alone_and_a_part_of_names_all_that_contain_it(tables, only, expected):
-    args = SimpleNamespace(table=2, only=only, splits=["acid3"], rounds=3, seed=0, source="cifar10",
+    args = SimpleNamespace(table=2, only=only, splits=["acid3"], rounds=3, seed=0, eval_every=0, source="cifar10",
                            data_dir="/data/cifar10", checkpoint_every=10, mus=tables.PAPER_MUS)
     assert [name for *_, name in tables.plan_runs(args)] == expected
 
 
-def test_table3_runs_the_mu_values_asked_for(tables):
-    args = SimpleNamespace(table=3, only=["sound mode"], mus=[8.0, 64.0], splits=["acid3"], rounds=3, seed=0,
+def test_table3_runs_the_mu_values_asked_for_at_the_evaluation_interval_asked_for(tables):
+    args = SimpleNamespace(table=3, only=["sound mode"], mus=[8.0, 64.0], splits=["acid3"], rounds=3, seed=0, eval_every=7,
                            source="cifar10", data_dir="/data/cifar10", checkpoint_every=10)
     runs = tables.plan_runs(args)
     assert [name for *_, name in runs] == ["sound mode, mu 8.0", "sound mode, mu 64.0"]
-    assert [(cfg.cuag.mode, cfg.cuag.mu) for _, cfg, *_ in runs] == [("sound", 8.0), ("sound", 64.0)]
+    assert [(cfg.cuag.mode, cfg.cuag.mu, cfg.eval_every) for _, cfg, *_ in runs] == [("sound", 8.0, 7), ("sound", 64.0, 7)]

@@ -49,11 +49,9 @@ CUAG-PFL runs the paper's P = 25 on every split (its rates follow the layer norm
 
 
 def run_config(args, source: str, split: str, overrides: dict):
-    run_args = argparse.Namespace(rounds=args.rounds, source=source, seed=args.seed,
+    run_args = argparse.Namespace(rounds=args.rounds, source=source, seed=args.seed, eval_every=args.rounds,
                                   data_dir=os.path.join(args.data_root, source) if args.data_root else "")
-    cfg = configure(run_args, {**split_overrides(split), **overrides})
-    cfg.eval_every = args.rounds
-    return cfg
+    return configure(run_args, {**split_overrides(split), **overrides})
 
 
 def plan(args):

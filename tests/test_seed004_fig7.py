@@ -16,7 +16,7 @@ def fig7():
 
 @pytest.mark.parametrize("source", ["cifar10", "cifar100"])
 def test_every_run_is_a_valid_config(fig7, source):
-    args = SimpleNamespace(rounds=3, seed=0, source=source, data_dir=f"/data/{source}")
+    args = SimpleNamespace(rounds=3, seed=0, eval_every=3, source=source, data_dir=f"/data/{source}")
     for split in fig7.SPLITS:
         for _, overrides in fig7.METHODS:
             cfg = fig7.configure(args, {**fig7.split_overrides(split), **overrides})

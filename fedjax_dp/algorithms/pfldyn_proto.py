@@ -47,6 +47,7 @@ from fedjax_dp.core.prototypes import prototype_correct, prototype_loss
 from fedjax_dp.models import PENULTIMATE_MODELS
 
 SERVER_MEANS = ("cohort", "population")
+EVALUATED_MODELS = ("server", "client_mean")
 REPRESENTATIONS = ("output", "penultimate")
 
 
@@ -64,6 +65,7 @@ class PFLDynProto:
     client_lr_decay: float = 1.0
     unroll: int | bool = 1
     evaluation_apply: object = None  # r_W for personalised evaluation (default ``apply``; see ``evaluation_model``)
+    evaluated_model: str = "server"  # server: w^{t+1} (Alg. 1) | client_mean: the authors' code (``evaluation_state``)
 
     def __post_init__(self):
         if not self.alpha > 0:
@@ -72,6 +74,8 @@ class PFLDynProto:
             raise ValueError(f"pfldyn.local_steps P must be >= 1, got {self.local_steps}")
         if self.server_mean not in SERVER_MEANS:
             raise ValueError(f"pfldyn.server_mean {self.server_mean!r} unknown; use one of {SERVER_MEANS}")
+        if self.evaluated_model not in EVALUATED_MODELS:
+            raise ValueError(f"pfldyn.evaluated_model {self.evaluated_model!r} unknown; use one of {EVALUATED_MODELS}")
         check_decay(self.client_lr_decay)
 
     @property
@@ -80,11 +84,25 @@ class PFLDynProto:
                             global_classifier=False)
 
     def init(self, params, key=None) -> ServerState:
-        return init_server_state(params, optax.identity(), extra=self.client_state_init(params))  # extra: g
+        return init_server_state(params, optax.identity(), extra=jax.tree_util.tree_map(jnp.zeros_like, params))  # g^0
+
+    @property
+    def keeps_models(self) -> bool:
+        return self.evaluated_model == "client_mean"
 
     def client_state_init(self, params):
-        """g_n^0 = 0 (and the server's g^0)."""
-        return jax.tree_util.tree_map(jnp.zeros_like, params)
+        """g_n^0 = 0; with ``evaluated_model='client_mean'`` also the client's latest local model, the
+        initial model until it first takes part (as the authors' ``clnt_params_list``)."""
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+        return {"g": zeros, "model": params} if self.keeps_models else zeros
+
+    def evaluation_state(self, state: ServerState, client_states) -> ServerState:
+        """The model personalised evaluation starts from: w^{t+1} (Alg. 1), or with ``client_mean`` the
+        mean over all N clients (``client_states`` stacked) of their latest local models, the model the
+        PFLDyn authors' code reports (``avg_all`` / ``all_model`` in ``train_Meta_FedDyn_Proto``)."""
+        if not self.keeps_models:
+            return state
+        return state.replace(params=jax.tree_util.tree_map(lambda m: jnp.mean(m, axis=0), client_states["model"]))
 
     def upload_template(self, params):
         return params
@@ -99,8 +117,9 @@ class PFLDynProto:
         return prototype_loss(embeddings[:half], batch["y"][:half], mask[:half], embeddings[half:], batch["y"][half:],
                               mask[half:], self.num_classes)
 
-    def client_update(self, shared, client, own_gradient, key) -> ClientOut:
+    def client_update(self, shared, client, own_state, key) -> ClientOut:
         params, round_index = shared
+        own_gradient = own_state["g"] if self.keeps_models else own_state
 
         def hook(per_example_loss, w, batch, mask, step_key):
             return jax.value_and_grad(self.meta_loss)(w, batch, mask)
@@ -115,7 +134,8 @@ class PFLDynProto:
         delta = jax.tree_util.tree_map(jnp.subtract, trained, params)
         new_gradient = jax.tree_util.tree_map(lambda g, d: g - self.alpha * d, own_gradient, delta)
         ok = tree.is_finite(delta) & jnp.isfinite(stats.loss)
-        return ClientOut(delta, jnp.float32(1.0), new_gradient, stats.loss, ok)
+        new_state = {"g": new_gradient, "model": trained} if self.keeps_models else new_gradient
+        return ClientOut(delta, jnp.float32(1.0), new_state, stats.loss, ok)
 
     def server_update(self, state: ServerState, aggregate, key):
         mean = aggregate.mean
@@ -154,7 +174,7 @@ def build_pfldyn_algorithm(ctx) -> PFLDynProto:
     c, p = ctx.cfg, ctx.cfg.pfldyn
     return PFLDynProto(representation(ctx.model, p.representation), ctx.model.num_classes, ctx.client_optimizer(),
                        ctx.num_clients, p.alpha, p.local_steps, p.server_mean, c.client.lr_decay, ctx.unroll,
-                       representation(evaluation_model(ctx.model), p.representation))
+                       representation(evaluation_model(ctx.model), p.representation), p.evaluated_model)
 
 
 def check_pfldyn(cfg, need) -> None:
@@ -167,13 +187,19 @@ def check_pfldyn(cfg, need) -> None:
     need(p.representation != "penultimate" or cfg.model.name in PENULTIMATE_MODELS,
          f"pfldyn.representation='penultimate' needs a model with a hidden layer ({PENULTIMATE_MODELS}), "
          f"got model.name={cfg.model.name!r}")
+    need(p.evaluated_model in EVALUATED_MODELS,
+         f"pfldyn.evaluated_model {p.evaluated_model!r} unknown; use one of {EVALUATED_MODELS}")
+    need(p.evaluated_model != "client_mean" or cfg.algorithm == "pfldyn_proto",
+         f"pfldyn.evaluated_model='client_mean' averages the clients' own (unreleased) models: only for "
+         f"algorithm='pfldyn_proto' without DP, got algorithm={cfg.algorithm!r}")
 
 
 registry.register_section("pfldyn", {
     "alpha": 0.1,  # the dynamic regulariser's alpha (Eq. 9-12)
     "local_steps": 25,  # P local steps, each two fresh batches of client.batch_size
     "server_mean": "cohort",  # cohort (seed as written) | population (FedDyn's 1/N)
-    "representation": "output"})  # r_W: output (the model's last layer) | penultimate (the authors' code)
+    "representation": "output",  # r_W: output (the model's last layer) | penultimate (the authors' code)
+    "evaluated_model": "server"})  # server: w^{t+1} (Alg. 1) | client_mean: mean of the clients' latest models
 registry.register("pfldyn_proto", build=lambda ctx: (build_pfldyn_algorithm(ctx), ()), sections=("pfldyn",),
                   validate=check_pfldyn,
                   summary="PFLDyn(Proto) (Acar et al. 2021, seed 004): dynamic regularisation + prototype personalisation")

@@ -117,6 +117,8 @@ KEY_DOCS = {
     "pfldyn.local_steps": "PFLDyn: local steps P, each two fresh batches of client.batch_size",
     "pfldyn.representation": "PFLDyn: r_W for the prototypes: output (the model's last layer) | penultimate (the last "
                              "hidden layer after its ReLU, as the PFLDyn authors' code)",
+    "pfldyn.evaluated_model": "PFLDyn: the model personalised from: server (w^{t+1}, Alg. 1) | client_mean (the mean of "
+                              "every client's latest local model, as the authors' code reports; pfldyn_proto only)",
     "pfldyn.server_mean": "PFLDyn: cohort (as written) | population (FedDyn's 1/N)",
     "cuag.mode": "CUAG-PFL noise: paper (Alg. 4 as written: NO formal guarantee, labelled) | sound | none",
     "cuag.mu": "CUAG-PFL: the GDP target mu (paper: 0.25, epsilon 0.92 at delta 1e-5 claimed)",

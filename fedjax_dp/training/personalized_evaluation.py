@@ -59,6 +59,8 @@ class PersonalizedEvaluator:
             stacked = client_states.gather(range(len(self.test_sizes))) if client_states is not None else \
                 jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (len(self.test_sizes),) + a.shape),
                                        algorithm.client_state_init(state.params))
+        if hasattr(algorithm, "evaluation_state"):
+            state = algorithm.evaluation_state(state, stacked)
         counts = np.asarray(_correct_counts(algorithm, self.chunk, state, stacked, self.x, self.y, self.train_idx,
                                             self.train_mask, self.test_idx, self.test_mask))
         with np.errstate(invalid="ignore", divide="ignore"):

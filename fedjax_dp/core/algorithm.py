@@ -128,6 +128,8 @@ class Algorithm(Protocol):
 
     # Optional, where ``requirements.personalized``:
     # def personalized_correct(self, state: ServerState, client_state, train: dict, test: dict) -> jax.Array
+    # def evaluation_state(self, state: ServerState, client_states) -> ServerState  # the state personalised
+    #     evaluation starts from, given every client's stacked state (default: ``state``)
 
 
 def init_server_state(params, server_optimizer: optax.GradientTransformation, extra=None) -> ServerState:

@@ -44,7 +44,7 @@ from fedjax_dp.core import tree
 from fedjax_dp.core.algorithm import ClientOut, Requirements, ServerState, check_decay, init_server_state, lr_scale
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.prototypes import prototype_correct, prototype_loss
-from fedjax_dp.models import PENULTIMATE_MODELS
+from fedjax_dp.models import PENULTIMATE_MODELS, evaluation_model
 
 SERVER_MEANS = ("cohort", "population")
 EVALUATED_MODELS = ("server", "client_mean")
@@ -64,7 +64,7 @@ class PFLDynProto:
     server_mean: str = "cohort"
     client_lr_decay: float = 1.0
     unroll: int | bool = 1
-    evaluation_apply: object = None  # r_W for personalised evaluation (default ``apply``; see ``evaluation_model``)
+    evaluation_apply: object = None  # r_W for personalised evaluation (default ``apply``; see ``models.evaluation_model``)
     evaluated_model: str = "server"  # server: w^{t+1} (Alg. 1) | client_mean: the authors' code (``evaluation_state``)
 
     def __post_init__(self):
@@ -153,15 +153,6 @@ class PFLDynProto:
         support = apply(state.params, train["x"])
         return prototype_correct(support, train["y"], train["mask"], apply(state.params, test["x"]), test["y"],
                                  self.num_classes)
-
-
-def evaluation_model(model):
-    """The model with XLA convolutions for the forward-only evaluation pass: on XLA:CPU the im2col form
-    that training prefers ran the personalised evaluation of 100 CIFAR-10 clients 3-4x slower (measured
-    in one run: 39-55 s vs 12-13 s). Same parameters, same function."""
-    if getattr(model.module, "conv_impl", "xla") == "xla":
-        return model
-    return dataclasses.replace(model, module=model.module.clone(conv_impl="xla"))
 
 
 def representation(model, which: str):

@@ -32,6 +32,15 @@ def get_model(
                                compute_dtype=compute_dtype, has_penultimate=name in PENULTIMATE_MODELS)
 
 
+def evaluation_model(model):
+    """The model with XLA convolutions for the forward-only evaluation pass: on XLA:CPU the im2col form
+    that training prefers ran the personalised evaluation of 100 CIFAR-10 clients 3-4x slower (measured
+    in one run: 39-55 s vs 12-13 s). Same parameters, same function."""
+    if getattr(model.module, "conv_impl", "xla") == "xla":
+        return model
+    return dataclasses.replace(model, module=model.module.clone(conv_impl="xla"))
+
+
 def _resolve_conv(conv_impl: str) -> str:
     if conv_impl != "auto":
         return conv_impl
@@ -58,4 +67,4 @@ def _build(name: str, input_shape: tuple[int, ...], num_classes: int, conv_impl:
     raise ValueError(f"unknown model {name!r}; available: {MODEL_NAMES}")
 
 
-__all__ = ["COMPUTE_DTYPES", "Model", "SequenceModel", "get_model", "MODEL_NAMES", "PENULTIMATE_MODELS"]
+__all__ = ["COMPUTE_DTYPES", "Model", "SequenceModel", "get_model", "MODEL_NAMES", "PENULTIMATE_MODELS", "evaluation_model"]

@@ -22,7 +22,7 @@ from fedjax_dp.core import tree
 from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.data.builders import build_dataset, build_server_set
 from fedjax_dp.data.shared_set import share_with_clients
-from fedjax_dp.models import get_model
+from fedjax_dp.models import evaluation_model, get_model
 from fedjax_dp.training import plots, results
 from fedjax_dp.training.build import (build_round, compression_rates, needs_server_set, privacy_tracker,
                                       resolve_engine, server_set_breaches, server_set_notes, shares_server_set,
@@ -46,7 +46,7 @@ def personalized_evaluator(cfg, dataset, model, requirements):
     if requirements.personalized:
         return PersonalizedEvaluator(dataset)
     if cfg.eval_prototypes and requirements.global_classifier:
-        return PersonalizedEvaluator(dataset, scorer=PrototypeAdaptation(model))
+        return PersonalizedEvaluator(dataset, scorer=PrototypeAdaptation(evaluation_model(model)))
     return None
 
 

@@ -155,6 +155,17 @@ def test_client_mean_evaluation_averages_every_clients_latest_local_model():
     assert float(tree.l2_norm(jax.tree_util.tree_map(jnp.subtract, evaluated.params, state.params))) > 1e-2  # not w^{t+1}
 
 
+def test_the_evaluated_model_changes_the_evaluation_not_the_training(tmp_path):
+    logs = {}
+    for evaluated in ("server", "client_mean"):
+        run_experiment(_pfl_config(**{"pfldyn.evaluated_model": evaluated}), str(tmp_path / evaluated), progress=False)
+        logs[evaluated] = [json.loads(line) for line in open(tmp_path / evaluated / "metrics.jsonl")]
+    losses = {k: [r["train_loss"] for r in rows if "train_loss" in r] for k, rows in logs.items()}
+    assert losses["server"] == losses["client_mean"] and len(losses["server"]) == 3
+    final = {k: [r for r in rows if "personalized_accuracy" in r][-1] for k, rows in logs.items()}
+    assert final["server"]["round"] == final["client_mean"]["round"] == 3
+
+
 def test_alpha_to_zero_leaves_plain_prototype_sgd_and_the_population_mean_scales_g():
     """alpha -> 0: g_n -> 0 and the regulariser vanishes, so the client is plain prototype SGD (equal to
     a run with alpha tiny and to the reference without regulariser); the server's g / alpha stays finite:

@@ -1,7 +1,9 @@
 """Shared test fixtures: tiny models and data, and the location of the optional shared data."""
 
+import atexit
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 
@@ -14,8 +16,11 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # One persistent XLA compilation cache for the whole session, the CLI and resume subprocesses included
 # (through the environment): many tests compile the same programs (the default MNIST round, the same
 # evaluation), and a hit loads the executable XLA built before instead of compiling it again (the same
-# numbers: the same executable). A fresh folder per session, so nothing stale is ever loaded.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="fedjax_dp_tests_xla_"))
+# numbers: the same executable). A fresh folder per session, so nothing stale is ever loaded; the process
+# that made it (the pytest controller) removes it at exit, the workers it starts inherit it.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="fedjax_dp_tests_xla_")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs",

@@ -24,3 +24,21 @@ def checked_runs(parser: argparse.ArgumentParser, plan: Callable[[], Sequence[tu
         except ValueError as error:
             parser.error(f"{name}: {error}")
     return runs
+
+
+def apply_overrides(cfg, items) -> None:
+    """``--set key=value`` items into ``cfg``, each value converted to the type of the value it replaces; a
+    ValueError names an item without ``=`` or a key the config lacks."""
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: write key=value, e.g. client.learning_rate=0.05")
+        key, value = item.split("=", 1)
+        *sections, name = key.split(".")
+        node = cfg
+        try:
+            for s in sections:
+                node = node[s]
+            old = node[name]
+        except (KeyError, AttributeError, TypeError):
+            raise ValueError(f"--set {item!r}: the config has no key {key!r}") from None
+        node[name] = type(old)(value) if not isinstance(old, bool) else value.lower() in ("1", "true", "yes")

@@ -23,7 +23,7 @@ from fedjax_dp import configs
 from fedjax_dp.training import results
 from fedjax_dp.training.loop import run_experiment
 from fedjax_dp.training.results import dumps as strict_json
-from preflight import checked_runs
+from preflight import apply_overrides, checked_runs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS = {
@@ -37,22 +37,6 @@ THRESHOLDS = {"cifar10": (0.5, 0.6, 0.75), "femnist": (0.7, 0.8, 0.9), "shakespe
 
 def base_config(dataset: str):
     return configs.get(f"uga_fedmeta_{dataset}")
-
-
-def apply_overrides(cfg, items):
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: write key=value, e.g. client.learning_rate=0.05")
-        key, value = item.split("=", 1)
-        *sections, name = key.split(".")
-        node = cfg
-        try:
-            for s in sections:
-                node = node[s]
-            old = node[name]
-        except (KeyError, AttributeError, TypeError):
-            raise ValueError(f"--set {item!r}: the config has no key {key!r}") from None
-        node[name] = type(old)(value) if not isinstance(old, bool) else value.lower() in ("1", "true", "yes")
 
 
 def method_config(args, method: str, overlap: float | None = None):

@@ -47,7 +47,7 @@ from fedjax_dp.configs import cuag_pfl_cifar10  # noqa: E402
 from fedjax_dp.training.checkpointing import Checkpointer  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
-from preflight import checked_runs  # noqa: E402
+from preflight import apply_overrides, checked_runs  # noqa: E402
 
 BASELINE = {"client.epochs": 5, "compression.enabled": False}
 DP_SCAFFOLD = {"dp_scaffold.local_steps": 25, "compression.enabled": False}
@@ -122,6 +122,7 @@ def configure(args, overrides: dict):
     elif args.source != "cifar10":
         c.data.data_dir = c.data.data_dir.replace("cifar10", args.source)
     c.update_from_flattened_dict(overrides)
+    apply_overrides(c, args.set)  # last: --set model.name=vgg16 applies to every variant
     return c
 
 
@@ -168,7 +169,9 @@ def result_row(workdir: str, split: str, name: str, resumed: bool = False) -> di
     privacy = json.load(open(os.path.join(workdir, "privacy.json")))
     claim = privacy.get("epsilons", {}).get("paper_claim")
     rounds = summary["rounds"]
-    return {"split": split, "method": name, "rounds": rounds, "metric": key,
+    model = json.load(open(os.path.join(workdir, "config.json")))["model"]["name"]
+    return {"split": split, "method": name, "model": model, "backend": summary.get("backend"), "rounds": rounds,
+            "metric": key,
             "final": evaluated[-1][key], "best": max(r[key] for r in evaluated),
             "global_final": evaluated[-1].get("client_accuracy"),
             "uplink_gb": summary["uplink_gb"], "uplink_gb_300_rounds": summary["uplink_gb"] * 300 / max(rounds, 1),
@@ -228,6 +231,8 @@ def main():
     p.add_argument("--mus", nargs="+", type=float, default=PAPER_MUS,
                    help="--table 3: the mu values (default: the paper's six)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", nargs="*", default=[],
+                   help="config overrides for every run, applied last, e.g. model.name=vgg16 (Tables 4 and 6's VGG16 rows)")
     p.add_argument("--out", default="results/seed004")
     p.add_argument("--rows", nargs="*", default=[], help="--table 1: the rows.json files of Table 2 runs to read")
     p.add_argument("--checkpoint-every", type=int, default=10, help="checkpoint each run every k rounds")

@@ -19,7 +19,7 @@ def tables():
 
 @pytest.mark.parametrize("table", [2, 3, 5, 6, 7, 8])
 def test_every_variant_is_a_valid_config(tables, table):
-    args = SimpleNamespace(rounds=20, seed=0, eval_every=0, source="cifar10", data_dir="/data/cifar10")
+    args = SimpleNamespace(rounds=20, seed=0, eval_every=0, source="cifar10", data_dir="/data/cifar10", set=[])
     variants = tables.table_variants(table)
     assert variants
     for name, overrides in variants:
@@ -62,9 +62,10 @@ def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables
         json.dump({"rounds": 10, "uplink_gb": 0.5, "stop_reason": None, "seconds": 12.34},
                   open(os.path.join(workdir, "summary.json"), "w"))
         json.dump({"epsilon": 3.0, "formal": True}, open(os.path.join(workdir, "privacy.json"), "w"))
+        json.dump(cfg.to_dict(), open(os.path.join(workdir, "config.json"), "w"))
 
     monkeypatch.setattr(tables, "run_experiment", fake_run)
-    args = SimpleNamespace(rounds=10, seed=0, eval_every=0, source="cifar10", data_dir="/data/cifar10", out=str(tmp_path),
+    args = SimpleNamespace(rounds=10, seed=0, eval_every=0, source="cifar10", data_dir="/data/cifar10", out=str(tmp_path), set=[],
                            checkpoint_every=5, resume=True)
     Checkpointer(str(tmp_path / "acid3-block" / "checkpoints")).save(5, {"x": np.zeros(2)}, {})
     block = tables.run(args, tables.run_config(args, "acid3", {"compression.kind": "block"}), "acid3", "block")
@@ -73,6 +74,7 @@ def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables
     assert (block["resumed"], fresh["resumed"]) == (True, False)
     assert (block["final"], block["best"], block["metric"]) == (0.6, 0.7, "personalized_accuracy")
     assert block["uplink_gb_300_rounds"] == pytest.approx(15.0) and block["epsilon"] == 3.0
+    assert block["model"] == "cnn_pfl"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -81,6 +83,8 @@ def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables
     (["--table", "6", "--splits", "acidx"], "split 'acidx': use acidN or alidN"),
     (["--table", "6", "--splits", "acid3", "alid0"], "alid0 / dynamic"),  # the second split: before the first runs
     (["--table", "3", "--mus", "8", "0"], "cuag.mu must be > 0, got 0.0"),
+    (["--table", "6", "--set", "model.nme=vgg16"], "the config has no key 'model.nme'"),
+    (["--table", "6", "--set", "model.name=vgg17"], "vgg17"),
 ])
 def test_every_run_is_planned_and_checked_before_the_first_one(tables, monkeypatch, tmp_path, capsys, argv, message):
     monkeypatch.setattr(tables, "run", lambda *a: pytest.fail("nothing may run"))
@@ -98,13 +102,25 @@ def test_every_run_is_planned_and_checked_before_the_first_one(tables, monkeypat
 ])
 def test_only_selects_a_whole_name_alone_and_a_part_of_names_all_that_contain_it(tables, only, expected):
     args = SimpleNamespace(table=2, only=only, splits=["acid3"], rounds=3, seed=0, eval_every=0, source="cifar10",
-                           data_dir="/data/cifar10", checkpoint_every=10, mus=tables.PAPER_MUS)
+                           data_dir="/data/cifar10", checkpoint_every=10, mus=tables.PAPER_MUS,
+                           set=[])
     assert [name for *_, name in tables.plan_runs(args)] == expected
 
 
 def test_table3_runs_the_mu_values_asked_for_at_the_evaluation_interval_asked_for(tables):
     args = SimpleNamespace(table=3, only=["sound mode"], mus=[8.0, 64.0], splits=["acid3"], rounds=3, seed=0, eval_every=7,
-                           source="cifar10", data_dir="/data/cifar10", checkpoint_every=10)
+                           source="cifar10", data_dir="/data/cifar10", checkpoint_every=10, set=[])
     runs = tables.plan_runs(args)
     assert [name for *_, name in runs] == ["sound mode, mu 8.0", "sound mode, mu 64.0"]
     assert [(cfg.cuag.mode, cfg.cuag.mu, cfg.eval_every) for _, cfg, *_ in runs] == [("sound", 8.0, 7), ("sound", 64.0, 7)]
+
+
+def test_set_overrides_every_variant_last(tables):
+    """Tables 4 and 6's VGG16 rows: ``--set model.name=vgg16`` reaches every variant, after the variant's own
+    overrides (here Table 2's SCAFFOLD row, which names cnn_pfl itself)."""
+    args = SimpleNamespace(table=2, only=["SCAFFOLD", "FedAvg"], splits=["acid3"], rounds=3, seed=0, eval_every=0,
+                           source="cifar10", data_dir="/data/cifar10", checkpoint_every=10, mus=tables.PAPER_MUS,
+                           set=["model.name=vgg16", "engine.unroll=1"])
+    runs = tables.plan_runs(args)
+    assert [(name, cfg.model.name, cfg.engine.unroll) for *_, cfg, _, name in runs] == [
+        ("SCAFFOLD", "vgg16", "1"), ("FedAvg", "vgg16", "1")]

@@ -467,3 +467,30 @@ def test_cuag_resume_restores_g_n_and_the_ledgers_bit_exactly(tmp_path, monkeypa
         assert run_experiment(config(), str(tmp_path / "b"), progress=False).interrupted
     run_experiment(config(), str(tmp_path / "b"), progress=False, resume=True)
     assert files(tmp_path / "b") == files(tmp_path / "a")
+
+
+def test_a_vgg16_run_builds_its_model_for_the_datas_32x32_images(tmp_path, monkeypatch):
+    """Regression (found by the first VGG16 run, Tables 4 and 6): ``run_experiment`` probed the model with
+    ``get_model``'s default 28x28x1 input shape to choose the engine, which VGG16 refuses, so no VGG16 run
+    could start on CIFAR. The run is stopped once its model is built (a VGG16 round is minutes on a CPU)."""
+    from fedjax_dp.configs import cuag_pfl_cifar10
+    from fedjax_dp.data.cifar_files import load_cifar_uint8
+    from fedjax_dp.training import loop
+    from fixture_files import make_cifar_dir
+
+    class Built(Exception):
+        pass
+
+    def stop_after_the_model(cfg, model, *args, **kwargs):
+        raise Built(model)
+
+    make_cifar_dir(tmp_path, n_train=40, n_test=20)
+    load_cifar_uint8.cache_clear()
+    monkeypatch.setattr(loop, "build_round", stop_after_the_model)
+    c = cuag_pfl_cifar10.get_config()
+    c.data.update(data_dir=str(tmp_path), num_clients=2, cache_dir=str(tmp_path / "cache"))
+    c.model.name, c.client.batch_size, c.sampling.cohort_size = "vgg16", 2, 2
+    with pytest.raises(Built) as built:
+        run_experiment(c, str(tmp_path / "run"), progress=False)
+    model = built.value.args[0]
+    assert (model.name, model.input_shape, model.num_classes) == ("vgg16", (32, 32, 3), 10)

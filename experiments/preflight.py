@@ -41,4 +41,7 @@ def apply_overrides(cfg, items) -> None:
             old = node[name]
         except (KeyError, AttributeError, TypeError):
             raise ValueError(f"--set {item!r}: the config has no key {key!r}") from None
-        node[name] = type(old)(value) if not isinstance(old, bool) else value.lower() in ("1", "true", "yes")
+        try:
+            node[name] = type(old)(value) if not isinstance(old, bool) else value.lower() in ("1", "true", "yes")
+        except (TypeError, ValueError):
+            raise ValueError(f"--set {item!r}: {key} takes a value of type {type(old).__name__}, got {value!r}") from None

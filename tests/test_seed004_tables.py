@@ -85,6 +85,7 @@ def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables
     (["--table", "3", "--mus", "8", "0"], "cuag.mu must be > 0, got 0.0"),
     (["--table", "6", "--set", "model.nme=vgg16"], "the config has no key 'model.nme'"),
     (["--table", "6", "--set", "model.name=vgg17"], "vgg17"),
+    (["--table", "6", "--set", "client.batch_size=0.5"], "client.batch_size takes a value of type int, got '0.5'"),
 ])
 def test_every_run_is_planned_and_checked_before_the_first_one(tables, monkeypatch, tmp_path, capsys, argv, message):
     monkeypatch.setattr(tables, "run", lambda *a: pytest.fail("nothing may run"))

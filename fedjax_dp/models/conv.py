@@ -30,13 +30,14 @@ class Conv2D(nn.Module):
     features: int
     kernel_size: tuple[int, int]
     impl: str = "xla"
+    kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()  # nn.Conv's default
 
     @nn.compact
     def __call__(self, x):
         if self.impl not in CONV_IMPLS:
             raise ValueError(f"conv impl {self.impl!r} unknown; choose one of {CONV_IMPLS}")
         kernel = self.param(
-            "kernel", nn.initializers.lecun_normal(), self.kernel_size + (x.shape[-1], self.features)
+            "kernel", self.kernel_init, self.kernel_size + (x.shape[-1], self.features)
         )
         bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
         if self.impl == "im2col":

@@ -50,7 +50,7 @@ CUAG-PFL runs the paper's P = 25 on every split (its rates follow the layer norm
 
 def run_config(args, source: str, split: str, overrides: dict):
     run_args = argparse.Namespace(rounds=args.rounds, source=source, seed=args.seed, eval_every=args.rounds,
-                                  data_dir=os.path.join(args.data_root, source) if args.data_root else "", set=[])
+                                  data_dir=os.path.join(args.data_root, source) if args.data_root else "")
     return configure(run_args, {**split_overrides(split), **overrides})
 
 

@@ -113,7 +113,7 @@ def split_overrides(split: str) -> dict:
     return {"data.partition": kind, "data.classes_per_client": classes}
 
 
-def configure(args, overrides: dict):
+def configure(args, overrides: dict, sets=()):
     c = cuag_pfl_cifar10.get_config()
     c.rounds, c.eval_every, c.seed = args.rounds, args.eval_every or max(1, args.rounds // 6), args.seed
     c.data.source = args.source
@@ -122,7 +122,7 @@ def configure(args, overrides: dict):
     elif args.source != "cifar10":
         c.data.data_dir = c.data.data_dir.replace("cifar10", args.source)
     c.update_from_flattened_dict(overrides)
-    apply_overrides(c, args.set)  # last: --set model.name=vgg16 applies to every variant
+    apply_overrides(c, sets)  # last: --set's items (model.name=vgg16) apply to every variant
     return c
 
 
@@ -146,7 +146,7 @@ def selects(text: str, name: str, names: list[str]) -> bool:
 
 
 def run_config(args, split: str, overrides: dict):
-    cfg = configure(args, {**split_overrides(split), **overrides})
+    cfg = configure(args, {**split_overrides(split), **overrides}, args.set)
     cfg.checkpoint_every = args.checkpoint_every
     return cfg
 

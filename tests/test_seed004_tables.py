@@ -19,7 +19,7 @@ def tables():
 
 @pytest.mark.parametrize("table", [2, 3, 5, 6, 7, 8])
 def test_every_variant_is_a_valid_config(tables, table):
-    args = SimpleNamespace(rounds=20, seed=0, eval_every=0, source="cifar10", data_dir="/data/cifar10", set=[])
+    args = SimpleNamespace(rounds=20, seed=0, eval_every=0, source="cifar10", data_dir="/data/cifar10")
     variants = tables.table_variants(table)
     assert variants
     for name, overrides in variants:

@@ -23,7 +23,7 @@ import flax.linen as nn
 from fedjax_dp.models.conv import Conv2D
 from fedjax_dp.models.pooling import max_pool_2x2
 
-HE_NORMAL = nn.initializers.variance_scaling(2.0, "fan_in", "normal")
+HE_NORMAL = nn.initializers.he_normal()  # variance 2 / fan_in (truncated normal)
 VGG16_LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
 
 

@@ -28,7 +28,7 @@ def checked_runs(parser: argparse.ArgumentParser, plan: Callable[[], Sequence[tu
 
 def apply_overrides(cfg, items) -> None:
     """``--set key=value`` items into ``cfg``, each value converted to the type of the value it replaces; a
-    ValueError names an item without ``=`` or a key the config lacks."""
+    ValueError names an item without ``=``, a key the config lacks, or a value that does not convert."""
     for item in items:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: write key=value, e.g. client.learning_rate=0.05")

@@ -470,7 +470,7 @@ def test_cuag_resume_restores_g_n_and_the_ledgers_bit_exactly(tmp_path, monkeypa
 
 
 def test_a_vgg16_run_builds_its_model_for_the_datas_32x32_images(tmp_path, monkeypatch):
-    """Regression (found by the first VGG16 run, Tables 4 and 6): ``run_experiment`` probed the model with
+    """Regression (found by a dry run of the first VGG16 job, Tables 4 and 6): ``run_experiment`` probed the model with
     ``get_model``'s default 28x28x1 input shape to choose the engine, which VGG16 refuses, so no VGG16 run
     could start on CIFAR. The run is stopped once its model is built (a VGG16 round is minutes on a CPU)."""
     from fedjax_dp.configs import cuag_pfl_cifar10

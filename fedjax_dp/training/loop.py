@@ -66,8 +66,9 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     if needs_server_set(cfg):
         server_set, dataset = build_server_set(cfg.data, cfg.server_data, dataset, cfg.seed)
     cfg = cfg.copy_and_resolve_references()
-    has_conv = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes).has_conv  # the data's shape: VGG16
-    choice = resolve_engine(cfg, has_conv, int(expected_cohort(cfg, dataset.num_clients)))  # refuses MNIST's default
+    # probed with the data's shape: VGG16 refuses get_model's 28x28x1 default
+    has_conv = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes).has_conv
+    choice = resolve_engine(cfg, has_conv, int(expected_cohort(cfg, dataset.num_clients)))
     model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl,
                       compute_dtype=cfg.model.compute_dtype or None)
     runner = build_round(cfg, model, choice, dataset.num_clients, server_set, dataset.train_sizes())

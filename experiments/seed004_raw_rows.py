@@ -20,6 +20,9 @@ from seed004_tables import result_row  # noqa: E402
 TRACE_KEYS = ("round", "train_loss", "mean_update_norm", "median_update_norm", "epsilon", "dropped_clients",
               "dropped_client_ids", "uplink_gb_total", "diverged")
 EVALUATION_KEYS = ("personalized_accuracy", "client_accuracy")
+# The settings that tell a table's runs apart beyond its row (a --set learning rate, model, noise mode, rates).
+CONFIG_KEYS = ("seed", "algorithm", "model.name", "client.learning_rate", "cuag.mode", "compression.enabled",
+               "compression.rates", "compression.r_min", "compression.r_max", "engine.unroll")
 
 
 def run_record(workdir: str, resumed: bool = False) -> dict:
@@ -27,9 +30,21 @@ def run_record(workdir: str, resumed: bool = False) -> dict:
     ``seed004_tables.py`` wrote beside it, else from its folder name (``acid3-FedAvg``)."""
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     split, name = names(workdir)
-    return {"workdir": workdir, "row": result_row(workdir, split, name, resumed=resumed),
+    return {"workdir": workdir, "row": result_row(workdir, split, name, resumed=resumed), "config": config(workdir),
             "evaluations": [r for r in rows if any(k in r for k in EVALUATION_KEYS)],
             "rounds": [{k: r[k] for k in TRACE_KEYS if k in r} for r in rows if "cohort_size" in r]}
+
+
+def config(workdir: str) -> dict:
+    """The ``CONFIG_KEYS`` of the run's ``config.json`` (dotted names; a key the run's config lacks is left out)."""
+    saved, out = json.load(open(os.path.join(workdir, "config.json"))), {}
+    for key in CONFIG_KEYS:
+        value = saved
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def names(workdir: str) -> tuple[str, str]:

@@ -364,6 +364,7 @@ def test_heterogeneous_mu_reaches_the_right_clients_and_no_client_exceeds_its_bu
     ("cuag.sigma", "wide", "cuag.sigma='wide' must be '', 'schedule' or a positive number"),
     ("cuag.sigma", "-0.5", "cuag.sigma='-0.5' must be"),
     ("model.name", "vgg16", "model.name='vgg16' needs 32x32"),
+    ("model.name", "vgg16_gn", "model.name='vgg16_gn' needs 32x32"),
     ("pfldyn.representation", "hidden", "pfldyn.representation 'hidden' unknown"),
     ("pfldyn.evaluated_model", "client_mean", "only for algorithm='pfldyn_proto' without DP, got algorithm='cuag_pfl'"),
     ("pfldyn.representation", "penultimate", "pfldyn.representation='penultimate' needs a model with a hidden layer"),

@@ -18,7 +18,8 @@ def _run_folder(out, folder, method=None):
     (workdir / "summary.json").write_text(json.dumps({"rounds": 2, "uplink_gb": 0.2, "stop_reason": None,
                                                       "seconds": 9.0, "backend": "gpu"}))
     (workdir / "privacy.json").write_text(json.dumps({"epsilon": 3.0, "formal": True}))
-    (workdir / "config.json").write_text(json.dumps({"model": {"name": "vgg16"}}))
+    (workdir / "config.json").write_text(json.dumps({"seed": 1, "model": {"name": "vgg16"},
+                                                     "client": {"learning_rate": 0.01, "batch_size": 50}}))
     if method:
         (out / "rows.json").write_text(json.dumps([{"split": "acid3", "method": method, "workdir": str(workdir)}]))
     return workdir
@@ -36,6 +37,7 @@ def test_a_run_folder_becomes_its_row_evaluations_and_trace(tmp_path):
     assert (first["row"]["split"], first["row"]["method"], first["row"]["model"]) == ("acid3", "fixed 0.5", "vgg16")
     assert (second["row"]["split"], second["row"]["method"]) == ("alid5", "FedAvg")  # no rows.json: the folder's name
     assert (first["row"]["final"], first["row"]["best"], first["row"]["backend"]) == (0.6, 0.6, "gpu")
+    assert first["config"] == {"seed": 1, "model.name": "vgg16", "client.learning_rate": 0.01}  # what --set changed
     assert [e["round"] for e in first["evaluations"]] == [0, 2]
     assert first["rounds"] == [{"round": 1, "train_loss": 1.5, "epsilon": 2.0, "uplink_gb_total": 0.1},
                                {"round": 2, "train_loss": 1.2, "epsilon": 3.0, "uplink_gb_total": 0.2}]

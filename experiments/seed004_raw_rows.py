@@ -13,6 +13,8 @@ import json
 import os
 import sys
 
+from flax.traverse_util import flatten_dict
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from seed004_tables import result_row  # noqa: E402
@@ -37,14 +39,8 @@ def run_record(workdir: str, resumed: bool = False) -> dict:
 
 def config(workdir: str) -> dict:
     """The ``CONFIG_KEYS`` of the run's ``config.json`` (dotted names; a key the run's config lacks is left out)."""
-    saved, out = json.load(open(os.path.join(workdir, "config.json"))), {}
-    for key in CONFIG_KEYS:
-        value = saved
-        for part in key.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is not None:
-            out[key] = value
-    return out
+    flat = flatten_dict(json.load(open(os.path.join(workdir, "config.json"))), sep=".")
+    return {key: flat[key] for key in CONFIG_KEYS if flat.get(key) is not None}
 
 
 def names(workdir: str) -> tuple[str, str]:

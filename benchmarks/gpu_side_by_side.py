@@ -111,7 +111,8 @@ def main():
                 print(f"{case:40s} FAILED {row['error'].strip().splitlines()[-1] if row['error'].strip() else ''}", flush=True)
             else:
                 print(f"{case:40s} {row['client_updates_per_s']:10.1f} updates/s {row['percent_of_matmul_peak']:5.1f} % "
-                      f"round {row['median_round_s'] * 1e3:8.1f} ms  device peak {row['device_peak_mib'] or 0:8.0f} MiB",
+                      f"round {row['median_round_s'] * 1e3:8.1f} ms  device peak {row['device_peak_mib'] or 0:8.0f} MiB"
+                      f"  program {row.get('program_memory_mib')}",
                       flush=True)
     with open(args.out, "w") as f:
         f.write(strict_json({"benchmark": "workload W on GPU, side by side", "matmul_peak_tflops": matmul,

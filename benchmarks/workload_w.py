@@ -44,14 +44,27 @@ class WorkloadW:
 
         self.server = server
 
-    def round(self, round_index: int, cohort: int):
+    def _cohort(self, round_index: int, cohort: int) -> dict:
         ids = cohort_ids(round_index, cohort, self.population)
-        clients = {
+        return {
             "batches": {"x": self.x[ids].reshape(cohort, STEPS, BATCH, 28, 28, 1),
                         "y": self.y[ids].reshape(cohort, STEPS, BATCH)},
             "mask": np.ones((cohort, STEPS, BATCH), bool),
             "key": jax.random.split(jax.random.key(round_index), cohort),
         }
+
+    def program_memory(self, cohort: int) -> dict:
+        """XLA's memory analysis (bytes) of the engine's compiled program for one call: the whole cohort, or
+        one slice when streamed. A device peak above argument + output + temp is memory held outside the
+        program (issue 20: the GPU's peak grew by ~2x the cohort's input bytes while this CPU's temp did not)."""
+        n = cohort if self.engine.stream_size is None else min(cohort, self.engine.stream_size)
+        shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((n,) + x.shape[1:], x.dtype),
+                                        self._cohort(0, cohort))
+        memory = jax.jit(self.engine.trace).lower(self.params, shapes).compile().memory_analysis()
+        return {name: int(getattr(memory, f"{name}_size_in_bytes")) for name in ("argument", "output", "temp", "alias")}
+
+    def round(self, round_index: int, cohort: int):
+        clients = self._cohort(round_index, cohort)
         clipped_sum, norms = self.engine(self.params, clients)
         self.params = self.server(self.params, clipped_sum, jax.random.key(10**6 + round_index), float(cohort))
         jax.block_until_ready(self.params)

@@ -154,6 +154,8 @@ def run_config(args, split: str, overrides: dict):
 def run(args, cfg, split: str, name: str) -> dict:
     workdir = os.path.join(args.out, f"{split}-{''.join(ch if ch.isalnum() else '_' for ch in name)[:60]}")
     resume = args.resume and bool(Checkpointer(os.path.join(workdir, "checkpoints")).rounds())
+    if args.resume and not resume and os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+        print(f"--resume: {workdir} has no checkpoint; its run starts again from round 0", flush=True)
     run_experiment(cfg, workdir, overwrite=not resume, progress=False, resume=resume)
     return result_row(workdir, split, name, resumed=resume)
 

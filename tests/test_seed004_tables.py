@@ -46,7 +46,7 @@ def test_table1_gives_the_epsilon_when_each_baselines_best_accuracy_was_first_re
     assert table[4] == "| acid3 | DP-SCAFFOLD | 20.000 | 20.000 |"
 
 
-def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables, tmp_path, monkeypatch):
+def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables, tmp_path, monkeypatch, capsys):
     import numpy as np
 
     from fedjax_dp.training.checkpointing import Checkpointer
@@ -68,9 +68,12 @@ def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables
     args = SimpleNamespace(rounds=10, seed=0, eval_every=0, source="cifar10", data_dir="/data/cifar10", out=str(tmp_path), set=[],
                            checkpoint_every=5, resume=True)
     Checkpointer(str(tmp_path / "acid3-block" / "checkpoints")).save(5, {"x": np.zeros(2)}, {})
+    os.makedirs(tmp_path / "acid3-gaussian")  # a run killed before its first checkpoint: said, then started again
+    (tmp_path / "acid3-gaussian" / "metrics.jsonl").write_text('{"round": 0}\n')
     block = tables.run(args, tables.run_config(args, "acid3", {"compression.kind": "block"}), "acid3", "block")
     fresh = tables.run(args, tables.run_config(args, "acid3", {"compression.kind": "gaussian"}), "acid3", "gaussian")
     assert calls == [("acid3-block", 5, False, True), ("acid3-gaussian", 5, True, False)]
+    assert capsys.readouterr().out.count("has no checkpoint; its run starts again from round 0") == 1
     assert (block["resumed"], fresh["resumed"]) == (True, False)
     assert (block["final"], block["best"], block["metric"]) == (0.6, 0.7, "personalized_accuracy")
     assert block["uplink_gb_300_rounds"] == pytest.approx(15.0) and block["epsilon"] == 3.0

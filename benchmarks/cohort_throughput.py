@@ -107,14 +107,14 @@ def worker(case: dict, rounds: int, warmup: int) -> dict:
         work.round(r, case["cohort"])
         times.append(time.perf_counter() - start)
     median = statistics.median(times)
-    device_peak = device_peak_bytes()  # before the analysis's compile, which may autotune on a GPU
+    peak_rss, device_peak = rss.stop(), device_peak_bytes()  # before the analysis's compile (it may autotune on a GPU)
     program_memory = work.program_memory(case["cohort"])
     ups = case["cohort"] / median
     return {**case, "unroll": "full" if case["unroll"] is True else case["unroll"],
             "round_times_s": [round(t, 4) for t in times], "median_round_s": median,
             "client_updates_per_s": ups, "compile_s": max(0.0, first_round - median),
             "first_round_s": first_round, "achieved_gflops": ups * FLOPS_PER_CLIENT_UPDATE[case["model"]] / 1e9,
-            "peak_rss_mib": rss.stop() / 2**20, "backend": jax.default_backend(),
+            "peak_rss_mib": peak_rss / 2**20, "backend": jax.default_backend(),
             "device_peak_mib": None if device_peak is None else device_peak / 2**20,
             "program_memory_mib": {k: v / 2**20 for k, v in program_memory.items()},
             "device": str(jax.local_devices()[0].device_kind)}

@@ -59,7 +59,7 @@ class WorkloadW:
         program (issue 20: the GPU's peak grew by ~2x the cohort's input bytes while this CPU's temp did not)."""
         n = cohort if self.engine.stream_size is None else min(cohort, self.engine.stream_size)
         shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((n,) + x.shape[1:], x.dtype),
-                                        self._cohort(0, n))
+                                        self._cohort(0, 1))  # one client's data gives the shapes: no cohort-sized gather
         memory = jax.jit(self.engine.trace).lower(self.params, shapes).compile().memory_analysis()
         return {name: int(getattr(memory, f"{name}_size_in_bytes")) for name in ("argument", "output", "temp", "alias")}
 

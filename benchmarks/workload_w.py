@@ -55,12 +55,18 @@ class WorkloadW:
 
     def program_memory(self, cohort: int) -> dict:
         """XLA's memory analysis (bytes) of the engine's compiled program for one call: the whole cohort, or
-        one slice when streamed. A device peak above argument + output + temp is memory held outside the
-        program (issue 20: the GPU's peak grew by ~2x the cohort's input bytes while this CPU's temp did not)."""
-        n = cohort if self.engine.stream_size is None else min(cohort, self.engine.stream_size)
-        shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((n,) + x.shape[1:], x.dtype),
-                                        self._cohort(0, 1))  # one client's data gives the shapes: no cohort-sized gather
-        memory = jax.jit(self.engine.trace).lower(self.params, shapes).compile().memory_analysis()
+        one slice when streamed; for ``loop``, the one-client program it calls once per client. A device peak
+        above argument + output + temp is memory held outside the program (issue 20: the GPU's peak grew by
+        ~2x the cohort's input bytes while this CPU's temp did not)."""
+        one_client = self._cohort(0, 1)  # one client's data gives the shapes: no cohort-sized gather
+        if self.engine.strategy == "loop":  # no cohort program: the per-client program it calls C times
+            client = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), one_client)
+            program = jax.jit(self.engine.client_fn).lower(self.params, client)
+        else:
+            n = cohort if self.engine.stream_size is None else min(cohort, self.engine.stream_size)
+            shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((n,) + x.shape[1:], x.dtype), one_client)
+            program = jax.jit(self.engine.trace).lower(self.params, shapes)
+        memory = program.compile().memory_analysis()
         return {name: int(getattr(memory, f"{name}_size_in_bytes")) for name in ("argument", "output", "temp", "alias")}
 
     def round(self, round_index: int, cohort: int):

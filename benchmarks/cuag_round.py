@@ -33,8 +33,7 @@ from fedjax_dp.core.algorithm import ClientOut  # noqa: E402
 from fedjax_dp.core.client_states import ClientStateStore  # noqa: E402
 from fedjax_dp.core.round import FederatedRound  # noqa: E402
 from fedjax_dp.data.builders import build_dataset  # noqa: E402
-from fedjax_dp.models import get_model  # noqa: E402
-from fedjax_dp.training.build import build_round, resolve_engine  # noqa: E402
+from fedjax_dp.training.build import build_model_and_round, build_round  # noqa: E402
 from fedjax_dp.training.cohorts import make_packer  # noqa: E402
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
@@ -71,8 +70,7 @@ def main():
     if args.data_dir:
         cfg.data.data_dir = args.data_dir
     dataset = build_dataset(cfg.data, cfg.seed)
-    choice = resolve_engine(cfg, True, cfg.sampling.cohort_size)
-    model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl)
+    choice, model, _ = build_model_and_round(cfg, dataset)  # the engine the CLI runs this setting with
     params = model.init(jax.random.key(0))
     ids = np.arange(cfg.sampling.cohort_size)
     result = {"machine": platform.platform(), "cpus": os.cpu_count(), "backend": jax.default_backend(),

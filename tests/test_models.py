@@ -97,3 +97,18 @@ def test_vgg16_gn_adds_a_groupnorm_per_conv_that_normalises_each_example_on_its_
     out = grouped.apply(params, x)
     np.testing.assert_allclose(grouped.apply(params, other)[0], out[0], rtol=1e-5, atol=1e-6)
     assert float(jnp.std(grouped.apply(params, x, penultimate=True))) > 0.05
+
+
+@pytest.mark.parametrize("name, shape, xla_layers", [("cnn_fedavg", (28, 28, 1), 1), ("cnn_pfl", (32, 32, 3), 2)])
+def test_per_layer_convolutions_pick_by_shape_and_compute_the_same_function(name, shape, xla_layers):
+    """``conv_impl='per_layer'``: im2col for a thin input (the FedAvg CNN's 1 -> 32), XLA's convolution
+    otherwise; values and gradients equal the all-XLA model's."""
+    per_layer, xla = get_model(name, shape, 5, conv_impl="per_layer"), get_model(name, shape, 5, conv_impl="xla")
+    params = xla.init(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (3,) + shape)
+    jaxpr = jax.make_jaxpr(per_layer.apply)(params, x)
+    assert sum(e.primitive.name == "conv_general_dilated" for e in jaxpr.jaxpr.eqns) == xla_layers
+    np.testing.assert_allclose(per_layer.apply(params, x), xla.apply(params, x), rtol=1e-5, atol=1e-5)
+    grad = lambda model: jax.grad(lambda p: jnp.sum(jnp.tanh(model.apply(p, x))))(params)  # noqa: E731
+    for a, b in zip(jax.tree_util.tree_leaves(grad(per_layer)), jax.tree_util.tree_leaves(grad(xla))):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

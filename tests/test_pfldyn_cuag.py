@@ -476,7 +476,7 @@ def test_a_vgg16_run_builds_its_model_for_the_datas_32x32_images(tmp_path, monke
     could start on CIFAR. The run is stopped once its model is built (a VGG16 round is minutes on a CPU)."""
     from fedjax_dp.configs import cuag_pfl_cifar10
     from fedjax_dp.data.cifar_files import load_cifar_uint8
-    from fedjax_dp.training import loop
+    from fedjax_dp.training import build
     from fixture_files import make_cifar_dir
 
     class Built(Exception):
@@ -487,7 +487,7 @@ def test_a_vgg16_run_builds_its_model_for_the_datas_32x32_images(tmp_path, monke
 
     make_cifar_dir(tmp_path, n_train=40, n_test=20)
     load_cifar_uint8.cache_clear()
-    monkeypatch.setattr(loop, "build_round", stop_after_the_model)
+    monkeypatch.setattr(build, "build_round", stop_after_the_model)
     c = cuag_pfl_cifar10.get_config()
     c.data.update(data_dir=str(tmp_path), num_clients=2, cache_dir=str(tmp_path / "cache"))
     c.model.name, c.client.batch_size, c.sampling.cohort_size = "vgg16", 2, 2

@@ -20,6 +20,17 @@ convs 461 (vmapped per-client conv weights become a grouped convolution, slow fo
 groups; 1732 at C = 100 in one chunk) and chunks of 100 / 500 2702 / 2749 (memory 3.1 / 13.4 GB);
 MLP C = 10000: unrolled 14091 vs 12425; ``sequential`` and ``loop`` 2-4x slower at every size.
 TPU: the GPU rule with XLA convolutions, not measured.
+
+CPU, conv model whose client program can be loop-free (``loop_free_steps``: at most
+``MAX_UNROLLED_CONV_STEPS`` local steps and no other scan over the model, 2026-11-26): ``loop`` over clients,
+every local step unrolled, each conv layer by its shape (``per_layer``: im2col for thin inputs, XLA's
+convolution otherwise). XLA's gradient convolutions are 10-60x slower inside a loop on XLA:CPU
+(jax-ml/jax#12868), which is why the scan formulation needs im2col; without a loop they are not, and
+im2col's patch matrix (25x the input) costs more than XLA's convolution once it outgrows the cache.
+Measured, quiet 2-core VM, interleaved: the CUAG-PFL / PFLDyn(Proto) round of ``cnn_pfl`` (P = 25 steps of
+two batches of 50) 7.7-8.3 s against 11.4-11.9 s for the scan with im2col (1.49x); workload W's CNN (6
+steps) 20.9-21.2 against 20.2-21.2 updates/s (equal). Longer local training keeps the scan: unrolled steps
+compile in time linear in their number.
 """
 
 from __future__ import annotations
@@ -37,10 +48,17 @@ class StrategyChoice:
     conv_impl: str
 
 
-def choose_strategy(has_conv: bool, cohort_size: int, backend: str | None = None) -> StrategyChoice:
-    """The fastest measured formulation for this backend and model family."""
+MAX_UNROLLED_CONV_STEPS = 32
+
+
+def choose_strategy(has_conv: bool, cohort_size: int, backend: str | None = None,
+                    loop_free_steps: int | None = None) -> StrategyChoice:
+    """The fastest measured formulation for this backend and model family. ``loop_free_steps``: the number
+    of local steps when the client program has no other loop over the model (None: unknown, or it has one)."""
     backend = backend or jax.default_backend()
     if backend == "cpu":
+        if has_conv and loop_free_steps is not None and loop_free_steps <= MAX_UNROLLED_CONV_STEPS:
+            return StrategyChoice("loop", None, True, "per_layer")
         if has_conv:
             return StrategyChoice("sequential", None, 1, "im2col")
         return StrategyChoice("sequential", None, True, "xla")

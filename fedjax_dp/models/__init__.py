@@ -24,7 +24,7 @@ def get_model(
 ) -> Model:
     """Builds a registered model.
 
-    ``conv_impl`` ('xla', 'im2col', or 'auto': what ``core.strategy.choose_strategy`` measured fastest
+    ``conv_impl`` ('xla', 'im2col', 'per_layer', or 'auto': what ``core.strategy.choose_strategy`` measured fastest
     on this backend) applies to convolutional models. ``compute_dtype`` ``'bfloat16'`` runs the
     arithmetic in bfloat16 with float32 parameters (see ``Model``).
     """

@@ -1,17 +1,31 @@
-"""A SAME-padded, stride-1 2-D convolution with two interchangeable implementations.
+"""A SAME-padded, stride-1 2-D convolution with interchangeable implementations.
 
 ``impl='xla'`` calls ``lax.conv_general_dilated``. ``impl='im2col'`` gathers the kh*kw shifted views
-of the input into patches and does one matmul. Both use the parameters of ``flax.linen.Conv``
-(kernel ``(kh, kw, cin, cout)``, bias ``(cout,)``) and compute the same function. im2col matters on
-XLA:CPU: when per-client weights are vmapped, a conv becomes a grouped convolution (measured ~10x
-slower), whereas im2col becomes a batched matmul, which XLA:CPU runs near its matmul peak.
+of the input into patches and does one matmul. ``impl='per_layer'`` picks one of the two for each layer
+by its shape (``im2col_suits``). All use the parameters of ``flax.linen.Conv`` (kernel
+``(kh, kw, cin, cout)``, bias ``(cout,)``) and compute the same function. The choice matters on XLA:CPU
+(``benchmarks/RESULTS.md``): when per-client weights are vmapped, a conv becomes a grouped convolution
+(measured ~10x slower), whereas im2col becomes a batched matmul; inside a loop (``lax.scan`` over local
+steps or clients) XLA's gradient convolutions run 10-60x slower than unrolled (jax-ml/jax#12868), im2col
+does not; outside loops XLA's convolution wins wherever im2col's patch matrix, kh*kw times the input, is
+large against the work of its matmul.
 """
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-CONV_IMPLS = ("xla", "im2col")
+CONV_IMPLS = ("xla", "im2col", "per_layer")
+
+
+def im2col_suits(in_features: int, out_features: int) -> bool:
+    """Whether im2col beats XLA's convolution for a 5x5 layer outside loops on XLA:CPU: when the input is thin
+    against the output (cout >= 8 cin), which makes the patch matrix small against the matmul. Measured
+    (forward + backward, 2-core VM, 2026-11-26), time XLA / im2col at batch x side, cin -> cout: 10 x 28,
+    1 -> 32: 1.23; 100 x 28, 1 -> 32: 2.73; 50 x 32, 3 -> 64: 1.88 (im2col wins); 10 x 14, 32 -> 64: 0.90;
+    100 x 32, 3 -> 16: 0.62; 100 x 16, 16 -> 16: 0.31; 50 x 16, 16 -> 32: 0.73; 50 x 16, 64 -> 64: 0.87 (XLA
+    wins); the one miss of the rule, 10 x 32, 3 -> 16: 1.14."""
+    return out_features >= 8 * in_features
 
 
 def conv2d_im2col(x: jax.Array, kernel: jax.Array) -> jax.Array:
@@ -40,7 +54,10 @@ class Conv2D(nn.Module):
             "kernel", self.kernel_init, self.kernel_size + (x.shape[-1], self.features)
         )
         bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
-        if self.impl == "im2col":
+        impl = self.impl
+        if impl == "per_layer":
+            impl = "im2col" if im2col_suits(x.shape[-1], self.features) else "xla"
+        if impl == "im2col":
             y = conv2d_im2col(x, kernel)
         else:
             y = jax.lax.conv_general_dilated(

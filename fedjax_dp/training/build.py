@@ -11,13 +11,16 @@ from fedjax_dp.core.cohort import client_mesh
 from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.core.strategy import StrategyChoice, choose_strategy
 from fedjax_dp.core.uploads import Chain, chain
+from fedjax_dp.data.packing import num_steps
+from fedjax_dp.models import get_model
 from fedjax_dp.privacy.client_sampling import client_sampler
 from fedjax_dp.privacy.tracker import PrivacyTracker
+from fedjax_dp.training.cohorts import expected_cohort
 
 
-def resolve_engine(cfg, has_conv: bool, cohort_size: int) -> StrategyChoice:
+def resolve_engine(cfg, has_conv: bool, cohort_size: int, loop_free_steps: int | None = None) -> StrategyChoice:
     """``auto`` fields replaced by the measured choice (``core.strategy``); explicit values kept."""
-    auto = choose_strategy(has_conv, cohort_size)
+    auto = choose_strategy(has_conv, cohort_size, loop_free_steps=loop_free_steps)
     e = cfg.engine
     return StrategyChoice(
         strategy=auto.strategy if e.strategy == "auto" else e.strategy,
@@ -25,6 +28,41 @@ def resolve_engine(cfg, has_conv: bool, cohort_size: int) -> StrategyChoice:
         unroll=auto.unroll if e.unroll == "auto" else (True if e.unroll == "full" else int(e.unroll)),
         conv_impl=auto.conv_impl if e.conv_impl == "auto" else e.conv_impl,
     )
+
+
+def loop_free_steps(cfg, requirements, train_sizes) -> int | None:
+    """The local steps of a client program that runs no other loop over the model once its steps are
+    unrolled; None where one does: UGA's evaluation pass (a scan over its evaluation batches) or a wrapper's
+    server-side steps (FedMeta's scan on D_meta); and None under a device mesh (``engine.num_devices``), which
+    runs the cohort as one program where clients cannot be called one at a time."""
+    if (requirements.evaluation_pass or cfg.engine.num_devices
+            or any(w.enabled(cfg) for w in registry.wrappers())):
+        return None
+    if requirements.sampled_steps:
+        return int(requirements.sampled_steps)
+    return num_steps(int(max(train_sizes)), cfg.client.batch_size, cfg.client.epochs)
+
+
+def build_model_and_round(cfg, dataset, server_set=None):
+    """``(choice, model, round)`` for ``dataset``. On a CPU the engine's choice for a conv model depends on
+    whether the client program can be loop-free (``loop_free_steps``), which the built algorithm's
+    requirements tell: the round is built with the default choice, and again when its requirements change
+    the choice (building traces shapes only)."""
+    has_conv = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes).has_conv  # probed with the data's shape
+    cohort = int(expected_cohort(cfg, dataset.num_clients))
+
+    def build(choice):
+        model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl,
+                          compute_dtype=cfg.model.compute_dtype or None)
+        return model, build_round(cfg, model, choice, dataset.num_clients, server_set, dataset.train_sizes())
+
+    first = resolve_engine(cfg, has_conv, cohort)
+    model, runner = build(first)
+    choice = resolve_engine(cfg, has_conv, cohort,
+                            loop_free_steps(cfg, runner.algorithm.requirements, dataset.train_sizes()))
+    if choice != first:
+        model, runner = build(choice)
+    return choice, model, runner
 
 
 def with_compression(uploads: Chain, c) -> Chain:

@@ -65,7 +65,7 @@ KEY_DOCS = {
     "engine.strategy": "how clients run: auto | vmap | chunked | sequential | loop (same numbers, different speed)",
     "engine.chunk_size": "chunked strategy: clients per vmapped chunk",
     "engine.unroll": "local-training scan unroll: auto | full | an integer",
-    "engine.conv_impl": "convolutions: auto | xla | im2col",
+    "engine.conv_impl": "convolutions: auto | xla | im2col | per_layer (each layer by its shape)",
     "engine.num_devices": "spread the cohort over this many devices (0 = no mesh)",
     "engine.stream_clients": "send the cohort to the device this many clients at a time, so device memory is "
                              "bounded by the slice, not the cohort (0 = all at once)",

@@ -22,13 +22,13 @@ from fedjax_dp.core import tree
 from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.data.builders import build_dataset, build_server_set
 from fedjax_dp.data.shared_set import share_with_clients
-from fedjax_dp.models import evaluation_model, get_model
+from fedjax_dp.models import evaluation_model
 from fedjax_dp.training import plots, results
-from fedjax_dp.training.build import (build_round, compression_rates, needs_server_set, privacy_tracker,
-                                      resolve_engine, server_set_breaches, server_set_notes, shares_server_set,
+from fedjax_dp.training.build import (build_model_and_round, compression_rates, needs_server_set,
+                                      privacy_tracker, server_set_breaches, server_set_notes, shares_server_set,
                                       validates_on_server_set)
 from fedjax_dp.training.checkpointing import Checkpointer, Interruption, truncate_metrics  # noqa: F401
-from fedjax_dp.training.cohorts import cohort_slots, expected_cohort, make_packer, sample_cohort
+from fedjax_dp.training.cohorts import cohort_slots, make_packer, sample_cohort
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.evaluation import evaluate_state
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
@@ -66,12 +66,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     if needs_server_set(cfg):
         server_set, dataset = build_server_set(cfg.data, cfg.server_data, dataset, cfg.seed)
     cfg = cfg.copy_and_resolve_references()
-    # probed with the data's shape: VGG16 refuses get_model's 28x28x1 default
-    has_conv = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes).has_conv
-    choice = resolve_engine(cfg, has_conv, int(expected_cohort(cfg, dataset.num_clients)))
-    model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl,
-                      compute_dtype=cfg.model.compute_dtype or None)
-    runner = build_round(cfg, model, choice, dataset.num_clients, server_set, dataset.train_sizes())
+    choice, model, runner = build_model_and_round(cfg, dataset, server_set)
     requirements = runner.algorithm.requirements
     if shares_server_set(cfg):
         dataset = share_with_clients(dataset, server_set)

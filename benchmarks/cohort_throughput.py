@@ -82,7 +82,7 @@ class PeakRss:
 def worker(case: dict, rounds: int, warmup: int) -> dict:
     sys.path.insert(0, HERE)
     from workload_w import WorkloadW
-    from workload_w_data import FLOPS_PER_CLIENT_UPDATE, MODELS
+    from workload_w_data import FLOPS_PER_CLIENT_UPDATE, MODELS, STEPS
 
     import jax
     from fedjax_dp.core.strategy import choose_strategy
@@ -90,7 +90,8 @@ def worker(case: dict, rounds: int, warmup: int) -> dict:
 
     rss = PeakRss()
     if case["strategy"] == "auto":
-        choice = choose_strategy(get_model(MODELS[case["model"]]).has_conv, case["cohort"])
+        # workload W's client is plain local SGD: no loop but its STEPS steps (what run_experiment would find)
+        choice = choose_strategy(get_model(MODELS[case["model"]]).has_conv, case["cohort"], loop_free_steps=STEPS)
         case.update(resolved=choice.strategy, chunk_size=choice.chunk_size, unroll=choice.unroll,
                     conv_impl=choice.conv_impl)
     work = WorkloadW(case["model"], case.get("resolved", case["strategy"]), case["chunk_size"], case["unroll"],

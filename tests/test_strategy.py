@@ -84,7 +84,7 @@ def test_a_run_builds_the_engine_its_algorithm_allows(tmp_path):
     dataset = build_dataset(cfg.data, cfg.seed)
     choice, model, runner = build_model_and_round(cfg, dataset)
     assert (choice.strategy, choice.unroll, choice.conv_impl) == ("loop", True, "per_layer")
-    assert model.module.conv_impl == "per_layer" and runner._engine_options["strategy"] == "loop"
+    assert model.module.conv_impl == "per_layer" and runner.strategy == "loop"
     uga = cfg.copy_and_resolve_references()
     uga.algorithm, uga.compression.enabled = "uga", False
     assert build_model_and_round(uga, dataset)[0].conv_impl == "im2col"

@@ -69,6 +69,11 @@ class FederatedRound:
         CohortEngine(lambda s, c: (s, c), **self._engine_options)  # refuses a bad strategy now, not in round 1
         self._programs: dict = {}
 
+    @property
+    def strategy(self) -> str:
+        """The cohort engine's strategy (``core.cohort.STRATEGIES``)."""
+        return self._engine_options["strategy"]
+
     def init(self, params, key: jax.Array | None = None):
         state = self.algorithm.init(params, key)
         return state.replace(uploads=self.uploads.init(self.algorithm.upload_template(params)))

@@ -1,5 +1,11 @@
 """``auto`` resolves to the measured formulation, and explicit engine settings are kept."""
 
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+
 from fedjax_dp.core.cohort import STRATEGIES
 from fedjax_dp.core.strategy import choose_strategy
 from fedjax_dp.models.conv import CONV_IMPLS
@@ -53,13 +59,55 @@ def test_loop_free_steps_come_from_the_algorithms_requirements():
     cfg = default_config()
     cfg.client.update(epochs=2, batch_size=10)
     sizes = [35, 60, 12]
-    assert loop_free_steps(cfg, Requirements(), sizes) == 2 * 6  # epochs x batches of the largest client
-    assert loop_free_steps(cfg, Requirements(sampled_steps=25, batches_per_step=2), sizes) == 25
-    assert loop_free_steps(cfg, Requirements(evaluation_pass=True), sizes) is None  # UGA: a scan over its data
+    assert loop_free_steps(cfg, Requirements(loop_free=True), sizes) == 2 * 6  # epochs x batches of the largest client
+    assert loop_free_steps(cfg, Requirements(sampled_steps=25, batches_per_step=2, loop_free=True), sizes) == 25
+    assert loop_free_steps(cfg, Requirements(), sizes) is None  # not declared: the scan, safe for any program
     cfg.engine.num_devices = 2
-    assert loop_free_steps(cfg, Requirements(), sizes) is None  # a mesh: one program, no per-client calls
-    cfg.engine.num_devices, cfg.fedmeta.enabled = 0, True
-    assert loop_free_steps(cfg, Requirements(), sizes) is None  # FedMeta's server steps: a scan
+    assert loop_free_steps(cfg, Requirements(loop_free=True), sizes) is None  # a mesh: one program, no per-client calls
+
+
+@pytest.mark.parametrize("algorithm, loop_free", [("cuag_pfl", True), ("pfldyn_proto", True), ("fedavg", True),
+                                                  ("scaffold", True), ("uga", False)])
+def test_an_algorithms_loop_free_declaration_matches_its_traced_client_program(algorithm, loop_free, tmp_path):
+    """``Requirements.loop_free`` is what ``auto`` trusts to unroll a conv model's steps on a CPU: with every
+    local step unrolled, a declared client program lowers to no loop, and UGA's (undeclared) to one."""
+    from fedjax_dp.configs import cuag_pfl_cifar10
+    from fedjax_dp.core.round import client_inputs
+    from fedjax_dp.core.strategy import StrategyChoice
+    from fedjax_dp.data.builders import build_dataset
+    from fedjax_dp.data.cifar_files import load_cifar_uint8
+    from fedjax_dp.models import get_model
+    from fedjax_dp.training.build import build_round
+    from fedjax_dp.training.cohorts import make_packer
+    from fixture_files import make_cifar_dir
+
+    make_cifar_dir(tmp_path, n_train=60, n_test=20)
+    load_cifar_uint8.cache_clear()
+    cfg = cuag_pfl_cifar10.get_config()
+    cfg.data.update(data_dir=str(tmp_path), num_clients=3, cache_dir=str(tmp_path / "cache"))
+    cfg.client.batch_size, cfg.sampling.cohort_size, cfg.algorithm = 4, 2, algorithm
+    cfg.compression.enabled = algorithm == "cuag_pfl"
+    dataset = build_dataset(cfg.data, cfg.seed)
+    choice = StrategyChoice("loop", None, True, "per_layer")
+    model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl)
+    runner = build_round(cfg, model, choice, dataset.num_clients, None, dataset.train_sizes())
+    requirements = runner.algorithm.requirements
+    assert requirements.loop_free is loop_free
+    params = model.init(jax.random.key(0))
+    cohort = make_packer(cfg, dataset, requirements)([0], np.random.default_rng(0), None)
+    client = jax.tree_util.tree_map(lambda x: x[0], client_inputs(cohort, jax.random.key(1)))
+    state = runner.algorithm.client_state_init(params) if requirements.client_state else None
+    program = jax.jit(runner.algorithm.client_update).lower(runner.algorithm.broadcast(runner.init(params)), client,
+                                                            state, client["key"]).as_text()
+    assert ("stablehlo.while" not in program) is loop_free  # an unrolled scan lowers to straight-line calls
+
+
+def test_fedmeta_declares_its_steps_on_d_meta():
+    from fedjax_dp.algorithms.fedavg import FedAvg
+    from fedjax_dp.algorithms.fedmeta import FedMeta
+
+    assert FedAvg.requirements.loop_free
+    assert not FedMeta.requirements.fget(SimpleNamespace(base=FedAvg)).loop_free
 
 
 def test_a_run_builds_the_engine_its_algorithm_allows(tmp_path):

@@ -33,7 +33,7 @@ class FedAvg:
     client_lr_decay: float = 1.0
     unroll: int | bool = 1  # lax.scan unroll of local training
 
-    requirements: ClassVar[Requirements] = Requirements()
+    requirements: ClassVar[Requirements] = Requirements(loop_free=True)
 
     def __post_init__(self):
         check_decay(self.client_lr_decay)

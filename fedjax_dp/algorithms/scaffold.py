@@ -49,7 +49,7 @@ class Scaffold:
     client_lr_decay: float = 1.0
     unroll: int | bool = 1
 
-    requirements: ClassVar[Requirements] = Requirements(client_state=True)
+    requirements: ClassVar[Requirements] = Requirements(client_state=True, loop_free=True)
 
     def __post_init__(self):
         if not self.local_learning_rate > 0:

@@ -31,12 +31,10 @@ def resolve_engine(cfg, has_conv: bool, cohort_size: int, loop_free_steps: int |
 
 
 def loop_free_steps(cfg, requirements, train_sizes) -> int | None:
-    """The local steps of a client program that runs no other loop over the model once its steps are
-    unrolled; None where one does: UGA's evaluation pass (a scan over its evaluation batches) or a wrapper's
-    server-side steps (FedMeta's scan on D_meta); and None under a device mesh (``engine.num_devices``), which
-    runs the cohort as one program where clients cannot be called one at a time."""
-    if (requirements.evaluation_pass or cfg.engine.num_devices
-            or any(w.enabled(cfg) for w in registry.wrappers())):
+    """The local steps of a round whose algorithm declares it ``loop_free`` (``core.algorithm.Requirements``):
+    no loop over the model once its steps are unrolled; None where it does not, and under a device mesh
+    (``engine.num_devices``), which runs the cohort as one program where clients cannot be called one at a time."""
+    if not requirements.loop_free or cfg.engine.num_devices:
         return None
     if requirements.sampled_steps:
         return int(requirements.sampled_steps)

@@ -24,17 +24,22 @@ import os
 import subprocess
 import sys
 import tempfile
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dp.configs import cuag_pfl_cifar10
+from fedjax_dp.core import tree
 from fedjax_dp.data.builders import build_dataset
 from fedjax_dp.models import get_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from seed004_tables import configure, split_overrides  # noqa: E402
+
 # (strategy, unroll, conv_impl): the scan engine used before 2026-11-26, three bit-identical relatives of it,
 # and the loop-free engine `auto` picks on a CPU now.
 ENGINES = (("sequential", "1", "im2col"), ("sequential", "full", "im2col"), ("loop", "full", "im2col"),
@@ -42,12 +47,8 @@ ENGINES = (("sequential", "1", "im2col"), ("sequential", "full", "im2col"), ("lo
 
 
 def client_data(source: str, split: str, seed: int, client: int):
-    c = cuag_pfl_cifar10.get_config()
-    c.data.source = source
-    if source != "cifar10":
-        c.data.data_dir = c.data.data_dir.replace("cifar10", source)
-    c.data.partition, c.data.classes_per_client = split[:4], int(split[4:])
-    dataset = build_dataset(c.data, seed)
+    args = SimpleNamespace(rounds=1, eval_every=1, seed=seed, source=source, data_dir="")
+    dataset = build_dataset(configure(args, split_overrides(split)).data, seed)  # the seed-004 tables' data
     index = dataset.client_train[client]
     return dataset, jnp.asarray(dataset.x[index]), jnp.asarray(dataset.y[index])
 
@@ -77,8 +78,7 @@ def train(dataset, x, y, conv_impl: str, steps: int, perturbation: float, seed: 
 
 
 def relative_distance(a, b) -> float:
-    flat = lambda t: jnp.concatenate([v.ravel() for v in jax.tree_util.tree_leaves(t)])  # noqa: E731
-    return float(jnp.linalg.norm(flat(a) - flat(b)) / jnp.linalg.norm(flat(a)))
+    return float(tree.l2_norm(jax.tree_util.tree_map(jnp.subtract, a, b)) / tree.l2_norm(a))
 
 
 def local_steps_part(args) -> list[dict]:

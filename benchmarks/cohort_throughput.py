@@ -31,7 +31,8 @@ from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 DEFAULT_CASES = [
     "cnn:10:vmap:-:full:xla", "cnn:10:chunked:5:full:im2col", "cnn:10:loop:-:full:xla", "cnn:10:loop:-:full:im2col",
     "cnn:10:loop:-:1:im2col", "cnn:10:sequential:-:1:im2col", "cnn:10:auto",
-    "cnn:100:loop:-:full:xla", "cnn:100:loop:-:1:im2col", "cnn:100:sequential:-:1:xla", "cnn:100:auto",
+    "cnn:100:loop:-:full:xla", "cnn:100:loop:-:1:im2col", "cnn:100:sequential:-:1:xla",
+    "cnn:100:loop:-:full:per_layer", "cnn:100:auto",  # auto = that loop, round-robin over a CPU device per core
     "cnn:1000:auto",
     "mlp:10:auto", "mlp:100:vmap:-:full:xla", "mlp:100:auto",
     "mlp:1000:vmap:-:1:xla", "mlp:1000:chunked:100:1:xla", "mlp:1000:chunked:250:full:xla",
@@ -93,10 +94,10 @@ def worker(case: dict, rounds: int, warmup: int) -> dict:
         # workload W's client is plain local SGD: no loop but its STEPS steps (what run_experiment would find)
         choice = choose_strategy(get_model(MODELS[case["model"]]).has_conv, case["cohort"], loop_free_steps=STEPS)
         case.update(resolved=choice.strategy, chunk_size=choice.chunk_size, unroll=choice.unroll,
-                    conv_impl=choice.conv_impl)
+                    conv_impl=choice.conv_impl, devices=choice.devices)
     work = WorkloadW(case["model"], case.get("resolved", case["strategy"]), case["chunk_size"], case["unroll"],
                      case["conv_impl"], case.get("compute_dtype"), population=case["cohort"],
-                     stream_size=case.get("stream_size"))
+                     stream_size=case.get("stream_size"), devices=case.get("devices", 1))
     start = time.perf_counter()
     work.round(0, case["cohort"])
     first_round = time.perf_counter() - start
@@ -193,7 +194,8 @@ def main():
         rows_by_case[text] = row
         print(f"{text:36s} {row['client_updates_per_s']:9.2f} updates/s {row['achieved_gflops']:7.2f} GFLOP/s "
               f"compile {row['compile_s']:6.2f}s rss {row['peak_rss_mib']:7.0f} MiB"
-              + (f"  (auto -> {row['resolved']}, unroll {row['unroll']}, {row['conv_impl']})" if 'resolved' in row else ""),
+              + (f"  (auto -> {row['resolved']}, unroll {row['unroll']}, {row['conv_impl']}, {row['devices']} device(s))"
+                 if 'resolved' in row else ""),
               flush=True)
     peaks = {lib: max(before, matmul_peak(lib)) for lib, before in peaks_before.items()}
     for row in rows:

@@ -33,7 +33,7 @@ from fedjax_dp.core.algorithm import ClientOut  # noqa: E402
 from fedjax_dp.core.client_states import ClientStateStore  # noqa: E402
 from fedjax_dp.core.round import FederatedRound  # noqa: E402
 from fedjax_dp.data.builders import build_dataset  # noqa: E402
-from fedjax_dp.training.build import build_model_and_round, build_round  # noqa: E402
+from fedjax_dp.training.build import build_model_and_round, build_round, spread  # noqa: E402
 from fedjax_dp.training.cohorts import make_packer  # noqa: E402
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
@@ -95,7 +95,8 @@ def main():
         result[name] = {"first_s": first, "median_s": median}
         if mode is not None:  # the chain alone: the round without training, with and without the chain
             for part, chained in (("chain_off", ()), ("chain_on", runner.uploads)):
-                bare = FederatedRound(WithoutTraining(runner.algorithm), chained, choice.strategy, choice.chunk_size)
+                bare = FederatedRound(WithoutTraining(runner.algorithm), chained, choice.strategy, choice.chunk_size,
+                                      **spread(choice))
                 bare_state = bare.init(params)
                 bare_uploads = bare.specialized(bare_state)
                 first, median = timed(lambda b=bare, s=bare_state, u=bare_uploads: b(

@@ -19,7 +19,7 @@ class WorkloadW:
     """One DP-FedAvg round of workload W with a chosen engine formulation."""
 
     def __init__(self, model: str, strategy: str, chunk_size, unroll, conv_impl: str, compute_dtype=None,
-                 population: int = POPULATION, stream_size: int | None = None):
+                 population: int = POPULATION, stream_size: int | None = None, devices: int = 1):
         self.model = get_model(MODELS[model], conv_impl=conv_impl, compute_dtype=compute_dtype)
         self.population = max(population, POPULATION)
         train = make_local_trainer(self.model.per_example_loss, optax.sgd(LR), unroll=unroll)
@@ -30,7 +30,8 @@ class WorkloadW:
             result = clip_by_global_norm(delta, CLIP)
             return result.clipped, result.norm
 
-        self.engine = CohortEngine(client_fn, strategy, chunk_size, stream_size=stream_size)
+        spread = tuple(jax.local_devices()[:devices]) if devices > 1 else None  # loop: clients round-robin
+        self.engine = CohortEngine(client_fn, strategy, chunk_size, stream_size=stream_size, devices=spread)
         self.params = self.model.init(jax.random.key(0))
         self.x, self.y = make_population(population=self.population)
 

@@ -17,6 +17,10 @@ Layout (dependencies point down): ``core`` <- ``privacy``, ``compression`` <- ``
 
 __version__ = "0.1.0"
 
+from fedjax_dp.core.host_devices import use_a_device_per_core  # noqa: E402  (before anything starts JAX)
+
+use_a_device_per_core()
+
 from fedjax_dp import algorithms, compression, configs, core, data, models, privacy, training  # noqa: E402
 from fedjax_dp.experiment import Experiment, RunSummary, SeedsSummary  # noqa: E402
 from fedjax_dp.training.default_config import default_config  # noqa: E402

@@ -145,3 +145,54 @@ def test_chunked_memory_does_not_copy_the_cohort():
     temp = compiled.memory_analysis().temp_size_in_bytes
     cohort_bytes = 1001 * 4000 * 4
     assert temp < cohort_bytes / 4, (temp, cohort_bytes)
+
+
+LOOP_DEVICES_SCRIPT = textwrap.dedent("""
+    import jax, numpy as np, sys
+    sys.path.insert(0, {tests!r})
+    import fedjax_dp  # sets one CPU device per FEDJAX_DP_CPU_DEVICES before JAX starts
+    from test_cohort import make_problem
+    from fedjax_dp.core.cohort import CohortEngine
+    devices = jax.devices()
+    assert len(devices) == 3, devices
+    client_fn, params, clients = make_problem("cnn_pfl", shape=(8, 8, 3), conv_impl="per_layer")  # 7 clients
+    one = CohortEngine(client_fn, "loop")(params, clients)
+    spread = CohortEngine(client_fn, "loop", devices=tuple(devices))(params, clients)
+    for a, b in zip(jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(spread)):
+        np.testing.assert_array_equal(a, b)  # the sums added in client order: the same bits
+        assert b.devices() == {{devices[0]}}, b.devices()
+
+    broken = np.asarray(jax.random.key_data(clients["key"][4]))
+
+    def refuse_client_4(key_data):
+        if np.array_equal(key_data, broken):
+            raise RuntimeError("client 4 is broken")
+
+    def fails_on_client_4(shared, client):  # raises at run time, on the second device (4 % 3)
+        jax.debug.callback(refuse_client_4, jax.random.key_data(client["key"]))
+        return client_fn(shared, client)
+
+    def failed(shared, client):
+        summed, loss = jax.eval_shape(client_fn, shared, client)
+        return jax.tree_util.tree_map(lambda s: jax.numpy.zeros(s.shape, s.dtype), summed), jax.numpy.float32(-1)
+
+    got, loss = CohortEngine(fails_on_client_4, "loop", failed_fn=failed, devices=tuple(devices))(params, clients)
+    assert float(loss[4]) == -1 and (np.asarray(loss)[[0, 1, 2, 3, 5, 6]] == np.asarray(one[1])[[0, 1, 2, 3, 5, 6]]).all()
+    print("LOOP-DEVICES-OK")
+""")
+
+
+def test_loop_over_devices_equals_one_device_bit_for_bit_and_contains_a_raising_client():
+    """``loop`` with ``devices``: clients round-robin on three CPU devices (7 clients: the last round
+    partial), a conv model; the sums and per-client rows are the one-device loop's exactly, on the first
+    device; a client that raises on the second device is replaced by its failed outputs, the others count."""
+    env = dict(os.environ, FEDJAX_DP_CPU_DEVICES="3", JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    script = LOOP_DEVICES_SCRIPT.format(tests=os.path.dirname(__file__))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert "LOOP-DEVICES-OK" in out.stdout, out.stderr[-3000:]
+
+
+def test_devices_are_for_the_loop_strategy():
+    with pytest.raises(ValueError, match="devices= spreads strategy 'loop'"):
+        CohortEngine(lambda s, c: (c, c), "sequential", devices=tuple(jax.devices()))

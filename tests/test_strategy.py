@@ -52,6 +52,28 @@ def test_a_loop_free_conv_client_runs_unrolled_with_each_layers_fastest_conv_on_
     assert choose_strategy(True, 10, "gpu", loop_free_steps=5).strategy == "chunked"  # GPU: unchanged
 
 
+def test_the_cpu_loop_spreads_over_every_cpu_device_and_explicit_num_devices_wins():
+    """``auto``'s loop goes round-robin over the CPU devices (``core.host_devices``: one per core); an explicit
+    ``engine.num_devices`` is kept; ``spread`` turns the count into the engine's ``devices`` (loop) or a mesh."""
+    from fedjax_dp.core.host_devices import cpu_devices
+    from fedjax_dp.core.strategy import StrategyChoice
+    from fedjax_dp.training.build import spread
+
+    assert choose_strategy(True, 10, "cpu", loop_free_steps=6).devices == len(cpu_devices())
+    assert choose_strategy(True, 10, "cpu").devices == 1  # the scan: one program, one device
+    cfg = default_config()
+    assert resolve_engine(cfg, True, 10, loop_free_steps=6).devices == len(cpu_devices())
+    cfg.engine.num_devices = 1
+    assert resolve_engine(cfg, True, 10, loop_free_steps=6).devices == 1
+    assert spread(StrategyChoice("loop", None, True, "per_layer", devices=1)) == {}
+    n = len(jax.local_devices())
+    with pytest.raises(ValueError, match=f"engine.num_devices={n + 1} but {n} local devices exist"):
+        spread(StrategyChoice("loop", None, True, "per_layer", devices=n + 1))
+    if n > 1:
+        assert spread(StrategyChoice("loop", None, True, "per_layer", devices=2)) == {"devices": tuple(jax.local_devices()[:2])}
+        assert spread(StrategyChoice("sequential", None, 1, "im2col", devices=2))["mesh"].shape == {"clients": 2}
+
+
 def test_loop_free_steps_come_from_the_algorithms_requirements():
     from fedjax_dp.core.algorithm import Requirements
     from fedjax_dp.training.build import loop_free_steps
@@ -62,8 +84,8 @@ def test_loop_free_steps_come_from_the_algorithms_requirements():
     assert loop_free_steps(cfg, Requirements(loop_free=True), sizes) == 2 * 6  # epochs x batches of the largest client
     assert loop_free_steps(cfg, Requirements(sampled_steps=25, batches_per_step=2, loop_free=True), sizes) == 25
     assert loop_free_steps(cfg, Requirements(), sizes) is None  # not declared: the scan, safe for any program
-    cfg.engine.num_devices = 2
-    assert loop_free_steps(cfg, Requirements(loop_free=True), sizes) is None  # a mesh: one program, no per-client calls
+    cfg.engine.num_devices = 2  # the loop spreads over devices too (round-robin), so it stays a candidate
+    assert loop_free_steps(cfg, Requirements(loop_free=True), sizes) == 2 * 6
 
 
 @pytest.mark.parametrize("algorithm, loop_free", [("cuag_pfl", True), ("pfldyn_proto", True), ("fedavg", True),

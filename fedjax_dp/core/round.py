@@ -62,10 +62,11 @@ class FederatedRound:
     upload chain. ``init(params, key)`` gives the server state with the chain's state in it."""
 
     def __init__(self, algorithm: Algorithm, uploads: Chain | tuple = (), strategy: str = "vmap",
-                 chunk_size: int | None = None, mesh=None, stream_size: int | None = None):
+                 chunk_size: int | None = None, mesh=None, stream_size: int | None = None, devices: tuple | None = None):
         self.algorithm = algorithm
         self.uploads = uploads if isinstance(uploads, Chain) else chain(*uploads)
-        self._engine_options = dict(strategy=strategy, chunk_size=chunk_size, mesh=mesh, stream_size=stream_size)
+        self._engine_options = dict(strategy=strategy, chunk_size=chunk_size, mesh=mesh, stream_size=stream_size,
+                                    devices=devices)
         CohortEngine(lambda s, c: (s, c), **self._engine_options)  # refuses a bad strategy now, not in round 1
         self._programs: dict = {}
 

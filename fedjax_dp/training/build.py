@@ -27,14 +27,14 @@ def resolve_engine(cfg, has_conv: bool, cohort_size: int, loop_free_steps: int |
         chunk_size=(auto.chunk_size if e.strategy == "auto" else (e.chunk_size or None)),
         unroll=auto.unroll if e.unroll == "auto" else (True if e.unroll == "full" else int(e.unroll)),
         conv_impl=auto.conv_impl if e.conv_impl == "auto" else e.conv_impl,
+        devices=e.num_devices or (auto.devices if e.strategy == "auto" else 1),
     )
 
 
 def loop_free_steps(cfg, requirements, train_sizes) -> int | None:
     """The local steps of a round whose algorithm declares it ``loop_free`` (``core.algorithm.Requirements``):
-    no loop over the model once its steps are unrolled; None where it does not, and under a device mesh
-    (``engine.num_devices``), which runs the cohort as one program where clients cannot be called one at a time."""
-    if not requirements.loop_free or cfg.engine.num_devices:
+    no loop over the model once its steps are unrolled; None where it does not."""
+    if not requirements.loop_free:
         return None
     if requirements.sampled_steps:
         return int(requirements.sampled_steps)
@@ -92,9 +92,21 @@ def build_round(cfg, model, choice: StrategyChoice, num_clients: int, server_set
             algorithm = wrapper.wrap(context, algorithm, server_set)
     if cfg.compression.enabled:
         uploads = with_compression(uploads, cfg.compression)
-    mesh = client_mesh(cfg.engine.num_devices) if cfg.engine.num_devices else None
-    return FederatedRound(algorithm, uploads, choice.strategy, choice.chunk_size, mesh,
-                          stream_size=cfg.engine.stream_clients or None)
+    return FederatedRound(algorithm, uploads, choice.strategy, choice.chunk_size,
+                          stream_size=cfg.engine.stream_clients or None, **spread(choice))
+
+
+def spread(choice: StrategyChoice) -> dict:
+    """The engine's ``devices`` (``loop``: clients round-robin) or ``mesh`` (traced strategies: ``shard_map``) for
+    ``choice.devices`` > 1; nothing for one device."""
+    if choice.devices <= 1:
+        return {}
+    if choice.strategy != "loop":
+        return {"mesh": client_mesh(choice.devices)}
+    devices = jax.local_devices()
+    if choice.devices > len(devices):
+        raise ValueError(f"engine.num_devices={choice.devices} but {len(devices)} local devices exist")
+    return {"devices": tuple(devices[:choice.devices])}
 
 
 def shares_server_set(cfg) -> bool:

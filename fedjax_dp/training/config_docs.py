@@ -66,7 +66,8 @@ KEY_DOCS = {
     "engine.chunk_size": "chunked strategy: clients per vmapped chunk",
     "engine.unroll": "local-training scan unroll: auto | full | an integer",
     "engine.conv_impl": "convolutions: auto | xla | im2col | per_layer (each layer by its shape)",
-    "engine.num_devices": "spread the cohort over this many devices (0 = no mesh)",
+    "engine.num_devices": "spread the cohort over this many devices: loop, clients round-robin; vmap / chunked / "
+                          "sequential, a mesh (0 = auto: a CPU device per core for auto's loop, else one)",
     "engine.stream_clients": "send the cohort to the device this many clients at a time, so device memory is "
                              "bounded by the slice, not the cohort (0 = all at once)",
     "dp.noise_multiplier": "z: Gaussian noise std on the clipped sum / S",

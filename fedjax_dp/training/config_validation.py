@@ -92,7 +92,7 @@ def validate_config(cfg) -> None:
     need(e.unroll in ("auto", "full") or (str(e.unroll).isdigit() and int(e.unroll) >= 1),
          f"engine.unroll must be 'auto', 'full' or a positive integer, got {e.unroll!r}")
     need(e.conv_impl in CONV_IMPLS + ("auto",), f"engine.conv_impl {e.conv_impl!r} unknown; available: {CONV_IMPLS + ('auto',)}")
-    need(e.num_devices >= 0, f"engine.num_devices must be >= 0 (0 = no mesh), got {e.num_devices}")
+    need(e.num_devices >= 0, f"engine.num_devices must be >= 0 (0 = auto), got {e.num_devices}")
     need(isinstance(e.stream_clients, int) and e.stream_clients >= 0,
          f"engine.stream_clients must be an integer >= 0 (0 = the whole cohort at once), got {e.stream_clients!r}")
     _refuse_unknown_keys(cfg, default_config(), "", need)

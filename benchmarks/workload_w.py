@@ -8,9 +8,11 @@ import numpy as np
 import optax
 
 from fedjax_dp.core.cohort import CohortEngine
+from fedjax_dp.core.strategy import StrategyChoice
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.models import get_model
 from fedjax_dp.privacy.clipping import clip_by_global_norm
+from fedjax_dp.training.build import spread
 
 from workload_w_data import BATCH, CLIP, LR, MODELS, POPULATION, SIGMA, STEPS, cohort_ids, make_population
 
@@ -30,8 +32,8 @@ class WorkloadW:
             result = clip_by_global_norm(delta, CLIP)
             return result.clipped, result.norm
 
-        spread = tuple(jax.local_devices()[:devices]) if devices > 1 else None  # loop: clients round-robin
-        self.engine = CohortEngine(client_fn, strategy, chunk_size, stream_size=stream_size, devices=spread)
+        over = spread(StrategyChoice(strategy, chunk_size, unroll, conv_impl, devices))  # loop: round-robin; else a mesh
+        self.engine = CohortEngine(client_fn, strategy, chunk_size, stream_size=stream_size, **over)
         self.params = self.model.init(jax.random.key(0))
         self.x, self.y = make_population(population=self.population)
 

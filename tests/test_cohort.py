@@ -152,7 +152,7 @@ LOOP_DEVICES_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import fedjax_dp  # sets one CPU device per FEDJAX_DP_CPU_DEVICES before JAX starts
     from test_cohort import make_problem
-    from fedjax_dp.core.cohort import CohortEngine
+    from fedjax_dp.core.cohort import CohortEngine, client_mesh
     devices = jax.devices()
     assert len(devices) == 3, devices
     client_fn, params, clients = make_problem("cnn_pfl", shape=(8, 8, 3), conv_impl="per_layer")  # 7 clients
@@ -178,6 +178,11 @@ LOOP_DEVICES_SCRIPT = textwrap.dedent("""
 
     got, loss = CohortEngine(fails_on_client_4, "loop", failed_fn=failed, devices=tuple(devices))(params, clients)
     assert float(loss[4]) == -1 and (np.asarray(loss)[[0, 1, 2, 3, 5, 6]] == np.asarray(one[1])[[0, 1, 2, 3, 5, 6]]).all()
+    # a mesh given a state committed to one device (a restored checkpoint's): accepted, outputs on the first device
+    meshed = CohortEngine(client_fn, "sequential", mesh=client_mesh(3))(jax.device_put(params, devices[1]), clients)
+    for a, b in zip(jax.tree_util.tree_leaves(meshed), jax.tree_util.tree_leaves(one)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        assert a.devices() == {{devices[0]}}, a.devices()
     print("LOOP-DEVICES-OK")
 """)
 
@@ -185,7 +190,8 @@ LOOP_DEVICES_SCRIPT = textwrap.dedent("""
 def test_loop_over_devices_equals_one_device_bit_for_bit_and_contains_a_raising_client():
     """``loop`` with ``devices``: clients round-robin on three CPU devices (7 clients: the last round
     partial), a conv model; the sums and per-client rows are the one-device loop's exactly, on the first
-    device; a client that raises on the second device is replaced by its failed outputs, the others count."""
+    device; a client that raises on the second device is replaced by its failed outputs, the others count.
+    A mesh takes a state committed to one device (it refused it: "incompatible devices") and returns to the first."""
     env = dict(os.environ, FEDJAX_DP_CPU_DEVICES="3", JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     script = LOOP_DEVICES_SCRIPT.format(tests=os.path.dirname(__file__))

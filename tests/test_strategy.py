@@ -60,7 +60,9 @@ def test_the_cpu_loop_spreads_over_every_cpu_device_and_explicit_num_devices_win
     from fedjax_dp.training.build import spread
 
     assert choose_strategy(True, 10, "cpu", loop_free_steps=6).devices == len(cpu_devices())
-    assert choose_strategy(True, 10, "cpu").devices == 1  # the scan: one program, one device
+    assert choose_strategy(True, 10, "cpu").devices == len(cpu_devices())  # the scan: a mesh over them
+    assert choose_strategy(False, 10, "cpu").devices == len(cpu_devices())
+    assert choose_strategy(True, 10, "gpu").devices == 1
     cfg = default_config()
     assert resolve_engine(cfg, True, 10, loop_free_steps=6).devices == len(cpu_devices())
     cfg.engine.num_devices = 1

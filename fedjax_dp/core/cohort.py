@@ -23,6 +23,8 @@ failing client is found and dropped (``per_client['finite']`` False) while the o
 A ``jax.sharding.Mesh`` with a ``clients`` axis spreads the cohort over devices with ``shard_map``;
 each device runs the chosen strategy on its shard and the sums are combined with ``psum``.
 
+The engine's outputs are on the first device (under a mesh too), where the caller's server step runs.
+
 Streaming (``stream_size``): the cohort stays on the host and goes to the device ``stream_size``
 clients at a time (the last slice padded with masked copies, so one program serves every slice); the
 model-sized sums are added on the device and the per-client rows come back to the host. The device then
@@ -42,7 +44,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 STRATEGIES = ("vmap", "chunked", "sequential", "loop")
 CLIENT_AXIS = "clients"
@@ -216,7 +218,10 @@ class CohortEngine:
     def _contained(self, shared, clients, valid=None, failures: list | None = None, offset: int = 0):
         """The jitted program; if it fails at run time, every real client again in its own call."""
         try:  # block: a run-time error surfaces here, not later in the caller
-            return jax.block_until_ready(self._jitted(shared, clients, valid))
+            if self.mesh is None:
+                return jax.block_until_ready(self._jitted(shared, clients, valid))
+            outputs = self._jitted(*_onto_mesh(self.mesh, (shared, clients, valid)))
+            return jax.block_until_ready(jax.device_put(outputs, self.mesh.devices.flat[0]))
         except jax.errors.JaxRuntimeError as error:  # at run time, not tracing: find the client
             logging.warning("the cohort program failed at run time (%s); rerunning its clients one at a "
                             "time to contain the failure", _first_line(error))
@@ -281,6 +286,13 @@ class CohortEngine:
             outputs = (_failed_client_outputs(self.client_fn, shared, client) if self._failed_jit is None
                        else self._failed_jit(shared, client))
         return outputs if first_device is None else jax.device_put(outputs, first_device)
+
+
+def _onto_mesh(mesh: Mesh, tree):
+    """Arrays committed to other devices (a state restored onto one device, say) replicated over ``mesh``: jit
+    refuses a mix of one-device and mesh arrays. Host (numpy) and uncommitted arrays are left to jit to place."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.tree_util.tree_map(lambda x: jax.device_put(x, replicated) if getattr(x, "committed", False) else x, tree)
 
 
 def _first_line(error: Exception) -> str:

@@ -31,9 +31,14 @@ Measured, quiet 2-core VM, interleaved: the CUAG-PFL / PFLDyn(Proto) round of ``
 two batches of 50) 7.7-8.3 s against 11.4-11.9 s for the scan with im2col (1.49x); workload W's CNN (6
 steps) 21.4-23.0 against 19.4-20.5 updates/s (1.10x; all-XLA 20.9-21.2), and side by side on that host 0.92-1.01x
 a PyTorch loop. Longer local training keeps the scan: unrolled steps compile in time linear in their number.
-Those clients go round-robin to one CPU device per core (``core.host_devices``), one in flight on each: workload
-W's CNN at C = 100 31.0-31.4 against 22.1-22.8 updates/s on one device threaded over both cores (1.39x, the same
-sums bit for bit; 2026-11-26, two nice-19 jobs in the background).
+
+Every CPU choice spreads the cohort over one CPU device per core (``core.host_devices``; 2026-11-26, interleaved,
+two nice-19 jobs in the background): XLA:CPU threads one small client's operations over the cores poorly, two
+clients on two single-core devices well. The loop sends clients round-robin, one in flight per device (the same
+sums bit for bit): workload W's CNN at C = 100 29.9-31.4 against 22.1-22.8 updates/s on one device (1.34-1.39x),
+the CUAG-PFL round 6.4-6.5 against 7.0-7.2 s (1.10x, its batches of 50 thread better). The scans run as a mesh
+(``shard_map``, sums combined by ``psum``: float order changes): workload W's MLP at C = 1000 1059 against 503
+updates/s (2.1x), the CNN's im2col scan 23.2-23.7 against 19.6-20.0 (1.18x).
 """
 
 from __future__ import annotations
@@ -63,11 +68,12 @@ def choose_strategy(has_conv: bool, cohort_size: int, backend: str | None = None
     of local steps when the client program has no other loop over the model (None: unknown, or it has one)."""
     backend = backend or jax.default_backend()
     if backend == "cpu":
+        cores = len(cpu_devices())  # one device per core (core.host_devices): the cohort spreads over them
         if has_conv and loop_free_steps is not None and loop_free_steps <= MAX_UNROLLED_CONV_STEPS:
-            return StrategyChoice("loop", None, True, "per_layer", devices=len(cpu_devices()))
+            return StrategyChoice("loop", None, True, "per_layer", devices=cores)
         if has_conv:
-            return StrategyChoice("sequential", None, 1, "im2col")
-        return StrategyChoice("sequential", None, True, "xla")
+            return StrategyChoice("sequential", None, 1, "im2col", devices=cores)
+        return StrategyChoice("sequential", None, True, "xla", devices=cores)
     chunk = max(1, min(cohort_size, 256))
     if backend == "gpu":
         return StrategyChoice("chunked", chunk, True, "im2col")

@@ -68,7 +68,8 @@ class WorkloadW:
         else:
             n = cohort if self.engine.stream_size is None else min(cohort, self.engine.stream_size)
             shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((n,) + x.shape[1:], x.dtype), one_client)
-            program = jax.jit(self.engine.trace).lower(self.params, shapes)
+            params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params)  # any device
+            program = jax.jit(self.engine.trace).lower(params, shapes)
         memory = program.compile().memory_analysis()
         return {name: int(getattr(memory, f"{name}_size_in_bytes")) for name in ("argument", "output", "temp", "alias")}
 

@@ -44,7 +44,8 @@ def test_a_loop_free_conv_client_runs_unrolled_with_each_layers_fastest_conv_on_
     from fedjax_dp.core.strategy import MAX_UNROLLED_CONV_STEPS
 
     short = choose_strategy(True, 10, "cpu", loop_free_steps=25)
-    assert (short.strategy, short.unroll, short.conv_impl) == ("loop", True, "per_layer")
+    spread_over_cores = len(jax.devices("cpu")) > 1  # a client a core: XLA's convolution in every layer
+    assert (short.strategy, short.unroll, short.conv_impl) == ("loop", True, "xla" if spread_over_cores else "per_layer")
     for steps in (MAX_UNROLLED_CONV_STEPS + 1, None):
         long = choose_strategy(True, 10, "cpu", loop_free_steps=steps)
         assert (long.strategy, long.unroll, long.conv_impl) == ("sequential", 1, "im2col")
@@ -136,7 +137,7 @@ def test_fedmeta_declares_its_steps_on_d_meta():
 
 def test_a_run_builds_the_engine_its_algorithm_allows(tmp_path):
     """``build_model_and_round`` (what ``run_experiment`` uses): CUAG-PFL's P = 25 steps run unrolled per
-    client with per-layer convolutions on a CPU; the same model under UGA (a scan over its evaluation
+    client with per-layer convolutions on a CPU (XLA's in every layer when clients go a core each); the same model under UGA (a scan over its evaluation
     batches) keeps the scan with im2col; an explicit engine setting is kept."""
     import jax
 
@@ -155,8 +156,9 @@ def test_a_run_builds_the_engine_its_algorithm_allows(tmp_path):
     cfg.client.batch_size, cfg.sampling.cohort_size = 4, 2
     dataset = build_dataset(cfg.data, cfg.seed)
     choice, model, runner = build_model_and_round(cfg, dataset)
-    assert (choice.strategy, choice.unroll, choice.conv_impl) == ("loop", True, "per_layer")
-    assert model.module.conv_impl == "per_layer" and runner.strategy == "loop"
+    conv = "xla" if len(jax.devices("cpu")) > 1 else "per_layer"  # a client a core, or one threaded over all
+    assert (choice.strategy, choice.unroll, choice.conv_impl) == ("loop", True, conv)
+    assert model.module.conv_impl == conv and runner.strategy == "loop"
     uga = cfg.copy_and_resolve_references()
     uga.algorithm, uga.compression.enabled = "uga", False
     assert build_model_and_round(uga, dataset)[0].conv_impl == "im2col"

@@ -36,7 +36,12 @@ Every CPU choice spreads the cohort over one CPU device per core (``core.host_de
 two nice-19 jobs in the background): XLA:CPU threads one small client's operations over the cores poorly, two
 clients on two single-core devices well. The loop sends clients round-robin, one in flight per device (the same
 sums bit for bit): workload W's CNN at C = 100 29.9-31.4 against 22.1-22.8 updates/s on one device (1.34-1.39x),
-the CUAG-PFL round 6.4-6.5 against 7.0-7.2 s (1.10x, its batches of 50 thread better). The scans run as a mesh
+the CUAG-PFL round 6.4-6.5 against 7.0-7.2 s (1.10x, its batches of 50 thread better). A client on one core
+favours XLA's convolution more than one threaded over two: forward + backward on one core, XLA / im2col time,
+10 x 14x14, 32 -> 64: 0.60 (0.90 threaded); 50 x 32x32, 3 -> 64: 0.74 (1.88); im2col still wins only at batch 10
+with cin <= 3 (1.23, 1.50), a first layer, which needs no input gradient; the whole FedAvg CNN client on one
+core all-XLA 52.7-52.9 against per-layer 55.0-56.5 ms, and spread over two devices 33.2-34.3 against 31.7-33.4
+updates/s. So the spread loop uses XLA's convolution in every layer (``cnn_pfl``'s layers already were). The scans run as a mesh
 (``shard_map``, sums combined by ``psum``: float order changes): workload W's MLP at C = 1000 1059 against 503
 updates/s (2.1x), the CNN's im2col scan 23.2-23.7 against 19.6-20.0 (1.18x).
 """
@@ -70,7 +75,7 @@ def choose_strategy(has_conv: bool, cohort_size: int, backend: str | None = None
     if backend == "cpu":
         cores = len(cpu_devices())  # one device per core (core.host_devices): the cohort spreads over them
         if has_conv and loop_free_steps is not None and loop_free_steps <= MAX_UNROLLED_CONV_STEPS:
-            return StrategyChoice("loop", None, True, "per_layer", devices=cores)
+            return StrategyChoice("loop", None, True, "xla" if cores > 1 else "per_layer", devices=cores)
         if has_conv:
             return StrategyChoice("sequential", None, 1, "im2col", devices=cores)
         return StrategyChoice("sequential", None, True, "xla", devices=cores)

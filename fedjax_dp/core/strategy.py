@@ -11,7 +11,8 @@ client-updates/s; full tables in ``benchmarks/RESULTS.md``):
   1.2-5.1 (grouped convolutions / batched matmuls). With reshape-and-max pooling (2026-11-24): ``auto``
   15.1-17.6, 1.25-1.27x the best peer (a PyTorch loop, 12.1-13.1) side by side, 1.09x on a day the
   peers ran at 15.2-15.6; every local step
-  unrolled measured equal (16.5-17.4), and clients in parallel over two host devices no faster.
+  unrolled measured equal (16.5-17.4), and clients in parallel over two host devices no faster (that
+  day's scan threads well; the unrolled client below does not, and gains from them).
 
 On a GPU: one vmapped program over chunks of at most 256 clients (memory bounded by the chunk), the
 local steps unrolled, im2col convolutions. Measured on one H100 (workload W, ``benchmarks/

@@ -1,4 +1,5 @@
-"""One JAX CPU device per core, so the ``loop`` engine can run a client on each core at once.
+"""One JAX CPU device per core, so the cohort engine can run a client (``loop``) or a shard of the cohort (a
+mesh, for the scans) on each core at once.
 
 XLA:CPU gives a process one CPU device by default and threads each operation over the cores. For the small
 batches of federated clients that threading scales poorly: one workload-W CNN client (6 steps of 10) took

@@ -4,6 +4,8 @@
   pfldyn     the round of PFLDyn(Proto) without upload transforms,
   cuag       the same round with CUAG-PFL's chain (compress, Alg. 4 noise, reconstruct),
   evaluate   the personalised evaluation of all 100 clients (one mapped pass),
+  forward    the evaluation model's forward pass alone over every image of the dataset (batches of 500):
+             the least the evaluation can cost, since every client's prototypes and scores need it,
   chain      the chain alone: the CUAG round with local training replaced by a random update of the
              model's shape (``WithoutTraining``), minus the same round with an empty chain,
 each the median of ``--repeats`` after one compiling call, all in this one process. The chain's share
@@ -108,6 +110,11 @@ def main():
             evaluator = PersonalizedEvaluator(dataset)
             first, median = timed(lambda: evaluator.per_client_accuracy(runner.algorithm, state, store), args.repeats)
             result["evaluate"] = {"first_s": first, "median_s": median, "clients": dataset.num_clients}
+            apply = jax.jit(runner.algorithm.evaluation_apply or runner.algorithm.apply)
+            images = jax.numpy.asarray(dataset.x)
+            first, median = timed(lambda: [apply(state.params, images[i:i + 500]) for i in range(0, len(images), 500)],
+                                  args.repeats)
+            result["forward"] = {"first_s": first, "median_s": median, "images": len(images)}
     result["chain_s"] = result["chain_on"]["median_s"] - result["chain_off"]["median_s"]
     result["chain_share_of_round"] = result["chain_s"] / result["cuag"]["median_s"]
     result["round_difference_share"] = (result["cuag"]["median_s"] - result["pfldyn"]["median_s"]) / result["cuag"]["median_s"]

@@ -106,11 +106,16 @@ def in_process_two_devices() -> float:
 
 
 def one_core_client_ms() -> float:
+    """Part 2 (b), one of the two processes: compiles, waits for ``START_AT`` (so that the two timed loops run
+    together), then times its client."""
     import jax
     from workload_w import WorkloadW
     work = WorkloadW("cnn", "loop", None, True, "xla")
     client = jax.device_put(jax.tree_util.tree_map(lambda x: x[0], work._cohort(0, 1)))
-    return best_ms(jax.jit(work.engine.client_fn), work.params, client, calls=20)
+    fn = jax.jit(work.engine.client_fn)
+    jax.block_until_ready(fn(work.params, client))
+    time.sleep(max(0.0, float(os.environ.get("START_AT", 0)) - time.time()))
+    return best_ms(fn, work.params, client, calls=20)
 
 
 def worker(what: str) -> None:
@@ -118,8 +123,8 @@ def worker(what: str) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_worker(what: str, core: int | None = None, devices: int = 1) -> subprocess.Popen:
-    env = {**os.environ, "FEDJAX_DP_CPU_DEVICES": str(devices)}
+def run_worker(what: str, core: int | None = None, devices: int = 1, start_at: float = 0.0) -> subprocess.Popen:
+    env = {**os.environ, "FEDJAX_DP_CPU_DEVICES": str(devices), "START_AT": str(start_at)}
     command = [sys.executable, __file__, "--worker", what]
     if core is not None:
         command = ["taskset", "-c", str(core)] + command
@@ -137,7 +142,8 @@ def result_of(process: subprocess.Popen):
 def concurrency() -> dict:
     """Part 2: (a) then (b), then (a) again, so a drift of the machine shows."""
     rows = {"one process, two devices": [result_of(run_worker("two_devices", devices=2))]}
-    pinned = [run_worker("one_core", core=c) for c in (0, 1)]
+    start_at = time.time() + 30  # both processes compiled by then
+    pinned = [run_worker("one_core", core=c, start_at=start_at) for c in (0, 1)]
     per_process = [result_of(p) for p in pinned]
     rows["two processes, one core each (each process's client ms)"] = per_process
     rows["one process, two devices"].append(result_of(run_worker("two_devices", devices=2)))

@@ -24,20 +24,16 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from timing import best_ms  # noqa: E402
 
 
-def best_ms(fn, *args, calls: int = 50, repeats: int = 5) -> float:
-    """Best over ``repeats`` of the mean milliseconds of ``calls`` back-to-back calls (after a compiling one)."""
+def one_client(devices: int = 1):
+    """Workload W's CNN (XLA convolutions, every step unrolled), its jitted client program and one client's data."""
     import jax
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        best = min(best, (time.perf_counter() - start) / calls * 1e3)
-    return best
+    from workload_w import WorkloadW
+    work = WorkloadW("cnn", "loop", None, True, "xla", devices=devices)
+    client = jax.device_put(jax.tree_util.tree_map(lambda x: x[0], work._cohort(0, 1)))
+    return work, jax.jit(work.engine.client_fn), client
 
 
 def layer_parts() -> dict:
@@ -46,7 +42,6 @@ def layer_parts() -> dict:
     import jax.numpy as jnp
     from cohort_throughput import matmul_peak
     from fedjax_dp.models.pooling import max_pool_2x2
-    from workload_w import WorkloadW
     from workload_w_data import BATCH
 
     b, keys = BATCH, jax.random.split(jax.random.key(0), 8)
@@ -73,8 +68,7 @@ def layer_parts() -> dict:
             jax.jit(jax.grad(dense, (0, 1, 2))),
             (normal(6, (3136, 512), 0.02), normal(7, (512, 10), 0.05), normal(1, (b, 3136))), 3 * b * (3136 * 512 + 5120)),
     }
-    work = WorkloadW("cnn", "loop", None, True, "xla")
-    client = jax.device_put(jax.tree_util.tree_map(lambda x: x[0], work._cohort(0, 1)))
+    work, client_fn, client = one_client()
     batch = jax.tree_util.tree_map(lambda x: x[0], client["batches"])
     step_grad = jax.jit(jax.grad(lambda p, batch: jnp.mean(work.model.per_example_loss(p, batch))))
     peak = matmul_peak("jax")
@@ -84,7 +78,7 @@ def layer_parts() -> dict:
         flops = 2 * macs
         rows[name] = {"ms": ms, "gflops": flops / ms / 1e6 if flops else None}
     rows["one step's gradient (flax model)"] = {"ms": best_ms(step_grad, work.params, batch)}
-    rows["client: 6 steps, delta, clip"] = {"ms": best_ms(jax.jit(work.engine.client_fn), work.params, client, calls=20)}
+    rows["client: 6 steps, delta, clip"] = {"ms": best_ms(client_fn, work.params, client, calls=20)}
     for row in rows.values():
         if row.get("gflops"):
             row["of_peak"] = row["gflops"] / peak
@@ -94,12 +88,10 @@ def layer_parts() -> dict:
 def in_process_two_devices() -> float:
     """Part 2 (a): milliseconds a client, 40 clients dispatched up front round-robin to two CPU devices."""
     import jax
-    from workload_w import WorkloadW
-    work = WorkloadW("cnn", "loop", None, True, "xla", devices=2)
+    work, fn, _ = one_client(devices=2)
     devices = jax.devices()[:2]
     assert len(devices) == 2, "needs two CPU devices (a machine with two cores or more)"
     clients = work._cohort(0, 40)
-    fn = jax.jit(work.engine.client_fn)
     shared = [jax.device_put(work.params, d) for d in devices]
     placed = [jax.tree_util.tree_map(lambda x: jax.device_put(x[i], devices[i % 2]), clients) for i in range(40)]
     return best_ms(lambda: [fn(shared[i % 2], placed[i]) for i in range(40)], calls=1, repeats=3) / 40
@@ -109,10 +101,7 @@ def one_core_client_ms() -> float:
     """Part 2 (b), one of the two processes: compiles, waits for ``START_AT`` (so that the two timed loops run
     together), then times its client."""
     import jax
-    from workload_w import WorkloadW
-    work = WorkloadW("cnn", "loop", None, True, "xla")
-    client = jax.device_put(jax.tree_util.tree_map(lambda x: x[0], work._cohort(0, 1)))
-    fn = jax.jit(work.engine.client_fn)
+    work, fn, client = one_client()
     jax.block_until_ready(fn(work.params, client))
     time.sleep(max(0.0, float(os.environ.get("START_AT", 0)) - time.time()))
     return best_ms(fn, work.params, client, calls=20)

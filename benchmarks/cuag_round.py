@@ -111,7 +111,7 @@ def main():
             first, median = timed(lambda: evaluator.per_client_accuracy(runner.algorithm, state, store), args.repeats)
             result["evaluate"] = {"first_s": first, "median_s": median, "clients": dataset.num_clients}
             apply = jax.jit(runner.algorithm.evaluation_apply or runner.algorithm.apply)
-            images = jax.numpy.asarray(dataset.x)
+            images = evaluator.x  # the evaluator's device copy of the dataset
             first, median = timed(lambda: [apply(state.params, images[i:i + 500]) for i in range(0, len(images), 500)],
                                   args.repeats)
             result["forward"] = {"first_s": first, "median_s": median, "images": len(images)}

@@ -183,6 +183,22 @@ LOOP_DEVICES_SCRIPT = textwrap.dedent("""
     for a, b in zip(jax.tree_util.tree_leaves(meshed), jax.tree_util.tree_leaves(one)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         assert a.devices() == {{devices[0]}}, a.devices()
+    # spreading copies the shared inputs onto every device; past max_replicated_bytes the cohort stays on one
+    moved, real_put = [], jax.device_put
+    jax.device_put = lambda x, device=None, *a, **k: moved.append((x, device)) or real_put(x, device, *a, **k)
+    try:
+        kept = CohortEngine(client_fn, "loop", devices=tuple(devices), max_replicated_bytes=100)(params, clients)
+        assert not any(x is params for x, _ in moved), "the shared inputs were copied to another device"
+        CohortEngine(client_fn, "loop", devices=tuple(devices))(params, clients)  # under the default limit: spread
+        assert any(x is params and d == devices[1] for x, d in moved)
+    finally:
+        jax.device_put = real_put
+    for a, b in zip(jax.tree_util.tree_leaves(kept), jax.tree_util.tree_leaves(one)):
+        np.testing.assert_array_equal(a, b)
+    unmeshed = CohortEngine(client_fn, "sequential", mesh=client_mesh(3), max_replicated_bytes=100)(params, clients)
+    plain = CohortEngine(client_fn, "sequential")(params, clients)
+    for a, b in zip(jax.tree_util.tree_leaves(unmeshed), jax.tree_util.tree_leaves(plain)):
+        np.testing.assert_array_equal(a, b)  # the one-device program, not the mesh's psum
     print("LOOP-DEVICES-OK")
 """)
 
@@ -191,12 +207,15 @@ def test_loop_over_devices_equals_one_device_bit_for_bit_and_contains_a_raising_
     """``loop`` with ``devices``: clients round-robin on three CPU devices (7 clients: the last round
     partial), a conv model; the sums and per-client rows are the one-device loop's exactly, on the first
     device; a client that raises on the second device is replaced by its failed outputs, the others count.
-    A mesh takes a state committed to one device (it refused it: "incompatible devices") and returns to the first."""
+    A mesh takes a state committed to one device (it refused it: "incompatible devices") and returns to the first.
+    Shared inputs whose copies would pass ``max_replicated_bytes`` are not copied: the cohort runs on one device
+    (Table 7's 8 GB random matrix was copied to the second core's device: 21.6 GB peak)."""
     env = dict(os.environ, FEDJAX_DP_CPU_DEVICES="3", JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     script = LOOP_DEVICES_SCRIPT.format(tests=os.path.dirname(__file__))
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert "LOOP-DEVICES-OK" in out.stdout, out.stderr[-3000:]
+    assert out.stderr.count("running on one device") == 2, out.stderr[-3000:]  # said once per engine
 
 
 def test_devices_are_for_the_loop_strategy():

@@ -16,6 +16,11 @@ Strategies, interchangeable and giving the same numbers up to float summation or
   one client threaded over both (``benchmarks/RESULTS.md``). The sums are still added in client order on
   the first device, so the result is the one-device loop's, bit for bit.
 
+Spreading copies the shared inputs (model, server state, the round's inputs) onto every device: XLA:CPU's
+host devices do not share buffers. Where those copies would exceed ``max_replicated_bytes`` together, the
+cohort runs on the first device alone, the same numbers more slowly: CUAG-PFL's held Gaussian matrix for
+``cnn_pfl``'s dense layer (8 GB) was copied to the second core's device and took a Table 7 run to 21.6 GB.
+
 Faults: a client that raises is contained: ``loop`` catches it per client; a traced program that
 fails at run time (an XLA error such as running out of memory) is rerun one client at a time, so the
 failing client is found and dropped (``per_client['finite']`` False) while the others count.
@@ -158,6 +163,7 @@ class CohortEngine:
     failed_fn: ClientFn | None = None  # the outputs of a client that raised (default: zeros, finite False)
     stream_size: int | None = None  # send the cohort to the device this many clients at a time (traced strategies)
     devices: tuple | None = None  # strategy 'loop': dispatch clients round-robin to these devices
+    max_replicated_bytes: int = 2**30  # spread (devices or mesh) only while the shared inputs' extra copies fit
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -177,6 +183,25 @@ class CohortEngine:
     @functools.cached_property
     def _jitted(self):
         return jax.jit(self.trace)
+
+    @functools.cached_property
+    def _one_device(self) -> "CohortEngine":
+        """This engine without its spread (mesh or devices): what runs when spreading costs too much memory."""
+        return dataclasses.replace(self, mesh=None, devices=None)
+
+    def _spreads(self, shared) -> bool:
+        """Whether to spread the cohort: no spread configured, or the extra copies of ``shared`` it makes
+        (one per device past the first) over ``max_replicated_bytes``, says no (logged the first time)."""
+        count = len(self.devices) if self.devices else self.mesh.devices.size if self.mesh is not None else 1
+        extra = (count - 1) * sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(shared))
+        if extra <= self.max_replicated_bytes:
+            return count > 1
+        if not getattr(self, "_said_one_device", False):
+            object.__setattr__(self, "_said_one_device", True)
+            logging.warning("cohort engine: spreading over %d devices would copy the shared inputs %d more times "
+                         "(%.2f GB > max_replicated_bytes %.2f GB); running on one device", count, count - 1,
+                         extra / 2**30, self.max_replicated_bytes / 2**30)
+        return False
 
     @functools.cached_property
     def _client_jit(self):
@@ -209,6 +234,8 @@ class CohortEngine:
         return summed, jax.tree_util.tree_map(lambda x: x[:n], per_client)
 
     def __call__(self, shared, clients):
+        if (self.mesh is not None or self.devices) and not self._spreads(shared):
+            return self._one_device(shared, clients)
         if self.strategy == "loop":
             return self._one_at_a_time_contained(shared, clients)
         if self.stream_size is not None and _num_clients(clients) > self.stream_size:

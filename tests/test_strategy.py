@@ -77,6 +77,19 @@ def test_the_cpu_loop_spreads_over_every_cpu_device_and_explicit_num_devices_win
         assert spread(StrategyChoice("sequential", None, 1, "im2col", devices=2))["mesh"].shape == {"clients": 2}
 
 
+def test_engine_max_replicated_gb_reaches_the_cohort_engine():
+    """``engine.max_replicated_gb``: how many GB of copies of the shared inputs a spread may make (past it the
+    engine runs on one device, ``tests/test_cohort.py``)."""
+    from fedjax_dp.core.strategy import StrategyChoice
+    from fedjax_dp.models import get_model
+    from fedjax_dp.training.build import build_round
+
+    cfg = default_config()
+    cfg.engine.max_replicated_gb = 0.5
+    runner = build_round(cfg, get_model("logistic", (4, 4, 1), 3), StrategyChoice("loop", None, True, "xla"), 10)
+    assert runner._engine_options["max_replicated_bytes"] == 2**29
+
+
 def test_loop_free_steps_come_from_the_algorithms_requirements():
     from fedjax_dp.core.algorithm import Requirements
     from fedjax_dp.training.build import loop_free_steps

@@ -53,6 +53,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 STRATEGIES = ("vmap", "chunked", "sequential", "loop")
 CLIENT_AXIS = "clients"
+MAX_REPLICATED_BYTES = 2**30  # default: 1 GiB of extra copies of the shared inputs (module docstring)
 
 ClientFn = Callable[[Any, Any], tuple[Any, Any]]
 
@@ -163,7 +164,7 @@ class CohortEngine:
     failed_fn: ClientFn | None = None  # the outputs of a client that raised (default: zeros, finite False)
     stream_size: int | None = None  # send the cohort to the device this many clients at a time (traced strategies)
     devices: tuple | None = None  # strategy 'loop': dispatch clients round-robin to these devices
-    max_replicated_bytes: int = 2**30  # spread (devices or mesh) only while the shared inputs' extra copies fit
+    max_replicated_bytes: int = MAX_REPLICATED_BYTES  # spread (devices or mesh) only while the shared inputs' extra copies fit
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:

@@ -26,7 +26,7 @@ import numpy as np
 
 from fedjax_dp.core import rng, tree
 from fedjax_dp.core.algorithm import Aggregate, Algorithm
-from fedjax_dp.core.cohort import CohortEngine
+from fedjax_dp.core.cohort import MAX_REPLICATED_BYTES, CohortEngine
 from fedjax_dp.core.uploads import UNBOUNDED, Chain, ClientContext, ServerContext, chain
 
 EVALUATION_PASS_KEYS = ("eval_batches", "eval_mask")
@@ -62,11 +62,12 @@ class FederatedRound:
     upload chain. ``init(params, key)`` gives the server state with the chain's state in it."""
 
     def __init__(self, algorithm: Algorithm, uploads: Chain | tuple = (), strategy: str = "vmap",
-                 chunk_size: int | None = None, mesh=None, stream_size: int | None = None, devices: tuple | None = None):
+                 chunk_size: int | None = None, mesh=None, stream_size: int | None = None, devices: tuple | None = None,
+                 max_replicated_bytes: int = MAX_REPLICATED_BYTES):
         self.algorithm = algorithm
         self.uploads = uploads if isinstance(uploads, Chain) else chain(*uploads)
         self._engine_options = dict(strategy=strategy, chunk_size=chunk_size, mesh=mesh, stream_size=stream_size,
-                                    devices=devices)
+                                    devices=devices, max_replicated_bytes=max_replicated_bytes)
         CohortEngine(lambda s, c: (s, c), **self._engine_options)  # refuses a bad strategy now, not in round 1
         self._programs: dict = {}
 

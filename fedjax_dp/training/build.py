@@ -93,7 +93,8 @@ def build_round(cfg, model, choice: StrategyChoice, num_clients: int, server_set
     if cfg.compression.enabled:
         uploads = with_compression(uploads, cfg.compression)
     return FederatedRound(algorithm, uploads, choice.strategy, choice.chunk_size,
-                          stream_size=cfg.engine.stream_clients or None, **spread(choice))
+                          stream_size=cfg.engine.stream_clients or None,
+                          max_replicated_bytes=int(cfg.engine.max_replicated_gb * 2**30), **spread(choice))
 
 
 def spread(choice: StrategyChoice) -> dict:

@@ -95,6 +95,8 @@ def validate_config(cfg) -> None:
     need(e.num_devices >= 0, f"engine.num_devices must be >= 0 (0 = auto), got {e.num_devices}")
     need(isinstance(e.stream_clients, int) and e.stream_clients >= 0,
          f"engine.stream_clients must be an integer >= 0 (0 = the whole cohort at once), got {e.stream_clients!r}")
+    need(isinstance(e.max_replicated_gb, (int, float)) and e.max_replicated_gb >= 0,
+         f"engine.max_replicated_gb must be a number >= 0 (0 = never copy: one device), got {e.max_replicated_gb!r}")
     _refuse_unknown_keys(cfg, default_config(), "", need)
     registry.validate(cfg, need)  # the algorithm's own section, and sections it does not read left alone
     if errors:

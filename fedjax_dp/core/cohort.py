@@ -19,7 +19,8 @@ Strategies, interchangeable and giving the same numbers up to float summation or
 Spreading copies the shared inputs (model, server state, the round's inputs) onto every device: XLA:CPU's
 host devices do not share buffers. Where those copies would exceed ``max_replicated_bytes`` together, the
 cohort runs on the first device alone, the same numbers more slowly: CUAG-PFL's held Gaussian matrix for
-``cnn_pfl``'s dense layer (8 GB) was copied to the second core's device and took a Table 7 run to 21.6 GB.
+``cnn_pfl``'s dense layer (8 GB) was copied to the second core's device and took a Table 7 run to 21.6 GB
+(14.6 GB without the copy).
 
 Faults: a client that raises is contained: ``loop`` catches it per client; a traced program that
 fails at run time (an XLA error such as running out of memory) is rerun one client at a time, so the

@@ -214,3 +214,17 @@ def test_an_algorithm_with_personalize_gets_personalized_accuracy(tmp_path):
         results[zero] = [json.loads(line) for line in open(tmp_path / str(zero) / "metrics.jsonl")][-1]
     assert results[False]["personalized_accuracy"] == pytest.approx(results[False]["client_accuracy"])
     assert results[True]["personalized_accuracy"] != pytest.approx(results[True]["client_accuracy"])
+
+
+@pytest.mark.parametrize("limit_gb, one_device", [(0.0, True), (1.0, False)])
+def test_a_run_records_whether_its_cohort_ran_on_one_device_to_save_memory(limit_gb, one_device, tmp_path):
+    """``engine.max_replicated_gb``: a spread that would copy more than this of the shared inputs runs on one
+    device; the run's summary says so beside the configured spread (the CPU loop: the same numbers)."""
+    if len(jax.local_devices()) < 2:
+        pytest.skip("needs two devices (fedjax_dp gives JAX one CPU device per core)")
+    c = _config("fedavg")
+    c.rounds = c.eval_every = 1
+    c.engine.update(strategy="loop", num_devices=2, max_replicated_gb=limit_gb)
+    run_experiment(c, str(tmp_path / "run"), progress=False)
+    engine = json.load(open(tmp_path / "run" / "summary.json"))["engine"]
+    assert engine["devices"] == 2 and engine["ran_on_one_device"] is one_device

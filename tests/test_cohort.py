@@ -187,10 +187,13 @@ LOOP_DEVICES_SCRIPT = textwrap.dedent("""
     moved, real_put = [], jax.device_put
     jax.device_put = lambda x, device=None, *a, **k: moved.append((x, device)) or real_put(x, device, *a, **k)
     try:
-        kept = CohortEngine(client_fn, "loop", devices=tuple(devices), max_replicated_bytes=100)(params, clients)
+        limited = CohortEngine(client_fn, "loop", devices=tuple(devices), max_replicated_bytes=100)
+        kept = limited(params, clients)
         assert not any(x is params for x, _ in moved), "the shared inputs were copied to another device"
-        CohortEngine(client_fn, "loop", devices=tuple(devices))(params, clients)  # under the default limit: spread
+        spreading = CohortEngine(client_fn, "loop", devices=tuple(devices))
+        spreading(params, clients)  # under the default limit: spread
         assert any(x is params and d == devices[1] for x, d in moved)
+        assert limited.ran_on_one_device and not spreading.ran_on_one_device  # what a run's summary records
     finally:
         jax.device_put = real_put
     for a, b in zip(jax.tree_util.tree_leaves(kept), jax.tree_util.tree_leaves(one)):

@@ -191,6 +191,11 @@ class CohortEngine:
         """This engine without its spread (mesh or devices): what runs when spreading costs too much memory."""
         return dataclasses.replace(self, mesh=None, devices=None)
 
+    @property
+    def ran_on_one_device(self) -> bool:
+        """Whether a call has run unspread for memory (``max_replicated_bytes``): a run records it."""
+        return getattr(self, "_ran_on_one_device", False)
+
     def _spreads(self, shared) -> bool:
         """Whether to spread the cohort: no spread configured, or the extra copies of ``shared`` it makes
         (one per device past the first) over ``max_replicated_bytes``, says no (logged the first time)."""
@@ -198,8 +203,8 @@ class CohortEngine:
         extra = (count - 1) * sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(shared))
         if extra <= self.max_replicated_bytes:
             return count > 1
-        if not getattr(self, "_said_one_device", False):
-            object.__setattr__(self, "_said_one_device", True)
+        if not self.ran_on_one_device:
+            object.__setattr__(self, "_ran_on_one_device", True)
             logging.warning("cohort engine: spreading over %d devices would copy the shared inputs %d more times "
                          "(%.2f GB > max_replicated_bytes %.2f GB); running on one device", count, count - 1,
                          extra / 2**30, self.max_replicated_bytes / 2**30)

@@ -76,6 +76,11 @@ class FederatedRound:
         """The cohort engine's strategy (``core.cohort.STRATEGIES``)."""
         return self._engine_options["strategy"]
 
+    @property
+    def ran_on_one_device(self) -> bool:
+        """Whether a round's cohort ran on one device instead of the configured spread, to save memory."""
+        return any(engine.ran_on_one_device for engine, _ in self._programs.values())
+
     def init(self, params, key: jax.Array | None = None):
         state = self.algorithm.init(params, key)
         return state.replace(uploads=self.uploads.init(self.algorithm.upload_template(params)))

@@ -178,7 +178,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
         summary.epsilon, summary.formal = tracker.report().epsilon, record["formal"]
         summary.stopped_early = tracker.stopped_at is not None
     writer.write_json("summary.json", {**dataclasses.asdict(summary),
-                                       "engine": dataclasses.asdict(choice), "backend": jax.default_backend()})
+                                       "engine": {**dataclasses.asdict(choice), "ran_on_one_device": runner.ran_on_one_device},
+                                       "backend": jax.default_backend()})
     plots.plot_run(results.read_metrics(workdir), os.path.join(workdir, "results.png"),
                    run_title(cfg, dataset.name, dataset.num_clients, tracker.report() if tracker else None),
                    final.per_client, final.per_client_label)

@@ -18,9 +18,9 @@ Strategies, interchangeable and giving the same numbers up to float summation or
 
 Spreading copies the shared inputs (model, server state, the round's inputs) onto every device: XLA:CPU's
 host devices do not share buffers. Where those copies would exceed ``max_replicated_bytes`` together, the
-cohort runs on the first device alone, the same numbers more slowly: CUAG-PFL's held Gaussian matrix for
-``cnn_pfl``'s dense layer (8 GB) was copied to the second core's device and took a Table 7 run to 21.6 GB
-(14.6 GB without the copy).
+cohort runs on the first device alone, more slowly (the loop's numbers bit for bit; a mesh's up to the
+float order of its sum): CUAG-PFL's held Gaussian matrix for ``cnn_pfl``'s dense layer (8 GB) was copied
+to the second core's device and took a Table 7 run to 21.6 GB (14.6 GB without the copy).
 
 Faults: a client that raises is contained: ``loop`` catches it per client; a traced program that
 fails at run time (an XLA error such as running out of memory) is rerun one client at a time, so the
@@ -197,8 +197,8 @@ class CohortEngine:
         return getattr(self, "_ran_on_one_device", False)
 
     def _spreads(self, shared) -> bool:
-        """Whether to spread the cohort: no spread configured, or the extra copies of ``shared`` it makes
-        (one per device past the first) over ``max_replicated_bytes``, says no (logged the first time)."""
+        """Whether to spread the cohort: only if one is configured and its extra copies of ``shared`` (one per
+        device past the first) fit ``max_replicated_bytes``; a refusal is logged the first time."""
         count = len(self.devices) if self.devices else self.mesh.devices.size if self.mesh is not None else 1
         extra = (count - 1) * sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(shared))
         if extra <= self.max_replicated_bytes:
@@ -206,8 +206,8 @@ class CohortEngine:
         if not self.ran_on_one_device:
             object.__setattr__(self, "_ran_on_one_device", True)
             logging.warning("cohort engine: spreading over %d devices would copy the shared inputs %d more times "
-                         "(%.2f GB > max_replicated_bytes %.2f GB); running on one device", count, count - 1,
-                         extra / 2**30, self.max_replicated_bytes / 2**30)
+                            "(%.2f GB > max_replicated_bytes %.2f GB); running on one device", count, count - 1,
+                            extra / 2**30, self.max_replicated_bytes / 2**30)
         return False
 
     @functools.cached_property

@@ -71,7 +71,7 @@ KEY_DOCS = {
     "engine.stream_clients": "send the cohort to the device this many clients at a time, so device memory is "
                              "bounded by the slice, not the cohort (0 = all at once)",
     "engine.max_replicated_gb": "spread over devices only while the copies of the round's shared inputs (model, state, "
-                                "held random matrices) on the other devices fit this many GB; else one device, same numbers",
+                                "held random matrices) on the other devices fit this many GB; else one device (same numbers, slower)",
     "dp.noise_multiplier": "z: Gaussian noise std on the clipped sum / S",
     "dp.noise_schedule": "piecewise-constant z_t, e.g. '1:1.2,100:1.0' ('' = constant z)",
     "dp.calibrate_epsilon": "> 0: choose z so that `rounds` rounds spend this epsilon at dp.delta",

@@ -9,6 +9,7 @@ import optax
 
 from fedjax_dp.core.cohort import CohortEngine
 from fedjax_dp.core.strategy import StrategyChoice
+from fedjax_dp.core.deferred_dense import deferrable_kernels, make_deferred_dense_sgd_trainer
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.models import get_model
 from fedjax_dp.privacy.clipping import clip_by_global_norm
@@ -21,12 +22,16 @@ class WorkloadW:
     """One DP-FedAvg round of workload W with a chosen engine formulation."""
 
     def __init__(self, model: str, strategy: str, chunk_size, unroll, conv_impl: str, compute_dtype=None,
-                 population: int = POPULATION, stream_size: int | None = None, devices: int = 1):
+                 population: int = POPULATION, stream_size: int | None = None, devices: int = 1,
+                 deferred_dense: bool = True):
         self.model = get_model(MODELS[model], conv_impl=conv_impl, compute_dtype=compute_dtype)
         self.population = max(population, POPULATION)
-        train = make_local_trainer(self.model.per_example_loss, optax.sgd(LR), unroll=unroll)
+        loss = self.model.per_example_loss
 
-        def client_fn(params, client):
+        def client_fn(params, client):  # the local training FedAvg's builder picks (engine.deferred_dense)
+            deferred = deferrable_kernels(loss, params, client["batches"], client["key"]) if deferred_dense else {}
+            train = (make_deferred_dense_sgd_trainer(loss, LR, deferred, unroll=unroll) if deferred
+                     else make_local_trainer(loss, optax.sgd(LR), unroll=unroll))
             trained, _ = train(params, client["batches"], client["mask"], client["key"])
             delta = jax.tree_util.tree_map(jnp.subtract, trained, params)
             result = clip_by_global_norm(delta, CLIP)

@@ -77,13 +77,14 @@ def test_an_unknown_config_name_suggests_the_closest(tmp_path):
 def test_invalid_config_lists_every_error_before_loading(tmp_path):
     out = run_cli("--config.rounds=0", "--config.client.batch_size=0", "--config.sampling.cohort_size=500",
                   "--config.data.partition=bogus", "--config.engine.stream_clients=-1", "--config.engine.max_replicated_gb=-2",
-                  f"--workdir={tmp_path}/bad",
+                  "--config.engine.deferred_dense=always", f"--workdir={tmp_path}/bad",
                   cwd=tmp_path)
     assert out.returncode == 2
     for fragment in ("rounds must be >= 1, got 0", "client.batch_size must be >= 1, got 0",
                      "sampling.cohort_size must lie in [1, data.num_clients=100], got 500",
                      "data.partition 'bogus' unknown", "engine.stream_clients must be an integer >= 0", "got -1",
-                     "engine.max_replicated_gb must be a number >= 0 (0 = never copy: one device), got -2"):
+                     "engine.max_replicated_gb must be a number >= 0 (0 = never copy: one device), got -2",
+                     "engine.deferred_dense 'always' unknown; available: ('auto', 'off')"):
         assert fragment in out.stderr
     assert "Traceback" not in out.stderr
     assert not os.path.exists(tmp_path / "bad")

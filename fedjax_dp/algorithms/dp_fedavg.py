@@ -65,7 +65,7 @@ def dp_uploads(ctx) -> Chain:
 def build_dp_fedavg(ctx) -> tuple:
     c = ctx.cfg
     return FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer(), c.client.lr_decay,
-                  ctx.unroll), dp_uploads(ctx)
+                  ctx.unroll, ctx.deferred_dense_rate()), dp_uploads(ctx)
 
 
 registry.register("dp_fedavg", build=build_dp_fedavg, sections=("dp",), validate=check_dp,

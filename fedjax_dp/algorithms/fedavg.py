@@ -22,6 +22,7 @@ from fedjax_dp.algorithms import registry
 from fedjax_dp.core import tree
 from fedjax_dp.core.algorithm import (ClientOut, Requirements, ServerState, apply_mean_upload, check_decay,
                                       init_server_state, lr_scale)
+from fedjax_dp.core.deferred_dense import deferrable_kernels, make_deferred_dense_sgd_trainer
 from fedjax_dp.core.local_training import PerExampleLoss, make_local_trainer
 
 
@@ -32,6 +33,7 @@ class FedAvg:
     server_optimizer: optax.GradientTransformation = dataclasses.field(default_factory=lambda: optax.sgd(1.0))
     client_lr_decay: float = 1.0
     unroll: int | bool = 1  # lax.scan unroll of local training
+    deferred_dense_rate: float | None = None  # plain SGD's rate: defer large dense kernels (core.deferred_dense)
 
     requirements: ClassVar[Requirements] = Requirements(loop_free=True)
 
@@ -51,10 +53,22 @@ class FedAvg:
         """The term added to every local step's loss (none for FedAvg; FedProx's proximal term)."""
         return None
 
+    def local_trainer(self, params, client):
+        """ClientUpdate's local training for this client's shapes: plain SGD with large dense kernels
+        deferred where ``deferred_dense_rate`` is set and a kernel qualifies (the same function up to float
+        rounding, fewer passes over the kernel), else ``make_local_trainer``."""
+        regularizer = self.regularizer()
+        if self.deferred_dense_rate is not None and regularizer is None:
+            deferred = deferrable_kernels(self.per_example_loss, params, client["batches"], client["key"])
+            if deferred:
+                return make_deferred_dense_sgd_trainer(self.per_example_loss, self.deferred_dense_rate, deferred,
+                                                       unroll=self.unroll)
+        return make_local_trainer(self.per_example_loss, self.client_optimizer, unroll=self.unroll,
+                                  regularizer=regularizer)
+
     def local_upload(self, params, client, scale):
         """``(upload, loss, ok)``: ClientUpdate's Delta w^k = w^k - w_t."""
-        train = make_local_trainer(self.per_example_loss, self.client_optimizer, unroll=self.unroll,
-                                   regularizer=self.regularizer())
+        train = self.local_trainer(params, client)
         trained, stats = train(params, client["batches"], client["mask"], client["key"], scale)
         delta = jax.tree_util.tree_map(jnp.subtract, trained, params)
         return delta, stats.loss, tree.is_finite(delta) & jnp.isfinite(stats.loss)
@@ -71,7 +85,7 @@ class FedAvg:
 def build_fedavg(ctx) -> tuple:
     c = ctx.cfg
     return FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer(), c.client.lr_decay,
-                  ctx.unroll), ()
+                  ctx.unroll, ctx.deferred_dense_rate()), ()
 
 
 registry.register("fedavg", build=build_fedavg, summary="FedAvg (McMahan et al. 2017) with a server optimizer")

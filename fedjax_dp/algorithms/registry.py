@@ -37,6 +37,14 @@ class BuildContext:
         return build_optimizer(c.optimizer, c.learning_rate, c.momentum, weight_decay=c.weight_decay,
                                grad_clip_norm=c.grad_clip_norm)
 
+    def deferred_dense_rate(self) -> float | None:
+        """The client's SGD rate where local training may defer large dense kernels (``engine.deferred_dense``,
+        ``core.deferred_dense``): plain SGD only (momentum, weight decay and gradient clipping make a step's change
+        full-rank); None otherwise."""
+        c = self.cfg.client
+        plain = c.optimizer == "sgd" and not (c.momentum or c.weight_decay or c.grad_clip_norm)
+        return float(c.learning_rate) if plain and self.cfg.engine.deferred_dense == "auto" else None
+
     def server_optimizer(self):
         s = self.cfg.server
         return build_optimizer(s.optimizer, s.learning_rate, s.momentum, s.lr_decay)

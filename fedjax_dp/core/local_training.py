@@ -116,19 +116,8 @@ def make_local_trainer(
             updates = jax.tree_util.tree_map(lambda u: u * lr_scale, updates)
             return (optax.apply_updates(params, updates), new_opt_state), loss
 
-        def skip_step(state):  # an all-padding step: nothing changes, nothing is computed
-            return state, jnp.zeros(loss_shape.shape, loss_shape.dtype)
-
-        step_jaxpr, (_, loss_shape) = jax.make_jaxpr(take_step, return_shape=True)(carry)
         real = jnp.any(mask)
-        if _slow_in_control_flow(step_jaxpr.jaxpr):  # compute the step, keep the old state if padding
-            new_carry, loss = take_step(carry)
-            keep = lambda new, old: jnp.where(real, new, old)  # noqa: E731
-            return jax.tree_util.tree_map(keep, new_carry, carry), (jnp.where(real, loss, 0.0), jnp.sum(mask), real)
-        # lax.cond skips the padded steps of small clients where clients run one at a time (sequential,
-        # loop strategies: with natural partitions most steps of a padded cohort are padding); under vmap
-        # it becomes a select and both branches run, as the masked update did.
-        carry, loss = jax.lax.cond(real, take_step, skip_step, carry)
+        carry, loss = skips_padded_steps(take_step, carry, real)
         return carry, (loss, jnp.sum(mask), real)
 
     segment_of = remat_segment_length(remat)
@@ -153,6 +142,24 @@ def make_local_trainer(
         return final_params, LocalStats(mean_loss, num_examples, jnp.sum(real))
 
     return train
+
+
+def skips_padded_steps(take_step, carry, real):
+    """``take_step(carry) -> (carry, loss)`` where ``real``, else ``(carry, 0)``: an all-padding step changes
+    nothing. ``lax.cond`` skips its computation where clients run one at a time (sequential, loop
+    strategies: with natural partitions most steps of a padded cohort are padding); under vmap it becomes
+    a select and both branches run. A step holding an XLA convolution on XLA:CPU is computed and its
+    result discarded instead (``_slow_in_control_flow``)."""
+    step_jaxpr, (_, loss_shape) = jax.make_jaxpr(take_step, return_shape=True)(carry)
+    if _slow_in_control_flow(step_jaxpr.jaxpr):  # compute the step, keep the old state if padding
+        new_carry, loss = take_step(carry)
+        keep = lambda new, old: jnp.where(real, new, old)  # noqa: E731
+        return jax.tree_util.tree_map(keep, new_carry, carry), jnp.where(real, loss, 0.0)
+
+    def skip_step(state):  # an all-padding step: nothing changes, nothing is computed
+        return state, jnp.zeros(loss_shape.shape, loss_shape.dtype)
+
+    return jax.lax.cond(real, take_step, skip_step, carry)
 
 
 def _slow_in_control_flow(jaxpr) -> bool:

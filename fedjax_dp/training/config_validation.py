@@ -8,6 +8,7 @@ import importlib.util
 import fedjax_dp.algorithms  # noqa: F401  (registers every algorithm)
 from fedjax_dp.algorithms import registry
 from fedjax_dp.core.cohort import STRATEGIES
+from fedjax_dp.core.deferred_dense import DEFERRED_DENSE_MODES as DEFERRED_DENSE
 from fedjax_dp.data.builders import NATURAL_SOURCES, PARTITIONS, SOURCES
 from fedjax_dp.core.optimizers import OPTIMIZERS
 from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES, PENULTIMATE_MODELS
@@ -97,6 +98,7 @@ def validate_config(cfg) -> None:
          f"engine.stream_clients must be an integer >= 0 (0 = the whole cohort at once), got {e.stream_clients!r}")
     need(isinstance(e.max_replicated_gb, (int, float)) and e.max_replicated_gb >= 0,
          f"engine.max_replicated_gb must be a number >= 0 (0 = never copy: one device), got {e.max_replicated_gb!r}")
+    need(e.deferred_dense in DEFERRED_DENSE, f"engine.deferred_dense {e.deferred_dense!r} unknown; available: {DEFERRED_DENSE}")
     _refuse_unknown_keys(cfg, default_config(), "", need)
     registry.validate(cfg, need)  # the algorithm's own section, and sections it does not read left alone
     if errors:

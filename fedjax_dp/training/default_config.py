@@ -46,7 +46,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.privacy = ml_collections.ConfigDict(dict(
         secure_rng=False))      # True: DP noise, sampling and shuffles from OS entropy, never written (core.rng)
     c.engine = ml_collections.ConfigDict(dict(strategy="auto", chunk_size=0, unroll="auto", conv_impl="auto", num_devices=0,
-                                              stream_clients=0, max_replicated_gb=1.0))
+                                              stream_clients=0, max_replicated_gb=1.0,
+                                              deferred_dense="auto"))
     for name, section in registry.sections().items():  # each algorithm's and wrapper's own section
         c[name] = section
     c.lock()

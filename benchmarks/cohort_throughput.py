@@ -25,14 +25,16 @@ sys.path.insert(1, os.path.dirname(HERE))  # the repository, so a machine withou
 
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 
-# model:cohort:strategy[:chunk:unroll:conv[:dtype]][@stream]  ('-' = none, unroll 'full' = every step unrolled,
-# dtype 'bf16' = bfloat16 compute with float32 parameters, @stream = the cohort sent to the device that many
-# clients at a time, ``CohortEngine(stream_size=)``)
+# model:cohort:strategy[:chunk:unroll:conv[:dtype]][@stream][~plain]  ('-' = none, unroll 'full' = every step
+# unrolled, dtype 'bf16' = bfloat16 compute with float32 parameters, @stream = the cohort sent to the device that
+# many clients at a time, ``CohortEngine(stream_size=)``, ~plain = local training without deferred dense kernels,
+# ``engine.deferred_dense='off'``)
 DEFAULT_CASES = [
     "cnn:10:vmap:-:full:xla", "cnn:10:chunked:5:full:im2col", "cnn:10:loop:-:full:xla", "cnn:10:loop:-:full:im2col",
     "cnn:10:loop:-:1:im2col", "cnn:10:sequential:-:1:im2col", "cnn:10:auto",
     "cnn:100:loop:-:full:xla", "cnn:100:loop:-:1:im2col", "cnn:100:sequential:-:1:xla",
     "cnn:100:loop:-:full:per_layer", "cnn:100:auto",  # auto = that loop, round-robin over a CPU device per core
+    "cnn:100:auto~plain",
     "cnn:1000:auto",
     "mlp:10:auto", "mlp:100:vmap:-:full:xla", "mlp:100:auto",
     "mlp:1000:vmap:-:1:xla", "mlp:1000:chunked:100:1:xla", "mlp:1000:chunked:250:full:xla",
@@ -41,10 +43,11 @@ DEFAULT_CASES = [
 
 
 def parse_case(text: str) -> dict:
+    text, _, plain = text.partition("~")
     text, _, stream = text.partition("@")
     parts = text.split(":")
     case = {"model": parts[0], "cohort": int(parts[1]), "strategy": parts[2],
-            "stream_size": int(stream) if stream else None}
+            "stream_size": int(stream) if stream else None, "deferred_dense": plain != "plain"}
     if case["strategy"] != "auto":
         chunk, unroll, conv, dtype = (parts[3:] + ["-", "1", "xla", "f32"][len(parts) - 3:])[:4]
         case.update(chunk_size=None if chunk == "-" else int(chunk),
@@ -97,7 +100,8 @@ def worker(case: dict, rounds: int, warmup: int) -> dict:
                     conv_impl=choice.conv_impl, devices=choice.devices)
     work = WorkloadW(case["model"], case.get("resolved", case["strategy"]), case["chunk_size"], case["unroll"],
                      case["conv_impl"], case.get("compute_dtype"), population=case["cohort"],
-                     stream_size=case.get("stream_size"), devices=case.get("devices", 1))
+                     stream_size=case.get("stream_size"), devices=case.get("devices", 1),
+                     deferred_dense=case.get("deferred_dense", True))
     start = time.perf_counter()
     work.round(0, case["cohort"])
     first_round = time.perf_counter() - start

@@ -24,3 +24,25 @@ def test_program_memory_covers_every_strategy(strategy):
     memory = work.program_memory(2)
     assert set(memory) == {"argument", "output", "temp", "alias"}
     assert memory["argument"] > 0 and all(isinstance(v, int) for v in memory.values())
+
+
+def test_workload_w_defers_the_cnn_dense_kernel_unless_the_case_says_plain():
+    """``~plain`` cases measure local training without deferred dense kernels (``engine.deferred_dense``);
+    both formulations upload the same clipped delta up to float rounding."""
+    import jax
+    import numpy as np
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        from cohort_throughput import parse_case
+        from workload_w import WorkloadW
+    finally:
+        sys.path.remove(BENCHMARKS)
+    assert parse_case("cnn:100:auto~plain")["deferred_dense"] is False
+    assert parse_case("cnn:100:loop:-:full:xla@10")["deferred_dense"] is True
+    outs = []
+    for deferred in (True, False):
+        work = WorkloadW("cnn", "loop", None, True, "xla", deferred_dense=deferred)
+        client = jax.tree_util.tree_map(lambda x: x[0], work._cohort(0, 1))
+        outs.append(jax.jit(work.engine.client_fn)(work.params, client))
+    for got, want in zip(jax.tree_util.tree_leaves(outs[0]), jax.tree_util.tree_leaves(outs[1])):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(np.asarray(want)).max()))

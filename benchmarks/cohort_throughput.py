@@ -47,7 +47,7 @@ def parse_case(text: str) -> dict:
     text, _, stream = text.partition("@")
     parts = text.split(":")
     case = {"model": parts[0], "cohort": int(parts[1]), "strategy": parts[2],
-            "stream_size": int(stream) if stream else None, "deferred_dense": plain != "plain"}
+            "stream_size": int(stream) if stream else None, "deferred_dense": False if plain == "plain" else None}
     if case["strategy"] != "auto":
         chunk, unroll, conv, dtype = (parts[3:] + ["-", "1", "xla", "f32"][len(parts) - 3:])[:4]
         case.update(chunk_size=None if chunk == "-" else int(chunk),
@@ -101,7 +101,7 @@ def worker(case: dict, rounds: int, warmup: int) -> dict:
     work = WorkloadW(case["model"], case.get("resolved", case["strategy"]), case["chunk_size"], case["unroll"],
                      case["conv_impl"], case.get("compute_dtype"), population=case["cohort"],
                      stream_size=case.get("stream_size"), devices=case.get("devices", 1),
-                     deferred_dense=case.get("deferred_dense", True))
+                     deferred_dense=case.get("deferred_dense"))
     start = time.perf_counter()
     work.round(0, case["cohort"])
     first_round = time.perf_counter() - start

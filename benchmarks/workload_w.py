@@ -23,10 +23,12 @@ class WorkloadW:
 
     def __init__(self, model: str, strategy: str, chunk_size, unroll, conv_impl: str, compute_dtype=None,
                  population: int = POPULATION, stream_size: int | None = None, devices: int = 1,
-                 deferred_dense: bool = True):
+                 deferred_dense: bool | None = None):
         self.model = get_model(MODELS[model], conv_impl=conv_impl, compute_dtype=compute_dtype)
         self.population = max(population, POPULATION)
         loss = self.model.per_example_loss
+        if deferred_dense is None:  # engine.deferred_dense='auto': on a CPU backend
+            deferred_dense = jax.default_backend() == "cpu"
 
         def client_fn(params, client):  # the local training FedAvg's builder picks (engine.deferred_dense)
             deferred = deferrable_kernels(loss, params, client["batches"], client["key"]) if deferred_dense else {}

@@ -84,7 +84,7 @@ def test_invalid_config_lists_every_error_before_loading(tmp_path):
                      "sampling.cohort_size must lie in [1, data.num_clients=100], got 500",
                      "data.partition 'bogus' unknown", "engine.stream_clients must be an integer >= 0", "got -1",
                      "engine.max_replicated_gb must be a number >= 0 (0 = never copy: one device), got -2",
-                     "engine.deferred_dense 'always' unknown; available: ('auto', 'off')"):
+                     "engine.deferred_dense 'always' unknown; available: ('auto', 'on', 'off')"):
         assert fragment in out.stderr
     assert "Traceback" not in out.stderr
     assert not os.path.exists(tmp_path / "bad")

@@ -118,9 +118,10 @@ def test_fedavg_defers_for_plain_sgd_only_and_uploads_the_same_delta():
 
 @pytest.mark.parametrize("client, mode, want", [
     ({}, "auto", LR), ({"momentum": 0.9}, "auto", None), ({"weight_decay": 1e-3}, "auto", None),
-    ({"grad_clip_norm": 10.0}, "auto", None), ({"optimizer": "adam"}, "auto", None), ({}, "off", None)])
+    ({"grad_clip_norm": 10.0}, "auto", None), ({"optimizer": "adam"}, "auto", None), ({}, "off", None),
+    ({}, "on", LR), ({"momentum": 0.9}, "on", None)])
 def test_the_config_enables_it_for_plain_sgd_clients(client, mode, want):
     cfg = default_config()
     cfg.client.update(learning_rate=LR, **client)
     cfg.engine.deferred_dense = mode
-    assert BuildContext(cfg, model=None, num_clients=1).deferred_dense_rate() == want
+    assert BuildContext(cfg, model=None, num_clients=1).deferred_dense_rate() == want  # auto: this CPU backend

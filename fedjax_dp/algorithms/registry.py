@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import jax
 import ml_collections
 
 from fedjax_dp.core.optimizers import build_optimizer
@@ -41,9 +42,10 @@ class BuildContext:
         """The client's SGD rate where local training may defer large dense kernels (``engine.deferred_dense``,
         ``core.deferred_dense``): plain SGD only (momentum, weight decay and gradient clipping make a step's change
         full-rank); None otherwise."""
-        c = self.cfg.client
+        c, mode = self.cfg.client, self.cfg.engine.deferred_dense
         plain = c.optimizer == "sgd" and not (c.momentum or c.weight_decay or c.grad_clip_norm)
-        return float(c.learning_rate) if plain and self.cfg.engine.deferred_dense == "auto" else None
+        wanted = mode == "on" or (mode == "auto" and jax.default_backend() == "cpu")  # measured on a CPU only
+        return float(c.learning_rate) if plain and wanted else None
 
     def server_optimizer(self):
         s = self.cfg.server

@@ -31,7 +31,7 @@ from flax import traverse_util
 
 from fedjax_dp.core.local_training import LocalStats, PerExampleLoss, masked_mean, skips_padded_steps
 
-DEFERRED_DENSE_MODES = ("auto", "off")  # engine.deferred_dense
+DEFERRED_DENSE_MODES = ("auto", "on", "off")  # engine.deferred_dense: auto = on a CPU backend (where it was measured)
 HISTORY_FRACTION = 4  # defer a kernel while steps x rows <= min(in, out) / HISTORY_FRACTION
 
 

@@ -72,9 +72,9 @@ KEY_DOCS = {
                              "bounded by the slice, not the cohort (0 = all at once)",
     "engine.max_replicated_gb": "spread over devices only while the copies of the round's shared inputs (model, state, "
                                 "held random matrices) on the other devices fit this many GB; else one device (same numbers, slower)",
-    "engine.deferred_dense": "auto: plain-SGD clients update a large dense kernel once, at the end of local training, "
+    "engine.deferred_dense": "on: plain-SGD clients update a large dense kernel once, at the end of local training, "
                              "from the layer's inputs and output gradients (core/deferred_dense.py; equal up to float "
-                             "rounding) | off",
+                             "rounding) | auto: on where the backend is a CPU (measured there only) | off",
     "dp.noise_multiplier": "z: Gaussian noise std on the clipped sum / S",
     "dp.noise_schedule": "piecewise-constant z_t, e.g. '1:1.2,100:1.0' ('' = constant z)",
     "dp.calibrate_epsilon": "> 0: choose z so that `rounds` rounds spend this epsilon at dp.delta",

@@ -125,3 +125,20 @@ def test_the_config_enables_it_for_plain_sgd_clients(client, mode, want):
     cfg.client.update(learning_rate=LR, **client)
     cfg.engine.deferred_dense = mode
     assert BuildContext(cfg, model=None, num_clients=1).deferred_dense_rate() == want  # auto: this CPU backend
+
+
+def test_deferred_clients_vmap_like_one_at_a_time():
+    """The vmapped engines (vmap, chunked, the mesh) trace one client with batched values."""
+    model = get_model("cnn_fedavg", conv_impl="im2col")
+    params = model.init(jax.random.key(0))
+    clients = [_client(real_steps=r, seed=r) for r in (6, 3)]
+    batch = lambda i: {"batches": clients[i][0], "mask": clients[i][1], "key": jax.random.key(i),  # noqa: E731
+                       "num_examples": jnp.sum(clients[i][1])}
+    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), batch(0), batch(1))
+    fast = FedAvg(model.per_example_loss, optax.sgd(LR), unroll=True, deferred_dense_rate=LR)
+    update = lambda c: fast.client_update((params, jnp.asarray(0)), c, None, jax.random.key(0)).upload  # noqa: E731
+    together = jax.jit(jax.vmap(update))(stacked)
+    for i in range(2):
+        alone = jax.jit(update)(batch(i))
+        for t, a in zip(jax.tree_util.tree_leaves(together), jax.tree_util.tree_leaves(alone)):
+            np.testing.assert_allclose(t[i], a, rtol=1e-4, atol=1e-5 * float(np.abs(np.asarray(a)).max()))

@@ -131,7 +131,7 @@ def test_deferred_clients_vmap_like_one_at_a_time():
     """The vmapped engines (vmap, chunked, the mesh) trace one client with batched values."""
     model = get_model("cnn_fedavg", conv_impl="im2col")
     params = model.init(jax.random.key(0))
-    clients = [_client(real_steps=r, seed=r) for r in (6, 3)]
+    clients = [_client(steps=3, batch=4, real_steps=r, seed=r) for r in (3, 2)]
     batch = lambda i: {"batches": clients[i][0], "mask": clients[i][1], "key": jax.random.key(i),  # noqa: E731
                        "num_examples": jnp.sum(clients[i][1])}
     stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), batch(0), batch(1))

@@ -33,7 +33,7 @@ class FedAvg:
     server_optimizer: optax.GradientTransformation = dataclasses.field(default_factory=lambda: optax.sgd(1.0))
     client_lr_decay: float = 1.0
     unroll: int | bool = 1  # lax.scan unroll of local training
-    deferred_dense_rate: float | None = None  # plain SGD's rate: defer large dense kernels (core.deferred_dense)
+    deferred_dense_rate: float | None = None  # client_optimizer is optax.sgd at this rate: defer large dense kernels
 
     requirements: ClassVar[Requirements] = Requirements(loop_free=True)
 

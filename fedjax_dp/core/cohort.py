@@ -55,6 +55,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 STRATEGIES = ("vmap", "chunked", "sequential", "loop")
 CLIENT_AXIS = "clients"
 MAX_REPLICATED_BYTES = 2**30  # default: 1 GiB of extra copies of the shared inputs (module docstring)
+_WARNED_ONE_DEVICE: set = set()  # device counts whose unspread run was logged: once a process, not once an engine
 
 ClientFn = Callable[[Any, Any], tuple[Any, Any]]
 
@@ -198,13 +199,15 @@ class CohortEngine:
 
     def _spreads(self, shared) -> bool:
         """Whether to spread the cohort: only if one is configured and its extra copies of ``shared`` (one per
-        device past the first) fit ``max_replicated_bytes``; a refusal is logged the first time."""
+        device past the first) fit ``max_replicated_bytes``; a refusal is logged once a process (a run builds one
+        engine per static upload configuration: per set of compression rates)."""
         count = len(self.devices) if self.devices else self.mesh.devices.size if self.mesh is not None else 1
         extra = (count - 1) * sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(shared))
         if extra <= self.max_replicated_bytes:
             return count > 1
-        if not self.ran_on_one_device:
-            object.__setattr__(self, "_ran_on_one_device", True)
+        object.__setattr__(self, "_ran_on_one_device", True)
+        if count not in _WARNED_ONE_DEVICE:
+            _WARNED_ONE_DEVICE.add(count)
             logging.warning("cohort engine: spreading over %d devices would copy the shared inputs %d more times "
                             "(%.2f GB > max_replicated_bytes %.2f GB); running on one device", count, count - 1,
                             extra / 2**30, self.max_replicated_bytes / 2**30)

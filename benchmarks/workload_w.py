@@ -9,8 +9,8 @@ import optax
 
 from fedjax_dp.core.cohort import CohortEngine
 from fedjax_dp.core.strategy import StrategyChoice
-from fedjax_dp.core.deferred_dense import deferrable_kernels, make_deferred_dense_sgd_trainer
-from fedjax_dp.core.local_training import make_local_trainer
+from fedjax_dp.algorithms.fedavg import FedAvg
+from fedjax_dp.core.deferred_dense import on_by_default
 from fedjax_dp.models import get_model
 from fedjax_dp.privacy.clipping import clip_by_global_norm
 from fedjax_dp.training.build import spread
@@ -26,14 +26,13 @@ class WorkloadW:
                  deferred_dense: bool | None = None):
         self.model = get_model(MODELS[model], conv_impl=conv_impl, compute_dtype=compute_dtype)
         self.population = max(population, POPULATION)
-        loss = self.model.per_example_loss
-        if deferred_dense is None:  # engine.deferred_dense='auto': on a CPU backend
-            deferred_dense = jax.default_backend() == "cpu"
+        if deferred_dense is None:  # engine.deferred_dense='auto'
+            deferred_dense = on_by_default()
+        fedavg = FedAvg(self.model.per_example_loss, optax.sgd(LR), unroll=unroll,
+                        deferred_dense_rate=LR if deferred_dense else None)
 
-        def client_fn(params, client):  # the local training FedAvg's builder picks (engine.deferred_dense)
-            deferred = deferrable_kernels(loss, params, client["batches"], client["key"]) if deferred_dense else {}
-            train = (make_deferred_dense_sgd_trainer(loss, LR, deferred, unroll=unroll) if deferred
-                     else make_local_trainer(loss, optax.sgd(LR), unroll=unroll))
+        def client_fn(params, client):
+            train = fedavg.local_trainer(params, client)  # FedAvg's ClientUpdate (deferred dense kernels or not)
             trained, _ = train(params, client["batches"], client["mask"], client["key"])
             delta = jax.tree_util.tree_map(jnp.subtract, trained, params)
             result = clip_by_global_norm(delta, CLIP)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-import jax
 import ml_collections
 
+from fedjax_dp.core import deferred_dense
 from fedjax_dp.core.optimizers import build_optimizer
 
 
@@ -44,7 +44,7 @@ class BuildContext:
         full-rank); None otherwise."""
         c, mode = self.cfg.client, self.cfg.engine.deferred_dense
         plain = c.optimizer == "sgd" and not (c.momentum or c.weight_decay or c.grad_clip_norm)
-        wanted = mode == "on" or (mode == "auto" and jax.default_backend() == "cpu")  # measured on a CPU only
+        wanted = mode == "on" or (mode == "auto" and deferred_dense.on_by_default())
         return float(c.learning_rate) if plain and wanted else None
 
     def server_optimizer(self):

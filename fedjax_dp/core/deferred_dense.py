@@ -35,6 +35,12 @@ DEFERRED_DENSE_MODES = ("auto", "on", "off")  # engine.deferred_dense: auto = on
 HISTORY_FRACTION = 4  # defer a kernel while steps x rows <= min(in, out) / HISTORY_FRACTION
 
 
+def on_by_default() -> bool:
+    """What ``engine.deferred_dense='auto'`` means: on where the backend is a CPU, the only one it was measured on
+    (``benchmarks/RESULTS.md``)."""
+    return jax.default_backend() == "cpu"
+
+
 def _kernel_path(module: nn.Module, paths) -> tuple:
     """The parameter-tree path of a dense module's kernel: with or without flax's ``params`` level,
     whichever the loss's parameters have (``models.Model`` adds it inside ``apply``)."""
@@ -42,9 +48,9 @@ def _kernel_path(module: nn.Module, paths) -> tuple:
     return path if path in paths else ("params",) + path
 
 
-def _dense_calls(per_example_loss: PerExampleLoss, params, batch, key) -> dict:
-    """Every ``nn.Dense`` call of one forward pass: kernel path -> (calls, input rows, plain)."""
-    paths = set(traverse_util.flatten_dict(params)) if isinstance(params, Mapping) else set()
+def _dense_calls(per_example_loss: PerExampleLoss, params, batch, key, paths) -> dict:
+    """Every ``nn.Dense`` call of one forward pass: kernel path (in ``paths``, the flat parameter tree's keys)
+    -> (calls, input rows, plain)."""
     calls: dict = {}
 
     def record(next_fun, args, kwargs, context):
@@ -74,7 +80,7 @@ def deferrable_kernels(per_example_loss: PerExampleLoss, params, batches, key) -
     one_step = jax.tree_util.tree_map(lambda x: x[0], batches)
     flat = traverse_util.flatten_dict(params) if isinstance(params, Mapping) else {}
     chosen = {}
-    for path, (count, rows, plain) in _dense_calls(per_example_loss, params, one_step, key).items():
+    for path, (count, rows, plain) in _dense_calls(per_example_loss, params, one_step, key, flat).items():
         kernel = flat.get(path)
         if count == 1 and plain and kernel is not None and kernel.ndim == 2 and (
                 steps * rows * HISTORY_FRACTION <= min(kernel.shape)):

@@ -55,7 +55,7 @@ def run(model_name: str, step_counts, conv_impl: str) -> list[dict]:
     model = get_model(model_name, shape, 10, conv_impl=conv_impl)
     params = model.init(jax.random.key(0))
     opt = optax.sgd(0.05)
-    fedavg = FedAvg(model.per_example_loss, opt).local_upload  # (params, client, lr_scale) -> (delta, loss, ok)
+    fedavg = FedAvg(model.per_example_loss, opt).local_upload  # (params, client, lr_scale) -> (delta, stats, ok)
     variants = {
         "uga": make_uga_gradient(model.per_example_loss, opt),
         "uga_remat_step": make_uga_gradient(model.per_example_loss, opt, remat=True),

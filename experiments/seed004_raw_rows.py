@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from seed004_tables import result_row  # noqa: E402
 
-TRACE_KEYS = ("round", "train_loss", "mean_update_norm", "median_update_norm", "epsilon", "dropped_clients",
-              "dropped_client_ids", "uplink_gb_total", "diverged")
+TRACE_KEYS = ("round", "train_loss", "train_data_loss", "mean_update_norm", "median_update_norm", "epsilon",
+              "dropped_clients", "dropped_client_ids", "uplink_gb_total", "diverged")
 EVALUATION_KEYS = ("personalized_accuracy", "client_accuracy")
 # The settings that tell a table's runs apart beyond its row (a --set learning rate, model, noise mode, rates).
 CONFIG_KEYS = ("seed", "algorithm", "model.name", "client.learning_rate", "cuag.mode", "compression.enabled",

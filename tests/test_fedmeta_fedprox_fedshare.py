@@ -172,3 +172,19 @@ def test_uga_and_fedmeta_config_errors_are_collected():
     assert "client.epochs E must be >= 1, got 0" in text and "eta_meta must be > 0, got -0.1" in text
     assert "server_data.fraction" in text and "uga.remat must be" in text
     assert "uga.gradient_reduction must be one of ('mean', 'sum_of_batch_means'), got 'sum'" in text
+
+
+def test_a_regularised_objective_reports_its_data_term_beside_it(tmp_path):
+    """FedProx's and SCAFFOLD's local objectives add a regulariser to the data loss (mu/2 ||w - w_t||^2, the
+    correction <w - w_t, c - c_i>); each round reports the objective as ``train_loss`` and the data term as
+    ``train_data_loss``. FedAvg, with no regulariser, reports ``train_loss`` only."""
+    def rows(algorithm, **changes):
+        run_experiment(_small_config(algorithm, **changes), str(tmp_path / algorithm), progress=False)
+        return [json.loads(line) for line in open(tmp_path / algorithm / "metrics.jsonl") if "train_loss" in line]
+
+    fedavg, fedprox, scaffold = rows("fedavg"), rows("fedprox", **{"fedprox.mu": 5.0}), rows("scaffold")
+    assert len(fedavg) == len(fedprox) == len(scaffold) == 3
+    assert not any("train_data_loss" in r for r in fedavg)
+    for r in fedprox:  # the proximal term is >= 0 and > 0 once a step has moved w away from w_t
+        assert 0 < r["train_data_loss"] < r["train_loss"]
+    assert all(math.isfinite(r["train_data_loss"]) for r in scaffold)

@@ -86,3 +86,52 @@ def test_masked_mean_ignores_padding_even_if_nan():
     values = jnp.array([1.0, 3.0, jnp.nan])
     assert float(masked_mean(values, jnp.array([True, True, False]))) == 2.0
     assert float(masked_mean(values, jnp.array([False, False, False]))) == 0.0
+
+
+def _proximal(mu):
+    return lambda w, w0: 0.5 * mu * optax.tree_utils.tree_norm(optax.tree_utils.tree_sub(w, w0), squared=True)
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["value_and_grad", "gradient_hook"])
+def test_data_loss_is_the_objective_without_its_regulariser(hooked):
+    """With a regulariser R (FedProx's mu/2 ||w - w_t||^2), ``loss`` is the mean over steps of data term + R
+    and ``data_loss`` the data term alone, each at the step's parameters (a hand-written loop of the
+    same SGD steps); the padding step counts in neither. Without a regulariser they are equal."""
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    (x, y), = random_client_data(np.random.default_rng(3), [13])
+    cohort = pack_cohort(x, y, [np.arange(13)], 5, 1, np.random.default_rng(0), max_steps=4)  # 3 real + 1 pad
+    batches = jax.tree_util.tree_map(lambda a: a[0], cohort["batches"])
+    mask = cohort["mask"][0]
+    mu, lr = 2.0, 0.3
+    def data_value_and_grad(per_example_loss, w, batch, batch_mask, key):  # what the default path computes
+        return jax.value_and_grad(lambda p: masked_mean(per_example_loss(p, batch, key), batch_mask))(w)
+
+    train = make_local_trainer(model.per_example_loss, optax.sgd(lr), regularizer=_proximal(mu),
+                               gradient_hook=data_value_and_grad if hooked else None)
+    _, stats = train(params, batches, mask, jax.random.key(0))
+
+    w, data_terms, objectives, counts = params, [], [], []
+    for s in range(mask.shape[0]):
+        m = np.asarray(mask[s])
+        if not m.any():
+            continue
+        xb, yb = np.asarray(batches["x"][s])[m], np.asarray(batches["y"][s])[m]
+
+        def data(p):
+            return jnp.mean(model.per_example_loss(p, {"x": xb, "y": yb}))
+
+        def objective(p):
+            return data(p) + _proximal(mu)(p, params)
+
+        data_terms.append(float(data(w)))
+        objectives.append(float(objective(w)))
+        counts.append(m.sum())
+        w = jax.tree_util.tree_map(lambda a, g: a - lr * g, w, jax.grad(objective)(w))
+    assert len(counts) == 3
+    np.testing.assert_allclose(float(stats.data_loss), np.average(data_terms, weights=counts), rtol=1e-5)
+    np.testing.assert_allclose(float(stats.loss), np.average(objectives, weights=counts), rtol=1e-5)
+    assert float(stats.loss) > float(stats.data_loss)  # R > 0 after the first step
+
+    _, plain = make_local_trainer(model.per_example_loss, optax.sgd(lr))(params, batches, mask, jax.random.key(0))
+    assert float(plain.data_loss) == float(plain.loss)

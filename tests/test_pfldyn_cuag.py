@@ -251,6 +251,8 @@ def test_cuag_at_rate_one_without_noise_is_pfldyn_proto(tmp_path):
         rows[name] = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")][1:]  # [0]: round 0
     for a, b in zip(rows["pfl"], rows["cuag"]):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+        # the prototype loss alone (a cross-entropy, >= 0) beside the objective with R(w) = -<w, g_n> + ...
+        assert a["train_data_loss"] == pytest.approx(b["train_data_loss"], rel=1e-4) and a["train_data_loss"] > 0
     assert rows["cuag"][-1]["personalized_accuracy"] == pytest.approx(rows["pfl"][-1]["personalized_accuracy"], abs=0.02)
     assert "test_accuracy" not in rows["pfl"][-1]  # the meta-model outputs a representation, not class scores
 

@@ -67,16 +67,17 @@ class FedAvg:
                                   regularizer=regularizer)
 
     def local_upload(self, params, client, scale):
-        """``(upload, loss, ok)``: ClientUpdate's Delta w^k = w^k - w_t."""
+        """``(upload, stats, ok)``: ClientUpdate's Delta w^k = w^k - w_t and its ``LocalStats``."""
         train = self.local_trainer(params, client)
         trained, stats = train(params, client["batches"], client["mask"], client["key"], scale)
         delta = jax.tree_util.tree_map(jnp.subtract, trained, params)
-        return delta, stats.loss, tree.is_finite(delta) & jnp.isfinite(stats.loss)
+        return delta, stats, tree.is_finite(delta) & jnp.isfinite(stats.loss)
 
     def client_update(self, shared, client, client_state, key) -> ClientOut:
         params, round_index = shared
-        upload, loss, ok = self.local_upload(params, client, lr_scale(self.client_lr_decay, round_index))
-        return ClientOut(upload, client["num_examples"].astype(jnp.float32), None, loss, ok)
+        upload, stats, ok = self.local_upload(params, client, lr_scale(self.client_lr_decay, round_index))
+        data_loss = None if self.regularizer() is None else stats.data_loss
+        return ClientOut(upload, client["num_examples"].astype(jnp.float32), None, stats.loss, ok, data_loss)
 
     def server_update(self, state: ServerState, aggregate, key):
         return apply_mean_upload(state, aggregate.mean, aggregate.applies, self.server_optimizer), {}

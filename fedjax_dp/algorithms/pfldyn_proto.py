@@ -135,7 +135,7 @@ class PFLDynProto:
         new_gradient = jax.tree_util.tree_map(lambda g, d: g - self.alpha * d, own_gradient, delta)
         ok = tree.is_finite(delta) & jnp.isfinite(stats.loss)
         new_state = {"g": new_gradient, "model": trained} if self.keeps_models else new_gradient
-        return ClientOut(delta, jnp.float32(1.0), new_state, stats.loss, ok)
+        return ClientOut(delta, jnp.float32(1.0), new_state, stats.loss, ok, stats.data_loss)
 
     def server_update(self, state: ServerState, aggregate, key):
         mean = aggregate.mean

@@ -82,7 +82,7 @@ class Scaffold:
             lambda ci, c, d: jnp.where(stats.num_steps > 0, ci - c - d / steps_times_lr, ci), own_control, control, delta)
         ok = tree.is_finite(delta) & tree.is_finite(new_control) & jnp.isfinite(stats.loss)
         upload = {"model": delta, "control": _subtract(new_control, own_control)}
-        return ClientOut(upload, jnp.float32(1.0), new_control, stats.loss, ok)
+        return ClientOut(upload, jnp.float32(1.0), new_control, stats.loss, ok, stats.data_loss)
 
     def local_training(self, params, client, correction, key, scale):
         """K local steps y <- y - eta_l (g_i(y) + c - c_i): the correction enters as the gradient of the

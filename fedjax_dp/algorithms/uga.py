@@ -34,7 +34,8 @@ def make_uga_gradient(per_example_loss, client_optimizer, *, unroll=1, remat=Fal
     """``uga_gradient(params, client, lr_scale=1) -> (g, stats, ok)`` for one packed client.
 
     ``client`` holds ``batches``/``mask`` (the E-1 keep-trace epochs) and ``eval_batches``/``eval_mask``
-    (the whole local data, once). ``stats.loss`` is L(h_k(w_t); D_k); ``ok`` says g and the loss are finite.
+    (the whole local data, once). ``stats.loss`` (and ``data_loss``) is L(h_k(w_t); D_k); ``ok`` says g and
+    the loss are finite.
     ``reduction`` is ``core.local_training.make_data_value_and_grad``'s (see ``UGA.gradient_reduction``).
     """
     train = make_local_trainer(per_example_loss, client_optimizer, unroll=unroll, regularizer=regularizer,
@@ -57,7 +58,7 @@ def make_uga_gradient(per_example_loss, client_optimizer, *, unroll=1, remat=Fal
         loss, final_grad = data_value_and_grad(trained, client["eval_batches"], client["eval_mask"], eval_key)
         (grad,) = pull_back(final_grad)
         ok = tree.is_finite(grad) & jnp.isfinite(loss)
-        return grad, stats._replace(loss=loss), ok
+        return grad, stats._replace(loss=loss, data_loss=loss), ok
 
     return uga_gradient
 
@@ -87,7 +88,7 @@ class UGA(FedAvg):
                                      remat=self.remat, first_order=self.first_order, regularizer=self.regularizer(),
                                      reduction=self.gradient_reduction)
         grad, stats, ok = gradient(params, client, scale)
-        return jax.tree_util.tree_map(jnp.negative, grad), stats.loss, ok
+        return jax.tree_util.tree_map(jnp.negative, grad), stats, ok
 
 
 def remat_option(text: str):

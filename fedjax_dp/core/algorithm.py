@@ -51,6 +51,9 @@ class ClientOut(NamedTuple):
     client_state: Any  # the client's new state (None for stateless algorithms)
     loss: jax.Array  # the client's training loss (reported, never used by the server step)
     ok: jax.Array  # upload, state and loss are finite: a client that is not is dropped
+    # where ``loss`` is an objective with a regulariser (FedProx's proximal term, SCAFFOLD's correction,
+    # PFLDyn's R(w)): its data term alone, reported beside it as ``train_data_loss``; None elsewhere
+    data_loss: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from fedjax_dp.core.local_training import LocalStats, PerExampleLoss, masked_mean, skips_padded_steps
+from fedjax_dp.core.local_training import PerExampleLoss, local_stats, masked_mean, skips_padded_steps
 
 DEFERRED_DENSE_MODES = ("auto", "on", "off")  # engine.deferred_dense: auto = on a CPU backend (where it was measured)
 HISTORY_FRACTION = 4  # defer a kernel while steps x rows <= min(in, out) / HISTORY_FRACTION
@@ -154,8 +154,6 @@ def make_deferred_dense_sgd_trainer(per_example_loss: PerExampleLoss, learning_r
         (free, history), (losses, counts, real) = jax.lax.scan(
             body, (free, history), (batches, mask, keys, jnp.arange(steps)), unroll=unroll)
         trained = {p: w + history[p][0].T @ history[p][1] for p, w in kernels.items()}
-        num_examples = jnp.sum(counts)
-        stats = LocalStats(jnp.sum(losses * counts) / jnp.maximum(num_examples, 1), num_examples, jnp.sum(real))
-        return traverse_util.unflatten_dict({**free, **trained}), stats
+        return traverse_util.unflatten_dict({**free, **trained}), local_stats(losses, counts, real)
 
     return train

@@ -37,9 +37,10 @@ regularizer's gradient is added after it: it touches no data."""
 class LocalStats(NamedTuple):
     """What local training reports besides the trained parameters."""
 
-    loss: jax.Array  # mean training loss over the real examples of all steps
+    loss: jax.Array  # mean training loss over the real examples of all steps (with the regulariser, if any)
     num_examples: jax.Array  # real examples processed (counted once per step they appear in)
     num_steps: jax.Array  # steps with at least one real example
+    data_loss: jax.Array  # the same mean of the data term alone (``loss`` without the regulariser)
 
 
 def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -88,18 +89,20 @@ def make_local_trainer(
     """
 
     def step_loss_and_grad(params, initial_params, batch, mask, key, noise):
+        """``((loss, data_loss), grads)``: the step's objective, its data term, the objective's gradient."""
         if gradient_hook is None:
             def step_loss(params):
-                loss = masked_mean(per_example_loss(params, batch, key), mask)
-                if regularizer is not None:
-                    loss = loss + regularizer(params, initial_params)
-                return loss
-            return jax.value_and_grad(step_loss)(params)
-        loss, grads = gradient_hook(per_example_loss, params, batch, mask, key, **noise)
+                data_loss = masked_mean(per_example_loss(params, batch, key), mask)
+                if regularizer is None:
+                    return data_loss, data_loss
+                return data_loss + regularizer(params, initial_params), data_loss
+            return jax.value_and_grad(step_loss, has_aux=True)(params)
+        data_loss, grads = gradient_hook(per_example_loss, params, batch, mask, key, **noise)
+        loss = data_loss
         if regularizer is not None:
             penalty, penalty_grads = jax.value_and_grad(regularizer)(params, initial_params)
-            loss, grads = loss + penalty, jax.tree_util.tree_map(jnp.add, grads, penalty_grads)
-        return loss, grads
+            loss, grads = data_loss + penalty, jax.tree_util.tree_map(jnp.add, grads, penalty_grads)
+        return (loss, data_loss), grads
 
     def step(carry, inputs, initial_params, lr_scale, noise_multiplier):
         batch, mask, key, noise_key = inputs
@@ -109,16 +112,16 @@ def make_local_trainer(
 
         def take_step(state):
             params, opt_state = state
-            loss, grads = step_loss_and_grad(params, initial_params, batch, mask, key, noise)
+            losses, grads = step_loss_and_grad(params, initial_params, batch, mask, key, noise)
             if first_order:
                 grads = jax.lax.stop_gradient(grads)
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
             updates = jax.tree_util.tree_map(lambda u: u * lr_scale, updates)
-            return (optax.apply_updates(params, updates), new_opt_state), loss
+            return (optax.apply_updates(params, updates), new_opt_state), losses
 
         real = jnp.any(mask)
-        carry, loss = skips_padded_steps(take_step, carry, real)
-        return carry, (loss, jnp.sum(mask), real)
+        carry, losses = skips_padded_steps(take_step, carry, real)
+        return carry, (losses, jnp.sum(mask), real)
 
     segment_of = remat_segment_length(remat)
 
@@ -137,15 +140,22 @@ def make_local_trainer(
         else:
             (final_params, _), (losses, counts, real) = jax.lax.scan(body, init, (batches, mask, keys, noise_keys),
                                                                      unroll=unroll)
-        num_examples = jnp.sum(counts)
-        mean_loss = jnp.sum(losses * counts) / jnp.maximum(num_examples, 1)
-        return final_params, LocalStats(mean_loss, num_examples, jnp.sum(real))
+        return final_params, local_stats(losses, counts, real)
 
     return train
 
 
+def local_stats(losses, counts, real) -> LocalStats:
+    """``LocalStats`` from a scan's per-step ``losses`` (``(objective, data term)`` or one array for both),
+    real-example ``counts`` and ``real`` flags: example-weighted means over the steps."""
+    num_examples = jnp.sum(counts)
+    loss, data_loss = losses if isinstance(losses, tuple) else (losses, losses)
+    mean = lambda values: jnp.sum(values * counts) / jnp.maximum(num_examples, 1)  # noqa: E731
+    return LocalStats(mean(loss), num_examples, jnp.sum(real), mean(data_loss))
+
+
 def skips_padded_steps(take_step, carry, real):
-    """``take_step(carry) -> (carry, loss)`` where ``real``, else ``(carry, 0)``: an all-padding step changes
+    """``take_step(carry) -> (carry, loss)`` where ``real``, else ``(carry, zeros)``: an all-padding step changes
     nothing. ``lax.cond`` skips its computation where clients run one at a time (sequential, loop
     strategies: with natural partitions most steps of a padded cohort are padding); under vmap it becomes
     a select and both branches run. A step holding an XLA convolution on XLA:CPU is computed and its
@@ -154,10 +164,11 @@ def skips_padded_steps(take_step, carry, real):
     if _slow_in_control_flow(step_jaxpr.jaxpr):  # compute the step, keep the old state if padding
         new_carry, loss = take_step(carry)
         keep = lambda new, old: jnp.where(real, new, old)  # noqa: E731
-        return jax.tree_util.tree_map(keep, new_carry, carry), jnp.where(real, loss, 0.0)
+        zero_loss = lambda value: jnp.where(real, value, 0.0)  # noqa: E731
+        return jax.tree_util.tree_map(keep, new_carry, carry), jax.tree_util.tree_map(zero_loss, loss)
 
     def skip_step(state):  # an all-padding step: nothing changes, nothing is computed
-        return state, jnp.zeros(loss_shape.shape, loss_shape.dtype)
+        return state, jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), loss_shape)
 
     return jax.lax.cond(real, take_step, skip_step, carry)
 

@@ -189,6 +189,8 @@ class FederatedRound:
                                                                    key)
             metrics.update(algorithm_metrics)
             metrics["train_loss"] = sums["loss"] / jnp.maximum(weight, 1e-12)
+            if "data_loss" in sums:
+                metrics["train_data_loss"] = sums["data_loss"] / jnp.maximum(weight, 1e-12)
             if not uploads.releases_anything:
                 metrics["mean_update_norm"] = _masked_mean(per_client["update_norm"], kept)
             return new_state, metrics
@@ -212,6 +214,8 @@ def _send(uploads: Chain, states, inputs, client, out, ok):
         stats.append(flow.stats)
     weight = keep.astype(jnp.float32) if uniform else jnp.where(keep, out.weight.astype(jnp.float32), 0.0)
     summed = {"weight": weight, "loss": jnp.where(keep, out.loss * weight, 0.0), "extras": extras}
+    if out.data_loss is not None:
+        summed["data_loss"] = jnp.where(keep, out.data_loss * weight, 0.0)
     per_client = {"finite": ok | ~present, "kept": keep, "present": present, "stats": stats,
                   "update_norm": tree.l2_norm(upload)}
     if split == len(uploads):

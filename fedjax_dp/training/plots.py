@@ -55,7 +55,8 @@ def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
     ax.set(xlabel="round", ylabel="accuracy", title="accuracy")
     _legend(ax)
     ax = axes["loss"]
-    for key, label in (("train_loss", "cohort training loss"), ("test_loss", "central test loss")):
+    for key, label in (("train_loss", "cohort training loss"), ("train_data_loss", "its data term (no regulariser)"),
+                       ("test_loss", "central test loss")):
         x, y = _series(rows, key)
         if x:
             ax.plot(x, y, label=label)

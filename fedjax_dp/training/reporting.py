@@ -34,6 +34,7 @@ class RunSummary:
 
 OUTSIDE_GUARANTEE = {
     "train_loss": "mean training loss of the cohort, from raw client data",
+    "train_data_loss": "the same loss without the local objective's regulariser, from raw client data",
     "clipped_fraction": "fraction of clients clipped, from raw update norms",
     "median_update_norm": "median of the raw update norms",
     "mean_update_norm": "mean of the update norms",

@@ -46,6 +46,7 @@ from fedjax_dp.configs import cuag_pfl_cifar10  # noqa: E402
 
 from fedjax_dp.training.checkpointing import Checkpointer  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
+from fedjax_dp.training.results import dropped_updates  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 from preflight import apply_overrides, checked_runs  # noqa: E402
 
@@ -179,6 +180,7 @@ def result_row(workdir: str, split: str, name: str, resumed: bool = False) -> di
             "uplink_gb": summary["uplink_gb"], "uplink_gb_300_rounds": summary["uplink_gb"] * 300 / max(rounds, 1),
             "epsilon": privacy.get("epsilon"), "formal": privacy.get("formal"), "paper_claim_epsilon": claim,
             "stop_reason": summary["stop_reason"], "seconds": round(summary["seconds"], 1), "resumed": resumed,
+            "dropped_updates": dropped_updates(rows), "client_updates": summary.get("client_updates"),
             "workdir": workdir}
 
 
@@ -193,7 +195,8 @@ def markdown(rows: list[dict]) -> str:
         else:
             eps = f"no formal guarantee (formula: {r['epsilon']:.3f})"
         claim = "-" if r["paper_claim_epsilon"] is None else f"{r['paper_claim_epsilon']:.2f}"
-        lines.append(f"| {r['split']} | {r['method']} | {r['rounds']} | {r['final']:.4f} / {r['best']:.4f} | "
+        dropped = f" ({r['dropped_updates']} of {r['client_updates']} updates dropped)" if r.get("dropped_updates") else ""
+        lines.append(f"| {r['split']} | {r['method']} | {r['rounds']} | {r['final']:.4f} / {r['best']:.4f}{dropped} | "
                      f"{r['uplink_gb']:.4f} / {r['uplink_gb_300_rounds']:.4f} | {eps} | {claim} | {r['seconds']} |")
     return "\n".join(lines) + "\n"
 

@@ -132,6 +132,11 @@ def test_a_non_finite_client_update_is_dropped_and_named_with_its_client_id(tmp_
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")][1:]  # [0]: round 0
     assert all(r["dropped_clients"] == 1 and len(r["dropped_client_ids"]) == 1 for r in rows)
     assert summary.stop_reason is None and np.isfinite(summary.final["test_loss"])
+    # the summary says how many updates never reached the model: a run that lost most of its updates
+    # without three all-dropped rounds in a row still finishes, and its final accuracy must not read as clean
+    assert (summary.dropped_updates, summary.client_updates) == (2, 8)
+    assert json.load(open(tmp_path / "summary.json"))["dropped_updates"] == 2
+    assert "2 of 8 (non-finite, kept out of the model)" in summary.format()
 
     poison[:] = [0, 1, 2, 3]  # every client, every round: the run stops after STALL_ROUNDS rounds
     c.rounds = 8

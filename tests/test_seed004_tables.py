@@ -59,7 +59,9 @@ def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables
         with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
             for t, acc in [(0, 0.4), (5, 0.7), (10, 0.6)]:
                 f.write(json.dumps({"round": t, "personalized_accuracy": acc}) + "\n")
-        json.dump({"rounds": 10, "uplink_gb": 0.5, "stop_reason": None, "seconds": 12.34},
+            for t, dropped in [(9, 3), (10, 10)]:  # non-finite updates: the row must say so
+                f.write(json.dumps({"round": t, "cohort_size": 10, "dropped_clients": dropped}) + "\n")
+        json.dump({"rounds": 10, "uplink_gb": 0.5, "stop_reason": None, "seconds": 12.34, "client_updates": 100},
                   open(os.path.join(workdir, "summary.json"), "w"))
         json.dump({"epsilon": 3.0, "formal": True}, open(os.path.join(workdir, "privacy.json"), "w"))
         json.dump(cfg.to_dict(), open(os.path.join(workdir, "config.json"), "w"))
@@ -78,6 +80,8 @@ def test_resume_continues_a_checkpointed_row_and_starts_the_others_afresh(tables
     assert (block["final"], block["best"], block["metric"]) == (0.6, 0.7, "personalized_accuracy")
     assert block["uplink_gb_300_rounds"] == pytest.approx(15.0) and block["epsilon"] == 3.0
     assert block["model"] == "cnn_pfl"
+    assert (block["dropped_updates"], block["client_updates"]) == (13, 100)
+    assert "0.6000 / 0.7000 (13 of 100 updates dropped)" in tables.markdown([block])
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -167,11 +167,12 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                                                  "client_ids": [i for i, t in enumerate(dataset.client_test) if len(t)],
                                                  "accuracy": final.per_client})
     writer.close()
+    metrics = results.read_metrics(workdir)
     summary = RunSummary(workdir, loop.rounds_run, loop.last_eval, loop.best[0], loop.best[1], loop.client_updates,
-                         time.perf_counter() - start, uplink_gb=loop.meter.uplink / 1e9,
-                         traffic_gb=(loop.meter.uplink + loop.meter.downlink) / 1e9, stop_reason=stop_reason,
-                         interrupted=bool(interruption))
-    record = privacy_record(tracker, server_set_notes(cfg), results.read_metrics(workdir), server_set_breaches(cfg),
+                         time.perf_counter() - start, dropped_updates=results.dropped_updates(metrics),
+                         uplink_gb=loop.meter.uplink / 1e9, traffic_gb=(loop.meter.uplink + loop.meter.downlink) / 1e9,
+                         stop_reason=stop_reason, interrupted=bool(interruption))
+    record = privacy_record(tracker, server_set_notes(cfg), metrics, server_set_breaches(cfg),
                             secure_rng=cfg.privacy.secure_rng)
     writer.write_json("privacy.json", record)
     if tracker is not None:

@@ -19,6 +19,7 @@ class RunSummary:
     best_round: int
     client_updates: int
     seconds: float
+    dropped_updates: int = 0  # client updates kept out of the model as non-finite, all rounds
     epsilon: float | None = None
     formal: bool | None = None  # whether a DP proof covers that epsilon (False: a figure, no guarantee)
     stopped_early: bool = False
@@ -91,6 +92,11 @@ def format_summary(summary: RunSummary) -> str:
         f"{'workdir':<{width}}{summary.workdir}",
         f"{'rounds':<{width}}{summary.rounds}" + (f"  (stopped: {summary.stop_reason})" if summary.stop_reason else ""),
         f"{'client updates (CC)':<{width}}{summary.client_updates}",
+    ]
+    if summary.dropped_updates:
+        lines.append(f"{'dropped updates':<{width}}{summary.dropped_updates} of {summary.client_updates} "
+                     "(non-finite, kept out of the model)")
+    lines += [
         f"{'best accuracy':<{width}}{summary.best_accuracy:.4f} (round {summary.best_round})",
         f"{'traffic (GB)':<{width}}{summary.uplink_gb:.4f} up, {summary.traffic_gb:.4f} total",
     ]

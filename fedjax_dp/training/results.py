@@ -86,3 +86,8 @@ def _jsonable(value):
 def read_metrics(workdir: str) -> list[dict]:
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def dropped_updates(metrics: list[dict]) -> int:
+    """Client updates kept out of the model as non-finite over a run's ``metrics.jsonl`` rows."""
+    return int(sum(row.get("dropped_clients") or 0 for row in metrics))

@@ -6,8 +6,8 @@ Each ``--panel TITLE FILE [FILE ...]`` is one panel; a file is either one run's 
 Only the rows of ``--seed`` are drawn (rows without a seed field count as seed 0, as the files say).
 
     python experiments/seed003_figure.py \\
-        --panel "MNIST, patent's CNN (cnn_fedavg)" experiments/seed003_cnn_grid.json \\
-        --panel "CIFAR-10, patent's CNN (cnn_pfl)" experiments/seed003_cifar10_cnn_grid.json \\
+        --panel "MNIST, patent's CNN (cnn_fedavg)" experiments/raw_rows/seed003_cnn_grid.json \\
+        --panel "CIFAR-10, patent's CNN (cnn_pfl)" experiments/raw_rows/seed003_cifar10_cnn_grid.json \\
         --out experiments/figures/seed003_accuracy_vs_epsilon.png
 """
 

@@ -2,7 +2,7 @@
 table row (``seed004_tables.result_row``), every evaluation, and a compact per-round trace (loss, update norm,
 epsilon, drops, uplink), read from its results directory (``results/`` is not in the repository).
 
-    python experiments/seed004_raw_rows.py experiments/seed004_table2_udp_300rounds.json \\
+    python experiments/seed004_raw_rows.py experiments/raw_rows/seed004_table2_udp_300rounds.json \\
         --setting "the command, commit, date, machine" results/seed004_t2_300_udp/acid3-UDP__sound__epsilon_10_
 """
 

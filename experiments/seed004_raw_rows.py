@@ -24,7 +24,8 @@ TRACE_KEYS = ("round", "train_loss", "train_data_loss", "mean_update_norm", "med
 EVALUATION_KEYS = ("personalized_accuracy", "client_accuracy")
 # The settings that tell a table's runs apart beyond its row (a --set learning rate, model, noise mode, rates).
 CONFIG_KEYS = ("seed", "algorithm", "model.name", "client.learning_rate", "cuag.mode", "compression.enabled",
-               "compression.rates", "compression.r_min", "compression.r_max", "engine.unroll")
+               "compression.rates", "compression.r_min", "compression.r_max", "compression.refresh",
+               "compression.error_feedback", "engine.unroll")
 
 
 def run_record(workdir: str, resumed: bool = False) -> dict:

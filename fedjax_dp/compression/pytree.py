@@ -19,6 +19,7 @@ import numpy as np
 from fedjax_dp.compression.materialized import MaterializedRandomMatrix
 from fedjax_dp.compression.operators import PaddedBlockSum, make_operator, num_measurements
 from fedjax_dp.compression.reconstruction import reconstruct
+from fedjax_dp.compression.refresh import permuted
 
 
 class _Layers:
@@ -72,14 +73,15 @@ class LayerwiseCompressor(_Layers):
             return self._operators
         return [op if m is None else MaterializedRandomMatrix(op, m) for op, m in zip(self._operators, matrices)]
 
-    def compress(self, update, matrices=None) -> list:
+    def compress(self, update, matrices=None, permutations=None) -> list:
+        """``permutations``: this round's per-layer permutations (``refresh.round_permutations``) or None."""
         leaves = self._treedef.flatten_up_to(update)
-        return [op.measure(jnp.ravel(x)) for op, x in zip(self._with(matrices), leaves)]
+        return [op.measure(jnp.ravel(x)) for op, x in zip(permuted(self._with(matrices), permutations), leaves)]
 
-    def reconstruct(self, measurements: list, matrices=None):
+    def reconstruct(self, measurements: list, matrices=None, permutations=None):
         options = dict(self.reconstruction_options)
         leaves = [reconstruct(op, y, self.method, **options).reshape(shape)
-                  for op, y, shape in zip(self._with(matrices), measurements, self._shapes)]
+                  for op, y, shape in zip(permuted(self._with(matrices), permutations), measurements, self._shapes)]
         return jax.tree_util.tree_unflatten(self._treedef, leaves)
 
 
@@ -110,12 +112,12 @@ class PaddedBlockCompressor(_Layers):
     def _operators(self, rows) -> list:
         return [PaddedBlockSum(int(np.prod(s)), m, rows[i]) for i, (s, m) in enumerate(zip(self._shapes, self.max_rows))]
 
-    def compress(self, update, rows) -> list:
+    def compress(self, update, rows, permutations=None) -> list:
         leaves = self._treedef.flatten_up_to(update)
-        return [op.measure(jnp.ravel(x)) for op, x in zip(self._operators(rows), leaves)]
+        return [op.measure(jnp.ravel(x)) for op, x in zip(permuted(self._operators(rows), permutations), leaves)]
 
-    def reconstruct(self, measurements: list, rows):
+    def reconstruct(self, measurements: list, rows, permutations=None):
         options = dict(self.reconstruction_options)
         leaves = [reconstruct(op, y, self.method, **options).reshape(shape)
-                  for op, y, shape in zip(self._operators(rows), measurements, self._shapes)]
+                  for op, y, shape in zip(permuted(self._operators(rows), permutations), measurements, self._shapes)]
         return jax.tree_util.tree_unflatten(self._treedef, leaves)

@@ -17,6 +17,19 @@ padding is zeros before any noise and is never read by the reconstruction; traff
 measurements). Random operators and fixed rates keep static shapes; a random operator's matrix is
 generated once per round and passed in as an input while the round's random matrices fit
 ``materialize_gb`` (``materialized``), and regenerated tile by tile at every product otherwise.
+
+``error_feedback=True`` (not in seed 004; Seide et al. 2014, Karimireddy et al. 2019's EF-SGD, Stich et al.
+2018) keeps each client's compression residual and adds it to its next upload: the client measures
+x = Delta + e, sends Phi x, and keeps e' = x - Rec(Phi x) (its own noiseless reconstruction, so with the
+min-norm ``Rec`` the directions its measurements missed), so what the unmeasured directions lose in one
+round is sent in a later one (the sum of what a client sent plus its residual is the sum of its updates).
+The residual is local state, never sent; it is per client (``keeps_client_state``, stored like an
+algorithm's per-client state and checkpointed), and a client whose update is dropped keeps its old one. A
+clip and noise after the compression bound and noise the measurements of x as they would those of Delta,
+so a formal guarantee is unchanged; the bound after compression is unbounded with it (x carries e).
+With ``reconstruct="aggregate"`` each client reconstructs its own measurements once more for its residual
+(for random matrices: one conjugate-gradient solve per client). It needs ``refresh="round"``: with the same
+Phi every round the residual lies in Phi's null space and is never measured (``refresh``).
 """
 
 from __future__ import annotations
@@ -34,10 +47,14 @@ from fedjax_dp.compression.operators import KINDS
 from fedjax_dp.compression.pytree import LayerwiseCompressor, PaddedBlockCompressor
 from fedjax_dp.compression.rates import dynamic_rates, fixed_rates
 from fedjax_dp.compression.reconstruction import METHODS
+from fedjax_dp.compression.refresh import REFRESH, round_permutations
 from fedjax_dp.core import tree
 from fedjax_dp.core.uploads import UNBOUNDED, ClientContext, Flow, ServerContext, UploadTransform
 
 PLACEMENTS = ("each", "aggregate")
+FIXED_MATRIX_FEEDBACK = ("compression.error_feedback=True needs compression.refresh='round': with the same matrix "
+                         "every round (refresh='fixed') the residual x - Rec(Phi x) lies in Phi's null space and is "
+                         "never measured, so error feedback would send nothing more")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +68,8 @@ class CompressedSensing(UploadTransform):
     seed: int = 0
     reconstruct: str = "each"
     materialize_gb: float = 1.0  # random matrices up to this many GB (float32) are held for the round
+    error_feedback: bool = False  # keep each client's residual x - Rec(Phi x) and add it to its next upload
+    refresh: str = "fixed"  # fixed (Alg. 3: the same matrices every round) | round (permuted per round, ``refresh``)
     compressor: Any = dataclasses.field(default=None, compare=False)  # set by ``specialize``
     padded: Any = dataclasses.field(default=None, compare=False)  # set by ``specialize`` (dynamic block rates)
 
@@ -65,9 +84,23 @@ class CompressedSensing(UploadTransform):
             fixed_rates({}, float(self.rates))  # validates the rate
         if not self.materialize_gb >= 0:
             raise ValueError(f"compression materialize_gb must be >= 0, got {self.materialize_gb!r}")
+        if self.refresh not in REFRESH:
+            raise ValueError(f"compression refresh {self.refresh!r} unknown; available: {REFRESH}")
+        if self.error_feedback and self.refresh != "round":
+            raise ValueError(FIXED_MATRIX_FEEDBACK)
 
     def init(self, upload_template):
         return jax.tree_util.tree_map(lambda x: jax.numpy.asarray(x, jax.numpy.float32), upload_template)
+
+    @property
+    def keeps_client_state(self) -> bool:
+        return self.error_feedback
+
+    def client_state_init(self, upload_template):
+        """Error feedback's residual: zero before a client's first upload."""
+        if not self.error_feedback:
+            return None
+        return jax.tree_util.tree_map(lambda x: jax.numpy.zeros(x.shape, jax.numpy.float32), upload_template)
 
     def rates_for(self, reference):
         if self.rates == "dynamic":
@@ -94,35 +127,44 @@ class CompressedSensing(UploadTransform):
         return tuple(jax.tree_util.tree_leaves(self.compressor.rates)) if self.compressor is not None else ()
 
     def inputs(self, round_index: int) -> dict:
+        inputs = {}
         if self.padded is not None:
-            return {"rows": self.padded.rows(self.compressor)}
-        if self.compressor is not None and self.operator != "block" and self.materialize_gb > 0:
-            return {"matrices": materialized_matrices(self.compressor.operators, self.materialize_gb * 2**30)}
-        return {}
+            inputs["rows"] = self.padded.rows(self.compressor)
+        elif self.compressor is not None and self.operator != "block" and self.materialize_gb > 0:
+            inputs["matrices"] = materialized_matrices(self.compressor.operators, self.materialize_gb * 2**30)
+        if self.refresh == "round" and self.compressor is not None:
+            inputs["permutations"] = round_permutations([op.shape[1] for op in self.compressor.operators], self.seed,
+                                                        round_index)
+        return inputs
 
     def _compress(self, upload, inputs):
         if self.padded is not None:
-            return self.padded.compress(upload, inputs["rows"])
-        return self.compressor.compress(upload, inputs.get("matrices"))
+            return self.padded.compress(upload, inputs["rows"], inputs.get("permutations"))
+        return self.compressor.compress(upload, inputs.get("matrices"), inputs.get("permutations"))
 
     def _reconstruct(self, measured, inputs):
         if self.padded is not None:
-            return self.padded.reconstruct(measured, inputs["rows"])
-        return self.compressor.reconstruct(measured, inputs.get("matrices"))
+            return self.padded.reconstruct(measured, inputs["rows"], inputs.get("permutations"))
+        return self.compressor.reconstruct(measured, inputs.get("matrices"), inputs.get("permutations"))
 
     def layer_rates(self) -> list[float]:
         return [float(r) for r in jax.tree_util.tree_leaves(self.compressor.rates)]
 
     def bound_after(self, bound, state, inputs):
-        if self.reconstruct == "each" and self.method == "min_norm":
+        if self.reconstruct == "each" and self.method == "min_norm" and not self.error_feedback:
             return bound  # Rec(Phi x) is an orthogonal projection: it never increases the norm
         return jax.numpy.float32(UNBOUNDED)
 
     def client(self, upload, ctx: ClientContext) -> Flow:
+        if self.error_feedback:
+            upload = jax.tree_util.tree_map(lambda x, e: x + e, upload, ctx.client_state)
         measured = self._compress(upload, ctx.inputs)
-        if self.reconstruct == "each":
-            return Flow(self._reconstruct(measured, ctx.inputs), self.bound_after(ctx.bound, None, None))
-        return Flow(measured, self.bound_after(ctx.bound, None, None))
+        rebuilt = self._reconstruct(measured, ctx.inputs) if self.reconstruct == "each" or self.error_feedback else None
+        residual = None
+        if self.error_feedback:  # what the measurements missed; a client whose upload is not kept keeps its old one
+            residual = tree.where(ctx.keep, jax.tree_util.tree_map(lambda x, r: x - r, upload, rebuilt), ctx.client_state)
+        sent = rebuilt if self.reconstruct == "each" else measured
+        return Flow(sent, self.bound_after(ctx.bound, None, None), client_state=residual)
 
     def server(self, total, ctx: ServerContext):
         if self.reconstruct == "aggregate":

@@ -33,6 +33,7 @@ EVALUATION_PASS_KEYS = ("eval_batches", "eval_mask")
 """A cohort packed for UGA also holds each client's whole local data (``packing.pack_uga_cohort``)."""
 
 CLIENT_STATE = "client_state"
+UPLOAD_CLIENT_STATE = "upload_client_state"  # the chain's per-client states (``Chain.client_state_init``)
 
 
 def client_inputs(cohort, key: jax.Array, noise_key: jax.Array | None = None) -> dict:
@@ -55,6 +56,7 @@ class RoundResult:
     metrics: dict
     dropped: np.ndarray  # per cohort slot: a real client whose update was not finite (or raised)
     client_states: Any = None  # stacked new per-client states (algorithms with client state)
+    upload_client_states: Any = None  # stacked new per-client states of the upload chain (error feedback)
 
 
 class FederatedRound:
@@ -93,14 +95,21 @@ class FederatedRound:
         return self.specialized(state).upload_bytes(template_bytes)
 
     def __call__(self, state, cohort, key: jax.Array, round_index: int | None = None, client_states=None,
-                 uploads: Chain | None = None, noise_key: jax.Array | None = None) -> RoundResult:
+                 uploads: Chain | None = None, noise_key: jax.Array | None = None,
+                 upload_client_states=None) -> RoundResult:
         """``uploads``: the chain already specialised for ``state`` (saves the host-side rate computation).
         ``noise_key``: every DP noise draw of the round derives from it (a separate stream, ``core.rng``);
-        ``None`` derives the noise from ``key`` under purposes distinct from training."""
+        ``None`` derives the noise from ``key`` under purposes distinct from training.
+        ``upload_client_states``: the cohort's stacked states of the chain (``Chain.client_state_init``),
+        where a transform keeps per-client state."""
         noise_key = key if noise_key is None else noise_key
         if self.algorithm.requirements.client_state and client_states is None:
             raise ValueError("this algorithm keeps per-client state: pass the cohort's stacked states "
                              "(core.client_states.ClientStateStore.gather) as client_states")
+        if self.uploads.keeps_client_state and upload_client_states is None:
+            raise ValueError("an upload transform keeps per-client state (error feedback): pass the cohort's stacked "
+                             "states (ClientStateStore(chain.client_state_init(template)).gather) as "
+                             "upload_client_states")
         t = int(state.round) + 1 if round_index is None else round_index
         uploads = self.specialized(state) if uploads is None else uploads
         engine, server_step = self._program(uploads)
@@ -108,12 +117,14 @@ class FederatedRound:
         clients = client_inputs(cohort, key, noise_key)
         if client_states is not None:
             clients[CLIENT_STATE] = client_states
+        if self.uploads.keeps_client_state:
+            clients[UPLOAD_CLIENT_STATE] = upload_client_states
         sums, per_client = engine((self.algorithm.broadcast(state), state.uploads, inputs), clients)
         new_state, metrics = server_step(state, sums, per_client, key, noise_key, inputs, clients["noise_key"])
         present = np.asarray(cohort["num_examples"]) > 0
         dropped = present & ~np.asarray(per_client["finite"])
         metrics = {**metrics, "dropped_clients": int(dropped.sum())}
-        return RoundResult(new_state, metrics, dropped, per_client.get(CLIENT_STATE))
+        return RoundResult(new_state, metrics, dropped, per_client.get(CLIENT_STATE), per_client.get(UPLOAD_CLIENT_STATE))
 
     def round(self, state, cohort, key: jax.Array, client_states=None):
         """``(new_state, metrics)``: the round without per-slot details, for notebooks and short scripts."""
@@ -206,12 +217,16 @@ def _send(uploads: Chain, states, inputs, client, out, ok):
     keep = ok & present
     upload = tree.where(keep, out.upload, jax.tree_util.tree_map(jnp.zeros_like, out.upload))
     bound, extras, stats = jnp.float32(UNBOUNDED), [], []
+    client_states = client.get(UPLOAD_CLIENT_STATE)
+    new_client_states = [None] * len(uploads)
     for i, t in enumerate(uploads[:split]):
+        own = client_states[i] if client_states is not None else None
         flow = t.client(upload, ClientContext(states[i], inputs[i], bound, client["noise_key"], present, keep,
-                                             client["client_id"]))
+                                             client["client_id"], own))
         upload, bound = flow.upload, flow.bound
         extras.append(flow.extras)
         stats.append(flow.stats)
+        new_client_states[i] = flow.client_state
     weight = keep.astype(jnp.float32) if uniform else jnp.where(keep, out.weight.astype(jnp.float32), 0.0)
     summed = {"weight": weight, "loss": jnp.where(keep, out.loss * weight, 0.0), "extras": extras}
     if out.data_loss is not None:
@@ -224,6 +239,8 @@ def _send(uploads: Chain, states, inputs, client, out, ok):
         per_client["upload"] = upload
     if out.client_state is not None:
         per_client[CLIENT_STATE] = out.client_state
+    if client_states is not None:
+        per_client[UPLOAD_CLIENT_STATE] = tuple(new_client_states)
     return summed, per_client
 
 

@@ -11,6 +11,10 @@ Each transform declares ``releases``: the mechanisms it runs in a round (``Relea
 local Gaussian noise relative to the per-client L2 bound, formal or not). The privacy tracker composes
 the releases of the transforms that actually ran; nothing re-derives them from the configuration.
 
+A transform may keep per-client state between rounds (``keeps_client_state``: error feedback's residual):
+the loop stores it per client like an algorithm's (``core.client_states``), the round passes each client
+its own in ``ClientContext.client_state`` and keeps the ``Flow.client_state`` it returns.
+
 The per-client L2 bound flows forward through the chain: it starts unbounded, a clip sets it, a noise
 transform calibrates its standard deviation to it (std = z * bound), a transform that changes norms
 maps it (``bound_after``).
@@ -66,6 +70,7 @@ class ClientContext(NamedTuple):
     present: Any  # a real client (not a padding slot)
     keep: Any  # present and finite: its upload enters the sum
     client_id: Any = 0  # the client's population index (0 in padding slots): per-client mechanisms
+    client_state: Any = None  # this transform's state for this client (``client_state_init``; None: none)
 
 
 class ServerContext(NamedTuple):
@@ -81,12 +86,15 @@ class ServerContext(NamedTuple):
 
 
 class Flow(NamedTuple):
-    """A client-side result: the upload, its bound, summed extras and per-client stats."""
+    """A client-side result: the upload, its bound, summed extras, per-client stats and, for a transform
+    with per-client state, the client's new state (kept only if its upload is: a dropped client keeps
+    its old one)."""
 
     upload: Any
     bound: Any
     extras: dict = {}
     stats: dict = {}
+    client_state: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +106,16 @@ class UploadTransform:
 
     def init(self, upload_template) -> Any:
         return ()
+
+    @property
+    def keeps_client_state(self) -> bool:
+        """Whether each client keeps state for this transform between rounds (error feedback's residual)."""
+        return False
+
+    def client_state_init(self, upload_template) -> Any:
+        """Each client's initial state for this transform (where ``keeps_client_state``), stored per
+        client like an algorithm's per-client state; None otherwise."""
+        return None
 
     def inputs(self, round_index: int) -> dict:
         """Host-side per-round values passed to both sides (traced, so a schedule does not recompile)."""
@@ -176,6 +194,16 @@ class Chain(tuple):
     def init(self, upload_template) -> tuple:
         return tuple(t.init(upload_template) for t in self)
 
+    def client_state_init(self, upload_template) -> tuple | None:
+        """Per transform, each client's initial state; None when no transform keeps per-client state."""
+        if not self.keeps_client_state:
+            return None
+        return tuple(t.client_state_init(upload_template) for t in self)
+
+    @property
+    def keeps_client_state(self) -> bool:
+        return any(t.keeps_client_state for t in self)
+
     def inputs(self, round_index: int) -> tuple:
         return tuple({k: _traced_input(v) for k, v in t.inputs(round_index).items()} for t in self)
 
@@ -236,6 +264,11 @@ def chain(*transforms: UploadTransform) -> Chain:
                              "(fixed_denominator(D)): dividing by the realised count would release it un-noised")
         if getattr(transforms[noise], "local", False) and any(t.cohort_level for t in transforms[:noise]):
             raise ValueError(f"upload chain {_names(transforms)}: local noise after a server-side clip cannot be local")
+    split = next((i for i, t in enumerate(transforms) if t.cohort_level), len(transforms))
+    stateful = [t for t in transforms[split:] if t.keeps_client_state]
+    if stateful:
+        raise ValueError(f"upload chain {_names(transforms)}: {type(stateful[0]).__name__} keeps per-client state, "
+                         "which only a transform before the server-side clip can (those run per client)")
     if ("clip" in kinds or "noise" in kinds) and "weighting" not in kinds:
         raise ValueError(f"upload chain {_names(transforms)}: clipping and noise need uniform weights "
                          "(add fixed_denominator(D) or UniformWeights()): example-weighted uploads are not bounded")

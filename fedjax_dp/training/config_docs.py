@@ -54,6 +54,11 @@ KEY_DOCS = {
     "compression.seed": "seed of the measurement matrices (shared by clients and server)",
     "compression.materialize_gb": "gaussian/bernoulli: hold the round's matrices in memory up to this many GB (float32; "
                                   "one generation a round instead of one a product); 0 = regenerate tile by tile",
+    "compression.refresh": "fixed: the same measurement matrices every round (Alg. 3 as written: the model moves only "
+                           "in their fixed row space) | round: each layer's entries permuted per round from the shared "
+                           "seed (not in seed 004; same traffic)",
+    "compression.error_feedback": "keep each client's residual x - Rec(Phi x) and add it to its next upload (error "
+                                  "feedback, Karimireddy et al. 2019; not in seed 004; needs refresh='round')",
     "server_data.fraction": "server-held set (FedMeta's D_meta, FedShare's shared set): fraction of training examples",
     "server_data.overlap": "< 0: drawn IID from the clients (no formal DP); 0-1: writer overlap on natural partitions "
                            "(0 keeps the guarantee)",

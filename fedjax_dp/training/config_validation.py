@@ -78,6 +78,9 @@ def validate_config(cfg) -> None:
         need(0 < cfg[side].lr_decay <= 1, f"{side}.lr_decay must lie in (0, 1], got {cfg[side].lr_decay}")
     if cfg.compression.enabled:
         _validate_compression(cfg, need)
+    else:
+        need(not cfg.compression.error_feedback, "compression.error_feedback=True feeds back the compression residual; "
+                                                 "it needs compression.enabled=True")
     sd = cfg.server_data
     need(0 < sd.fraction <= 1, f"server_data.fraction must lie in (0, 1], got {sd.fraction}")
     need(sd.overlap < 0 or sd.overlap <= 1, f"server_data.overlap must be < 0 (IID) or in [0, 1], got {sd.overlap}")
@@ -123,6 +126,8 @@ def _refuse_unknown_keys(cfg, defaults, prefix: str, need, root=None) -> None:
 def _validate_compression(cfg, need) -> None:
     from fedjax_dp.compression.operators import KINDS
     from fedjax_dp.compression.reconstruction import METHODS
+    from fedjax_dp.compression.refresh import REFRESH
+    from fedjax_dp.compression.upload_transform import FIXED_MATRIX_FEEDBACK
     c = cfg.compression
     need(c.kind in KINDS, f"compression.kind {c.kind!r} unknown; available: {KINDS}")
     need(c.method in METHODS, f"compression.method {c.method!r} unknown; available: {METHODS}")
@@ -130,6 +135,8 @@ def _validate_compression(cfg, need) -> None:
     need(c.r_min <= c.r_max, f"compression.r_min={c.r_min} exceeds r_max={c.r_max}")
     need(c.seed >= 0, f"compression.seed must be >= 0, got {c.seed}")
     need(c.materialize_gb >= 0, f"compression.materialize_gb must be >= 0 (0 = never), got {c.materialize_gb}")
+    need(c.refresh in REFRESH, f"compression.refresh {c.refresh!r} unknown; available: {REFRESH}")
+    need(not c.error_feedback or c.refresh != "fixed", FIXED_MATRIX_FEEDBACK)
     if c.rates != "dynamic":
         try:
             need(0 < float(c.rates) <= 1, f"compression.rates must be 'dynamic' or a rate in (0, 1], got {c.rates!r}")

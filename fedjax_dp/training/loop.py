@@ -80,6 +80,9 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     loop = LoopState(*rng_lib.host_generators(cfg.seed, cfg.privacy.secure_rng), secure_rng=cfg.privacy.secure_rng)
     if requirements.client_state:
         loop.client_states = ClientStateStore(runner.algorithm.client_state_init(params))
+    if runner.uploads.keeps_client_state:  # error feedback's residuals
+        loop.upload_client_states = ClientStateStore(
+            runner.uploads.client_state_init(runner.algorithm.upload_template(params)))
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
     if resume:
         state = loop.restore(checkpointer, state, tracker, workdir)
@@ -110,11 +113,13 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 cohort["client_id"] = np.pad(np.asarray(ids, np.int32), (0, slots - len(ids)))
                 cohort["per_client"] = tracker.client_inputs(t, ids, slots) if tracker is not None else {}
                 stacked = loop.client_states.gather(ids, slots) if loop.client_states is not None else None
+                stacked_uploads = (loop.upload_client_states.gather(ids, slots)
+                                   if loop.upload_client_states is not None else None)
                 uploads = runner.specialized(state)  # compression rates: fixed once per round, on the host
                 upload_bytes, rates = uploads.upload_bytes(template_bytes), compression_rates(uploads)
                 previous = state
                 result = runner(state, cohort, rng_lib.round_key(streams.rounds, t), t, stacked, uploads,
-                                noise_key=rng_lib.round_key(streams.noise, t))
+                                noise_key=rng_lib.round_key(streams.noise, t), upload_client_states=stacked_uploads)
                 state = result.state
                 if tracker is not None:  # accounted even if the result is discarded below (conservative)
                     tracker.record(t, ids)
@@ -127,6 +132,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 dropped = result.dropped[:len(ids)]
                 if loop.client_states is not None:  # a dropped client keeps its old state
                     loop.client_states.scatter(ids, result.client_states, ~dropped)
+                if loop.upload_client_states is not None:
+                    loop.upload_client_states.scatter(ids, result.upload_client_states, ~dropped)
                 if dropped.any():  # non-finite updates: kept out of the model, counted, and named
                     row["dropped_client_ids"] = [int(i) for i in np.asarray(ids)[dropped]]
                     logging.warning("round %d: dropped non-finite updates of clients %s", t, row["dropped_client_ids"])

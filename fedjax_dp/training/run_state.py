@@ -1,7 +1,8 @@
 """What the loop carries from round to round besides the server state, and its checkpoint.
 
 A checkpoint holds the server state (with the upload transforms' state: adaptive clip norm,
-compression reference), the per-client states of the clients that have one, and a JSON record of the
+compression reference), the per-client states of the clients that have one (the algorithm's, and the
+upload chain's: error feedback's residuals), and a JSON record of the
 host RNGs (not under ``privacy.secure_rng``: never written), counters, the best accuracy, traffic totals and the participation history. The privacy
 tracker is rebuilt on resume by replaying the participations: never reset, never counted twice.
 """
@@ -25,6 +26,7 @@ class LoopState:
     shuffle_rng: np.random.Generator  # per-client batch shuffles
     secure_rng: bool = False  # OS-entropy generators: their states are never written to a checkpoint
     client_states: ClientStateStore | None = None  # per-client algorithm state (control variates, say)
+    upload_client_states: ClientStateStore | None = None  # per-client upload-chain state (error feedback)
     client_updates: int = 0
     rounds_run: int = 0
     best: list = dataclasses.field(default_factory=lambda: [-1.0, -1])
@@ -40,13 +42,17 @@ class LoopState:
         state_ids, stacked = self.client_states.export() if self.client_states is not None else ([], None)
         if state_ids:
             trees["client_states"] = stacked
+        upload_ids, stacked = (self.upload_client_states.export() if self.upload_client_states is not None
+                               else ([], None))
+        if upload_ids:
+            trees["upload_client_states"] = stacked
         checkpointer.save(self.rounds_run, trees, {
             "host_rngs": None if self.secure_rng else [self.sampling_rng.bit_generator.state,
                                                        self.shuffle_rng.bit_generator.state],
             "client_updates": self.client_updates,
             "best": self.best, "last_eval": self.last_eval, "participation": self.participation,
             "uplink": self.meter.uplink, "downlink": self.meter.downlink, "all_dropped_streak": self.all_dropped_streak,
-            "client_state_ids": state_ids})
+            "client_state_ids": state_ids, "upload_client_state_ids": upload_ids})
 
     def restore(self, checkpointer: Checkpointer, state, tracker, workdir: str):
         """Loads the newest checkpoint into this loop state; returns the server state."""
@@ -54,6 +60,9 @@ class LoopState:
             trees = {"state": state}
             if saved.get("client_state_ids"):
                 trees["client_states"] = self.client_states.template_stack(len(saved["client_state_ids"]))
+            if saved.get("upload_client_state_ids"):
+                trees["upload_client_states"] = self.upload_client_states.template_stack(
+                    len(saved["upload_client_state_ids"]))
             return trees
 
         restored = checkpointer.restore_latest(targets)
@@ -62,6 +71,8 @@ class LoopState:
         trees, saved = restored
         if self.client_states is not None:
             self.client_states.load(saved.get("client_state_ids", []), trees.get("client_states"))
+        if self.upload_client_states is not None:
+            self.upload_client_states.load(saved.get("upload_client_state_ids", []), trees.get("upload_client_states"))
         self.rounds_run = saved["round"]
         if saved["host_rngs"] is not None:  # secure: the fresh OS-entropy generators go on
             self.sampling_rng.bit_generator.state, self.shuffle_rng.bit_generator.state = saved["host_rngs"]

@@ -77,6 +77,26 @@ def random_client_data(rng: np.random.Generator, sizes, shape=(4, 4, 1), num_cla
             for n in sizes]
 
 
+def two_logistic_clients(learning_rate=0.1):
+    """``(params, cohort_of(seed), fedavg)``: a 16 -> 3 logistic model, two clients of 6 and 9 random examples
+    packed in batches of 4 (``cohort_of(seed)`` shuffles with that seed) and FedAvg with SGD."""
+    import jax
+    import optax
+
+    from fedjax_dp.algorithms.fedavg import FedAvg
+    from fedjax_dp.data.packing import pack_cohort
+    from fedjax_dp.models import get_model
+
+    model = get_model("logistic", (4, 4, 1), 3)
+    data = random_client_data(np.random.default_rng(0), [6, 9])
+    x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
+
+    def cohort_of(seed=0):
+        return pack_cohort(x, y, [np.arange(6), np.arange(6, 15)], 4, 1, np.random.default_rng(seed))
+
+    return model.init(jax.random.key(0)), cohort_of, FedAvg(model.per_example_loss, optax.sgd(learning_rate))
+
+
 def make_round(model, algorithm="fedavg", num_clients=100, strategy="vmap", chunk_size=None, **overrides):
     """A ``FederatedRound`` built as the experiment loop builds it (registry, wrappers, upload chain),
     from ``default_config()`` with ``overrides`` given as ``{"dp.clip": "median", ...}``."""

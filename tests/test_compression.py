@@ -26,7 +26,7 @@ from fedjax_dp.models import get_model
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
-from conftest import random_client_data
+from conftest import random_client_data, two_logistic_clients
 
 
 def test_alg2_rates_cover_every_branch():
@@ -158,12 +158,8 @@ def test_layerwise_compressor_bytes_equal_the_sent_arrays_and_vmap_across_client
 
 
 def test_fedavg_with_rate_one_block_compression_is_fedavg():
-    model = get_model("logistic", (4, 4, 1), 3)
-    params = model.init(jax.random.key(0))
-    data = random_client_data(np.random.default_rng(0), [6, 9])
-    x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
-    cohort = pack_cohort(x, y, [np.arange(6), np.arange(6, 15)], 4, 1, np.random.default_rng(0))
-    fedavg = FedAvg(model.per_example_loss, optax.sgd(0.1))
+    params, cohort_of, fedavg = two_logistic_clients()
+    cohort = cohort_of(0)
     plain = FederatedRound(fedavg)
     identity = FederatedRound(fedavg, [CompressedSensing(rates="1.0")])
     a = plain.round(plain.init(params), cohort, jax.random.key(1))[0].params

@@ -8,22 +8,18 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
-from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.compression.upload_transform import CompressedSensing
 from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.core.uploads import ClientContext, UniformWeights, chain
-from fedjax_dp.data.packing import pack_cohort
-from fedjax_dp.models import get_model
 from fedjax_dp.privacy.upload_clipping import FlatClip, MedianClip
 from fedjax_dp.privacy.upload_noise import GaussianNoise
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
-from conftest import random_client_data
+from conftest import two_logistic_clients
 from test_checkpoint_resume import _interrupt_at
 
 TEMPLATE = {"w": jnp.zeros((6, 5)), "b": jnp.zeros(5)}
@@ -135,12 +131,8 @@ def test_a_client_whose_upload_is_not_kept_keeps_its_old_residual_and_rate_one_l
 
 
 def test_the_round_needs_and_returns_the_residuals_and_rate_one_equals_plain_compression():
-    model = get_model("logistic", (4, 4, 1), 3)
-    params = model.init(jax.random.key(0))
-    data = random_client_data(np.random.default_rng(0), [6, 9])
-    x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
-    cohort = pack_cohort(x, y, [np.arange(6), np.arange(6, 15)], 4, 1, np.random.default_rng(0))
-    fedavg = FedAvg(model.per_example_loss, optax.sgd(0.1))
+    params, cohort_of, fedavg = two_logistic_clients()
+    cohort = cohort_of(0)
     with_ef = FederatedRound(fedavg, [CompressedSensing(rates="0.5", error_feedback=True, refresh="round")])
     state = with_ef.init(params)
     with pytest.raises(ValueError, match="upload_client_states"):
@@ -164,18 +156,13 @@ def test_the_round_needs_and_returns_the_residuals_and_rate_one_equals_plain_com
 def test_with_a_fixed_block_matrix_the_model_moves_only_in_its_row_space_and_refreshed_it_does_not():
     """The property behind CUAG-PFL's compression-only decline (experiments/RESULTS.md): at r = 0.5 the block
     matrix sums pairs of neighbouring weights, and over any number of rounds each pair moves together."""
-    model = get_model("logistic", (4, 4, 1), 3)
-    params = model.init(jax.random.key(0))
-    data = random_client_data(np.random.default_rng(0), [6, 9])
-    x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
-    fedavg = FedAvg(model.per_example_loss, optax.sgd(0.5))
+    params, cohort_of, fedavg = two_logistic_clients(learning_rate=0.5)
     spreads = {}
     for refresh in ("fixed", "round"):
         runner = FederatedRound(fedavg, [CompressedSensing(rates="0.5", refresh=refresh)])
         state = runner.init(params)
         for t in (1, 2, 3):
-            cohort = pack_cohort(x, y, [np.arange(6), np.arange(6, 15)], 4, 1, np.random.default_rng(t))
-            state = runner(state, cohort, jax.random.key(t), t).state
+            state = runner(state, cohort_of(t), jax.random.key(t), t).state
         moved = np.asarray(state.params["Dense_0"]["kernel"] - params["Dense_0"]["kernel"]).ravel()
         pairs = moved.reshape(-1, 2)
         spreads[refresh] = (np.abs(pairs[:, 0] - pairs[:, 1]).max(), np.abs(moved).max())

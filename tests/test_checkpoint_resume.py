@@ -77,8 +77,29 @@ def test_resume_needs_a_checkpoint_and_the_same_config(tmp_path):
     c.rounds = 2
     run_experiment(c, str(tmp_path / "d"), progress=False)
     c.client.learning_rate = 0.5
-    with pytest.raises(ValueError, match="config.json differs"):
+    with pytest.raises(ValueError, match="config.json differs .*client.learning_rate: saved 0.05, now 0.5"):
         run_experiment(c, str(tmp_path / "d"), progress=False, resume=True)
+
+
+def test_a_run_from_before_a_config_key_existed_resumes_while_the_key_keeps_its_default(tmp_path):
+    """Bug: a Table 7 run checkpointed before ``compression.refresh`` and ``error_feedback`` were added could
+    not be resumed after (its config.json lacked them: "config.json differs"). A key the saved config lacks
+    now counts as the same when this run leaves it at its default; set to anything else, it is named."""
+    c = _config()
+    c.rounds = 4
+    with pytest.MonkeyPatch.context() as m:  # SIGINT in round 2: checkpoint at 2, stop
+        _interrupt_at(m, 2)
+        run_experiment(c, str(tmp_path / "old"), progress=False)
+    path = tmp_path / "old" / "config.json"
+    saved = json.loads(path.read_text())
+    del saved["compression"]["refresh"], saved["compression"]["error_feedback"]  # as an older version wrote it
+    path.write_text(json.dumps(saved))
+    changed = _config()
+    changed.rounds = 4
+    changed.compression.refresh = "round"
+    with pytest.raises(ValueError, match=r"compression.refresh: saved \(absent\), now 'round'"):
+        run_experiment(changed, str(tmp_path / "old"), progress=False, resume=True)
+    assert run_experiment(c, str(tmp_path / "old"), progress=False, resume=True).rounds == 4
 
 
 def test_a_diverged_model_stops_the_run_with_a_clear_reason(tmp_path):

@@ -30,6 +30,7 @@ from fedjax_dp.training.build import (build_model_and_round, compression_rates, 
 from fedjax_dp.training.checkpointing import Checkpointer, Interruption, truncate_metrics  # noqa: F401
 from fedjax_dp.training.cohorts import cohort_slots, make_packer, sample_cohort
 from fedjax_dp.training.config_validation import validate_config
+from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.evaluation import evaluate_state
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
 from fedjax_dp.training.prototype_adaptation import PrototypeAdaptation
@@ -87,7 +88,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     if resume:
         state = loop.restore(checkpointer, state, tracker, workdir)
     writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite, append=resume,
-                                   scalars=scalars)
+                                   scalars=scalars, defaults_json=default_config().to_json_best_effort())
     template_bytes = dense_upload_bytes(runner.algorithm.upload_template(params))
     download_bytes = broadcast_bytes(runner.algorithm.broadcast(state))  # model (+ control variate...)
 

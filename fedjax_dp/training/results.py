@@ -12,19 +12,51 @@ import os
 import numpy as np
 
 
+def _flat(config: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_differences(saved: dict, current: dict, defaults: dict) -> list[str]:
+    """``key: saved X, now Y`` for each key whose value differs. A key the saved config lacks is no difference
+    when this run leaves it at its default (a key added to the library after the run started: its default
+    keeps the old behaviour)."""
+    saved, current, defaults = _flat(saved), _flat(current), _flat(defaults)
+    missing = object()
+    differences = []
+    for key in sorted(set(saved) | set(current)):
+        before, now = saved.get(key, missing), current.get(key, missing)
+        if before is missing and key in defaults and now == defaults[key]:
+            continue
+        if before != now:
+            differences.append(f"{key}: saved {'(absent)' if before is missing else repr(before)}, "
+                               f"now {'(absent)' if now is missing else repr(now)}")
+    return differences
+
+
 class ResultsWriter:
     """Appends one JSON line per round; refuses to overwrite a previous run unless told to."""
 
     def __init__(self, workdir: str, config_json: str, overwrite: bool = False, append: bool = False,
-                 scalars=None):
-        """``append``: continue a resumed run's ``metrics.jsonl`` (its config must be the same);
+                 scalars=None, defaults_json: str | None = None):
+        """``append``: continue a resumed run's ``metrics.jsonl`` (its config must be the same, up to keys
+        added to the library since it started that this run leaves at their defaults, ``defaults_json``);
         ``scalars``: also given every row (``tensorboard.TensorBoardScalars``)."""
         self.workdir, self.scalars = workdir, scalars
         self.metrics_path = os.path.join(workdir, "metrics.jsonl")
         if append:
             with open(os.path.join(workdir, "config.json")) as f:
-                if json.loads(f.read()) != json.loads(config_json):
-                    raise ValueError(f"cannot resume {workdir}: its config.json differs from this run's config")
+                saved = json.loads(f.read())
+            defaults = json.loads(defaults_json) if defaults_json else {}
+            differences = config_differences(saved, json.loads(config_json), defaults)
+            if differences:
+                raise ValueError(f"cannot resume {workdir}: its config.json differs from this run's config: "
+                                 + "; ".join(differences[:8]) + (" ..." if len(differences) > 8 else ""))
             self._file = open(self.metrics_path, "a")
             return
         if os.path.exists(self.metrics_path) and not overwrite:

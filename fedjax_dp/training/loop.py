@@ -88,7 +88,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     if resume:
         state = loop.restore(checkpointer, state, tracker, workdir)
     writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite, append=resume,
-                                   scalars=scalars, defaults_json=default_config().to_json_best_effort())
+                                   scalars=scalars, defaults_json=default_config().to_json_best_effort() if resume else None)
     template_bytes = dense_upload_bytes(runner.algorithm.upload_template(params))
     download_bytes = broadcast_bytes(runner.algorithm.broadcast(state))  # model (+ control variate...)
 

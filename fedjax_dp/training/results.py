@@ -10,23 +10,14 @@ import math
 import os
 
 import numpy as np
-
-
-def _flat(config: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+from flax.traverse_util import flatten_dict
 
 
 def config_differences(saved: dict, current: dict, defaults: dict) -> list[str]:
     """``key: saved X, now Y`` for each key whose value differs. A key the saved config lacks is no difference
     when this run leaves it at its default (a key added to the library after the run started: its default
     keeps the old behaviour)."""
-    saved, current, defaults = _flat(saved), _flat(current), _flat(defaults)
+    saved, current, defaults = (flatten_dict(c, sep=".") for c in (saved, current, defaults))
     missing = object()
     differences = []
     for key in sorted(set(saved) | set(current)):

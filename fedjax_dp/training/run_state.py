@@ -37,42 +37,41 @@ class LoopState:
     all_dropped_streak: int = 0  # consecutive rounds in which every client update was non-finite
     meter: TrafficMeter = dataclasses.field(default_factory=TrafficMeter)
 
+    def _stores(self) -> dict:
+        """Per-client stores: checkpoint tree name -> (the record's key of their client ids, the store)."""
+        return {"client_states": ("client_state_ids", self.client_states),
+                "upload_client_states": ("upload_client_state_ids", self.upload_client_states)}
+
     def save(self, checkpointer: Checkpointer, state) -> None:
-        trees = {"state": state}
-        state_ids, stacked = self.client_states.export() if self.client_states is not None else ([], None)
-        if state_ids:
-            trees["client_states"] = stacked
-        upload_ids, stacked = (self.upload_client_states.export() if self.upload_client_states is not None
-                               else ([], None))
-        if upload_ids:
-            trees["upload_client_states"] = stacked
+        trees, ids = {"state": state}, {}
+        for name, (ids_key, store) in self._stores().items():
+            ids[ids_key], stacked = store.export() if store is not None else ([], None)
+            if ids[ids_key]:
+                trees[name] = stacked
         checkpointer.save(self.rounds_run, trees, {
             "host_rngs": None if self.secure_rng else [self.sampling_rng.bit_generator.state,
                                                        self.shuffle_rng.bit_generator.state],
             "client_updates": self.client_updates,
             "best": self.best, "last_eval": self.last_eval, "participation": self.participation,
             "uplink": self.meter.uplink, "downlink": self.meter.downlink, "all_dropped_streak": self.all_dropped_streak,
-            "client_state_ids": state_ids, "upload_client_state_ids": upload_ids})
+            **ids})
 
     def restore(self, checkpointer: Checkpointer, state, tracker, workdir: str):
         """Loads the newest checkpoint into this loop state; returns the server state."""
         def targets(saved):
             trees = {"state": state}
-            if saved.get("client_state_ids"):
-                trees["client_states"] = self.client_states.template_stack(len(saved["client_state_ids"]))
-            if saved.get("upload_client_state_ids"):
-                trees["upload_client_states"] = self.upload_client_states.template_stack(
-                    len(saved["upload_client_state_ids"]))
+            for name, (ids_key, store) in self._stores().items():
+                if saved.get(ids_key):
+                    trees[name] = store.template_stack(len(saved[ids_key]))
             return trees
 
         restored = checkpointer.restore_latest(targets)
         if restored is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {checkpointer.directory}")
         trees, saved = restored
-        if self.client_states is not None:
-            self.client_states.load(saved.get("client_state_ids", []), trees.get("client_states"))
-        if self.upload_client_states is not None:
-            self.upload_client_states.load(saved.get("upload_client_state_ids", []), trees.get("upload_client_states"))
+        for name, (ids_key, store) in self._stores().items():
+            if store is not None:
+                store.load(saved.get(ids_key, []), trees.get(name))
         self.rounds_run = saved["round"]
         if saved["host_rngs"] is not None:  # secure: the fresh OS-entropy generators go on
             self.sampling_rng.bit_generator.state, self.shuffle_rng.bit_generator.state = saved["host_rngs"]

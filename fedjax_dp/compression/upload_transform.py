@@ -27,6 +27,10 @@ The residual is local state, never sent; it is per client (``keeps_client_state`
 algorithm's per-client state and checkpointed), and a client whose update is dropped keeps its old one. A
 clip and noise after the compression bound and noise the measurements of x as they would those of Delta,
 so a formal guarantee is unchanged; the bound after compression is unbounded with it (x carries e).
+Under partial participation a residual is as old as its client's last round (~1 / sampling rate rounds):
+Li & Li 2023 (Fed-EF, ICML) prove such "stale error compensation" slows convergence; in seed 004's setting
+(10 of 100 clients a round, PFLDyn's server state) it lowered accuracy in both seeds measured
+(``experiments/RESULTS.md``, "Alg. 3's fixed matrix keeps the model in one subspace").
 With ``reconstruct="aggregate"`` each client reconstructs its own measurements once more for its residual
 (for random matrices: one conjugate-gradient solve per client). It needs ``refresh="round"``: with the same
 Phi every round the residual lies in Phi's null space and is never measured (``refresh``).

@@ -58,7 +58,8 @@ KEY_DOCS = {
                            "in their fixed row space) | round: each layer's entries permuted per round from the shared "
                            "seed (not in seed 004; same traffic)",
     "compression.error_feedback": "keep each client's residual x - Rec(Phi x) and add it to its next upload (error "
-                                  "feedback, Karimireddy et al. 2019; not in seed 004; needs refresh='round')",
+                                  "feedback, Karimireddy et al. 2019; not in seed 004; needs refresh='round'; with partial "
+                                  "participation the residuals go stale (Li & Li 2023): it lowered seed 004's accuracy)",
     "server_data.fraction": "server-held set (FedMeta's D_meta, FedShare's shared set): fraction of training examples",
     "server_data.overlap": "< 0: drawn IID from the clients (no formal DP); 0-1: writer overlap on natural partitions "
                            "(0 keeps the guarantee)",

@@ -25,10 +25,10 @@ sys.path.insert(1, os.path.dirname(HERE))  # the repository, so a machine withou
 
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 
-# model:cohort:strategy[:chunk:unroll:conv[:dtype]][@stream][~plain]  ('-' = none, unroll 'full' = every step
+# model:cohort:strategy[:chunk:unroll:conv[:dtype]][@stream][~plain|~deferred]  ('-' = none, unroll 'full' = every step
 # unrolled, dtype 'bf16' = bfloat16 compute with float32 parameters, @stream = the cohort sent to the device that
 # many clients at a time, ``CohortEngine(stream_size=)``, ~plain = local training without deferred dense kernels,
-# ``engine.deferred_dense='off'``)
+# ``engine.deferred_dense='off'``, ~deferred = with them, ``'on'``, whatever the backend)
 DEFAULT_CASES = [
     "cnn:10:vmap:-:full:xla", "cnn:10:chunked:5:full:im2col", "cnn:10:loop:-:full:xla", "cnn:10:loop:-:full:im2col",
     "cnn:10:loop:-:1:im2col", "cnn:10:sequential:-:1:im2col", "cnn:10:auto",
@@ -47,7 +47,7 @@ def parse_case(text: str) -> dict:
     text, _, stream = text.partition("@")
     parts = text.split(":")
     case = {"model": parts[0], "cohort": int(parts[1]), "strategy": parts[2],
-            "stream_size": int(stream) if stream else None, "deferred_dense": False if plain == "plain" else None}
+            "stream_size": int(stream) if stream else None, "deferred_dense": {"plain": False, "deferred": True}.get(plain)}
     if case["strategy"] != "auto":
         chunk, unroll, conv, dtype = (parts[3:] + ["-", "1", "xla", "f32"][len(parts) - 3:])[:4]
         case.update(chunk_size=None if chunk == "-" else int(chunk),

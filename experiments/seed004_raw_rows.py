@@ -25,7 +25,8 @@ EVALUATION_KEYS = ("personalized_accuracy", "client_accuracy")
 # The settings that tell a table's runs apart beyond its row (a --set learning rate, model, noise mode, rates).
 CONFIG_KEYS = ("seed", "algorithm", "model.name", "client.learning_rate", "cuag.mode", "compression.enabled",
                "compression.rates", "compression.r_min", "compression.r_max", "compression.refresh",
-               "compression.error_feedback", "engine.unroll")
+               "compression.error_feedback", "engine.unroll", "cuag.sigma", "cuag.clip_norm", "cuag.adaptive_clip",
+               "cuag.count_noise_std")
 
 
 def run_record(workdir: str, resumed: bool = False) -> dict:

@@ -11,6 +11,7 @@ import pytest
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.algorithms.fedprox import FedProx
 from fedjax_dp.algorithms.registry import BuildContext
+from fedjax_dp.core import deferred_dense
 from fedjax_dp.core.deferred_dense import deferrable_kernels, make_deferred_dense_sgd_trainer
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.models import get_model
@@ -125,6 +126,12 @@ def test_the_config_enables_it_for_plain_sgd_clients(client, mode, want):
     cfg.client.update(learning_rate=LR, **client)
     cfg.engine.deferred_dense = mode
     assert BuildContext(cfg, model=None, num_clients=1).deferred_dense_rate() == want  # auto: this CPU backend
+
+
+@pytest.mark.parametrize("backend, want", [("cpu", True), ("gpu", True), ("tpu", False)])
+def test_auto_is_on_for_the_backends_it_was_measured_on(monkeypatch, backend, want):
+    monkeypatch.setattr(deferred_dense.jax, "default_backend", lambda: backend)
+    assert deferred_dense.on_by_default() is want
 
 
 def test_deferred_clients_vmap_like_one_at_a_time():

@@ -80,7 +80,7 @@ KEY_DOCS = {
                                 "held random matrices) on the other devices fit this many GB; else one device (same numbers, slower)",
     "engine.deferred_dense": "on: plain-SGD clients update a large dense kernel once, at the end of local training, "
                              "from the layer's inputs and output gradients (core/deferred_dense.py; equal up to float "
-                             "rounding) | auto: on where the backend is a CPU (measured there only) | off",
+                             "rounding) | auto: on CPU and GPU backends (where it was measured) | off",
     "dp.noise_multiplier": "z: Gaussian noise std on the clipped sum / S",
     "dp.noise_schedule": "piecewise-constant z_t, e.g. '1:1.2,100:1.0' ('' = constant z)",
     "dp.calibrate_epsilon": "> 0: choose z so that `rounds` rounds spend this epsilon at dp.delta",

@@ -83,25 +83,32 @@ class PeakRss:
         return max(self.peak, self._process.memory_info().rss)
 
 
-def worker(case: dict, rounds: int, warmup: int) -> dict:
+def build_workload(case: dict):
+    """Workload W for a parsed case; ``auto`` is resolved as ``run_experiment`` would (recorded in ``case``)."""
     sys.path.insert(0, HERE)
     from workload_w import WorkloadW
-    from workload_w_data import FLOPS_PER_CLIENT_UPDATE, MODELS, STEPS
+    from workload_w_data import MODELS, STEPS
 
-    import jax
     from fedjax_dp.core.strategy import choose_strategy
     from fedjax_dp.models import get_model
 
-    rss = PeakRss()
     if case["strategy"] == "auto":
         # workload W's client is plain local SGD: no loop but its STEPS steps (what run_experiment would find)
         choice = choose_strategy(get_model(MODELS[case["model"]]).has_conv, case["cohort"], loop_free_steps=STEPS)
         case.update(resolved=choice.strategy, chunk_size=choice.chunk_size, unroll=choice.unroll,
                     conv_impl=choice.conv_impl, devices=choice.devices)
-    work = WorkloadW(case["model"], case.get("resolved", case["strategy"]), case["chunk_size"], case["unroll"],
+    return WorkloadW(case["model"], case.get("resolved", case["strategy"]), case["chunk_size"], case["unroll"],
                      case["conv_impl"], case.get("compute_dtype"), population=case["cohort"],
                      stream_size=case.get("stream_size"), devices=case.get("devices", 1),
                      deferred_dense=case.get("deferred_dense"))
+
+
+def worker(case: dict, rounds: int, warmup: int) -> dict:
+    import jax
+
+    rss = PeakRss()
+    work = build_workload(case)
+    from workload_w_data import FLOPS_PER_CLIENT_UPDATE  # on the path build_workload set
     start = time.perf_counter()
     work.round(0, case["cohort"])
     first_round = time.perf_counter() - start

@@ -63,10 +63,15 @@ class WorkloadW:
         }
 
     def program_memory(self, cohort: int) -> dict:
-        """XLA's memory analysis (bytes) of the engine's compiled program for one call: the whole cohort, or
-        one slice when streamed; for ``loop``, the one-client program it calls once per client. A device peak
-        above argument + output + temp is memory held outside the program (issue 20: the GPU's peak grew by
-        ~2x the cohort's input bytes while this CPU's temp did not)."""
+        """XLA's memory analysis (bytes) of ``compiled_program``. A device peak above argument + output + temp
+        is memory held outside the program (issue 20: the GPU's peak grew by ~2x the cohort's input bytes while
+        this CPU's temp did not)."""
+        memory = self.compiled_program(cohort).memory_analysis()
+        return {name: int(getattr(memory, f"{name}_size_in_bytes")) for name in ("argument", "output", "temp", "alias")}
+
+    def compiled_program(self, cohort: int):
+        """The engine's program for one call, compiled: the whole cohort, or one slice when streamed; for
+        ``loop``, the one-client program it calls once per client."""
         one_client = self._cohort(0, 1)  # one client's data gives the shapes: no cohort-sized gather
         if self.engine.strategy == "loop":  # no cohort program: the per-client program it calls C times
             client = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), one_client)
@@ -76,8 +81,7 @@ class WorkloadW:
             shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((n,) + x.shape[1:], x.dtype), one_client)
             params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params)  # any device
             program = jax.jit(self.engine.trace).lower(params, shapes)
-        memory = program.compile().memory_analysis()
-        return {name: int(getattr(memory, f"{name}_size_in_bytes")) for name in ("argument", "output", "temp", "alias")}
+        return program.compile()
 
     def round(self, round_index: int, cohort: int):
         clients = self._cohort(round_index, cohort)

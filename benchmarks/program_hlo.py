@@ -75,16 +75,15 @@ def report(case_text: str, out_dir: str, top: int = 25) -> dict:
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
     from cohort_throughput import build_workload, parse_case
+    from workload_w import memory_bytes
 
     case = parse_case(case_text)
     work = build_workload(case)
     compiled = work.compiled_program(case["cohort"])
     text = compiled.as_text()
-    memory = compiled.memory_analysis()
     result = {"case": case_text, **{k: v for k, v in case.items() if k != "cohort"}, "cohort": case["cohort"],
               "backend": jax.default_backend(), "device": str(jax.local_devices()[0].device_kind),
-              "program_memory_mib": {name: getattr(memory, f"{name}_size_in_bytes") / 2**20
-                                     for name in ("argument", "output", "temp", "alias")},
+              "program_memory_mib": {name: b / 2**20 for name, b in memory_bytes(compiled).items()},
               "largest": largest_values(text, top), "cohort_sized": cohort_sized(text, case["cohort"])}
     os.makedirs(out_dir, exist_ok=True)
     with gzip.open(os.path.join(out_dir, "hlo.txt.gz"), "wt") as f:

@@ -18,6 +18,12 @@ from fedjax_dp.training.build import spread
 from workload_w_data import BATCH, CLIP, LR, MODELS, POPULATION, SIGMA, STEPS, cohort_ids, make_population
 
 
+def memory_bytes(compiled) -> dict:
+    """XLA's memory analysis of a compiled program: argument / output / temp / alias bytes."""
+    memory = compiled.memory_analysis()
+    return {name: int(getattr(memory, f"{name}_size_in_bytes")) for name in ("argument", "output", "temp", "alias")}
+
+
 class WorkloadW:
     """One DP-FedAvg round of workload W with a chosen engine formulation."""
 
@@ -66,8 +72,7 @@ class WorkloadW:
         """XLA's memory analysis (bytes) of ``compiled_program``. A device peak above argument + output + temp
         is memory held outside the program (issue 20: the GPU's peak grew by ~2x the cohort's input bytes while
         this CPU's temp did not)."""
-        memory = self.compiled_program(cohort).memory_analysis()
-        return {name: int(getattr(memory, f"{name}_size_in_bytes")) for name in ("argument", "output", "temp", "alias")}
+        return memory_bytes(self.compiled_program(cohort))
 
     def compiled_program(self, cohort: int):
         """The engine's program for one call, compiled: the whole cohort, or one slice when streamed; for

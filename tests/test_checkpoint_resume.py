@@ -70,6 +70,20 @@ def test_interrupted_and_killed_runs_resume_to_the_uninterrupted_result(tmp_path
     assert _files(tmp_path / "c") == (want_metrics, want_privacy)
 
 
+def test_checkpoint_keep_zero_keeps_every_round_and_a_negative_count_is_refused(tmp_path):
+    c = _config("fedavg")
+    c.rounds, c.checkpoint_every, c.checkpoint_keep = 4, 1, 0
+    run_experiment(c, str(tmp_path / "all"), progress=False)
+    assert sorted(os.listdir(tmp_path / "all" / "checkpoints")) == [f"round_00000{t}" for t in (1, 2, 3, 4)]
+    c.checkpoint_keep = 3
+    run_experiment(c, str(tmp_path / "three"), progress=False)
+    assert sorted(os.listdir(tmp_path / "three" / "checkpoints")) == [f"round_00000{t}" for t in (2, 3, 4)]
+    c.checkpoint_keep = -1
+    with pytest.raises(ValueError, match="checkpoint_keep must be >= 0 .*got -1"):
+        run_experiment(c, str(tmp_path / "bad"), progress=False)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_resume_needs_a_checkpoint_and_the_same_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         run_experiment(_config(), str(tmp_path / "none"), progress=False, resume=True)

@@ -10,7 +10,7 @@ on resume and recomputed.
 
 Storage is orbax's ``CheckpointManager``: ``<workdir>/checkpoints/round_000012/{state, loop}``,
 written under a temporary name and renamed into place when complete (a half-written checkpoint is
-never read), the last ``keep`` kept. SIGINT / SIGTERM during a run finish the current round, write a
+never read), the last ``keep`` kept (config ``checkpoint_keep``; all of them with 0). SIGINT / SIGTERM during a run finish the current round, write a
 checkpoint and stop the run.
 """
 
@@ -30,9 +30,9 @@ PREFIX = "round"
 class Checkpointer:
     """The loop's checkpoints: ``save(round, trees, loop_state)``, ``restore_latest(target)``."""
 
-    def __init__(self, directory: str, keep: int = 2):
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1 checkpoints, got {keep}")
+    def __init__(self, directory: str, keep: int | None = 2):
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep must be >= 1 checkpoints (None: every one), got {keep}")
         self.directory, self.keep = os.path.abspath(directory), keep
         self._options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=False,

@@ -12,6 +12,8 @@ KEY_DOCS = {
                        "model's penultimate features (Proto adaptation: seed 004's metric for SCAFFOLD); for "
                        "algorithms without their own personalised models",
     "checkpoint_every": "orbax checkpoint every k rounds (0: only at exit); continue with --resume",
+    "checkpoint_keep": "how many of the newest checkpoints to keep (0: every one, e.g. to analyse each round's model "
+                       "afterwards)",
     "algorithm": "fedavg | fedprox | fedshare | uga | scaffold | dp_fedavg | dp_uga | ldp_minibatch | pfldyn_proto | "
                  "cuag_pfl | udp | prifedsync | dp_scaffold (algorithms.registry.names())",
     "data.source": "mnist_5k (embedded, no download) | mnist | cifar10 | cifar100 | femnist | shakespeare | tfds:<name>",

@@ -36,6 +36,7 @@ def validate_config(cfg) -> None:
     need(not cfg.eval_prototypes or cfg.model.name in PENULTIMATE_MODELS,
          f"eval_prototypes needs a model with a hidden layer ({PENULTIMATE_MODELS}), got model.name={cfg.model.name!r}")
     need(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0 = only at exit), got {cfg.checkpoint_every}")
+    need(cfg.checkpoint_keep >= 0, f"checkpoint_keep must be >= 0 (0 = keep every checkpoint), got {cfg.checkpoint_keep}")
     need(cfg.data.num_clients >= 1, f"data.num_clients must be >= 1, got {cfg.data.num_clients}")
     need(0 <= cfg.data.test_fraction < 1, f"data.test_fraction must lie in [0, 1), got {cfg.data.test_fraction}")
     need(cfg.data.partition in PARTITIONS, f"data.partition {cfg.data.partition!r} unknown; available: {PARTITIONS}")

@@ -16,6 +16,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.eval_initial = True  # evaluate the initial model as round 0 (metrics.jsonl, the plots)
     c.eval_prototypes = False  # also score each client's prototype classifier on the global model's features
     c.checkpoint_every = 0  # > 0: checkpoint every k rounds (always at exit); resume with --resume
+    c.checkpoint_keep = 2  # the newest k checkpoints are kept; 0 keeps every one (for analysing each round after)
     c.algorithm = fedjax_dp.algorithms.DEFAULT_ALGORITHM  # any registered name: algorithms.registry.names()
     c.data = ml_collections.ConfigDict(dict(
         source="mnist_5k",      # mnist_5k | mnist | cifar10 | cifar100 | femnist | shakespeare | tfds:<name>

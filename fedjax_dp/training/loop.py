@@ -84,7 +84,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     if runner.uploads.keeps_client_state:  # error feedback's residuals
         loop.upload_client_states = ClientStateStore(
             runner.uploads.client_state_init(runner.algorithm.upload_template(params)))
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint_keep or None)
     if resume:
         state = loop.restore(checkpointer, state, tracker, workdir)
     writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite, append=resume,

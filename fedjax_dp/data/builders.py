@@ -21,6 +21,7 @@ from fedjax_dp.data.femnist_files import NUM_CLASSES as FEMNIST_CLASSES
 from fedjax_dp.data.femnist_files import load_femnist
 from fedjax_dp.data.idx_files import load_mnist
 from fedjax_dp.data.natural_clients import natural_partition
+from fedjax_dp.data.normalization import standardize
 from fedjax_dp.data.server_sets import ServerSet, default_size, iid_server_set, writer_server_set
 from fedjax_dp.data.shakespeare_files import PAD_ID, SEQUENCE_LENGTH, VOCAB_SIZE, load_shakespeare
 
@@ -112,6 +113,8 @@ def build_dataset(cfg, seed: int) -> FederatedDataset:
     if cfg.partition == "natural":
         return _natural(cfg, rng)
     x, y, x_test, y_test, num_classes = load_source(cfg)
+    if cfg.get("normalize", "none") == "channel":
+        x, x_test = standardize(x, cfg.source), standardize(x_test, cfg.source)
     if cfg.partition in SPLIT_PARTITIONS:
         return _from_splits(cfg, x, y, x_test, y_test, num_classes, rng)
     parts = _label_partition(y, cfg, rng)

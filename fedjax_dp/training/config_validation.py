@@ -10,6 +10,7 @@ from fedjax_dp.algorithms import registry
 from fedjax_dp.core.cohort import STRATEGIES
 from fedjax_dp.core.deferred_dense import DEFERRED_DENSE_MODES as DEFERRED_DENSE
 from fedjax_dp.data.builders import NATURAL_SOURCES, PARTITIONS, SOURCES
+from fedjax_dp.data.normalization import CHANNEL_STATS, NORMALIZATIONS
 from fedjax_dp.core.optimizers import OPTIMIZERS
 from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES, PENULTIMATE_MODELS
 from fedjax_dp.models.conv import CONV_IMPLS
@@ -39,6 +40,10 @@ def validate_config(cfg) -> None:
     need(cfg.checkpoint_keep >= 0, f"checkpoint_keep must be >= 0 (0 = keep every checkpoint), got {cfg.checkpoint_keep}")
     need(cfg.data.num_clients >= 1, f"data.num_clients must be >= 1, got {cfg.data.num_clients}")
     need(0 <= cfg.data.test_fraction < 1, f"data.test_fraction must lie in [0, 1), got {cfg.data.test_fraction}")
+    need(cfg.data.normalize in NORMALIZATIONS, f"data.normalize {cfg.data.normalize!r} unknown; available: {NORMALIZATIONS}")
+    need(cfg.data.normalize != "channel" or cfg.data.source in CHANNEL_STATS,
+         f"data.normalize='channel' has published constants for {sorted(CHANNEL_STATS)}, not for "
+         f"data.source={cfg.data.source!r}: use data.normalize='none'")
     need(cfg.data.partition in PARTITIONS, f"data.partition {cfg.data.partition!r} unknown; available: {PARTITIONS}")
     need(cfg.data.source in SOURCES or cfg.data.source.startswith("tfds:"),
          f"data.source {cfg.data.source!r} unknown; available: {SOURCES}")

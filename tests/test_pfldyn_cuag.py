@@ -497,3 +497,16 @@ def test_a_vgg16_run_builds_its_model_for_the_datas_32x32_images(tmp_path, monke
         run_experiment(c, str(tmp_path / "run"), progress=False)
     model = built.value.args[0]
     assert (model.name, model.input_shape, model.num_classes) == ("vgg16", (32, 32, 3), 10)
+
+
+def test_the_authors_variant_of_the_config_sets_their_four_choices_and_a_typo_is_named():
+    import fedjax_dp.configs
+    from flax.traverse_util import flatten_dict
+
+    written, authors = (flatten_dict(fedjax_dp.configs.get(name).to_dict(), sep=".")
+                        for name in ("cuag_pfl_cifar10", "cuag_pfl_cifar10:authors"))
+    assert {key: authors[key] for key in written if written[key] != authors[key]} == {
+        "data.normalize": "channel", "client.grad_clip_norm": 10.0, "pfldyn.server_mean": "population",
+        "pfldyn.representation": "penultimate"}
+    with pytest.raises(ValueError, match="cuag_pfl_cifar10:author: unknown variant 'author'"):
+        fedjax_dp.configs.get("cuag_pfl_cifar10:author")

@@ -39,6 +39,8 @@ def test_a_source_without_constants_and_an_unknown_mode_are_refused_before_any_d
     with pytest.raises(ValueError, match=r"data.normalize='channel' has published constants for .* not for "
                                          r"data.source='femnist'"):
         validate_config(c)
+    c.data.update(source="tfds:cifar100", partition="acid")  # the TFDS copy of a dataset with constants is accepted
+    validate_config(c)
     c = default_config()
     c.data.normalize = "zscore"
     with pytest.raises(ValueError, match=r"data.normalize 'zscore' unknown"):

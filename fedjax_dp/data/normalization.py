@@ -24,6 +24,7 @@ CHANNEL_STATS = {
     "mnist": ((0.1307,), (0.3081,)),
     "mnist_5k": ((0.1307,), (0.3081,)),  # a subset of MNIST: MNIST's constants
 }
+CHANNEL_STATS.update({f"tfds:{name}": CHANNEL_STATS[name] for name in ("cifar10", "cifar100", "mnist")})  # same data
 
 
 def standardize(x: np.ndarray | None, source: str) -> np.ndarray | None:

@@ -26,7 +26,7 @@ EVALUATION_KEYS = ("personalized_accuracy", "client_accuracy")
 CONFIG_KEYS = ("seed", "algorithm", "model.name", "client.learning_rate", "cuag.mode", "compression.enabled",
                "compression.rates", "compression.r_min", "compression.r_max", "compression.refresh",
                "compression.error_feedback", "engine.unroll", "cuag.sigma", "cuag.clip_norm", "cuag.adaptive_clip",
-               "cuag.count_noise_std", "data.source", "data.normalize", "client.grad_clip_norm", "pfldyn.server_mean",
+               "cuag.count_noise_std", "data.source", "data.normalize", "data.augment", "client.grad_clip_norm", "pfldyn.server_mean",
                "pfldyn.representation")
 
 

@@ -38,3 +38,9 @@ def standardize(x: np.ndarray | None, source: str) -> np.ndarray | None:
     if x.shape[-1] != mean.size:
         raise ValueError(f"data.source={source!r}: {mean.size} channel constants for inputs of shape {x.shape[1:]}")
     return ((x - mean) / std).astype(np.float32)
+
+
+def standardized_black(source: str) -> np.ndarray:
+    """What a black pixel (0 in [0, 1]) becomes under ``standardize``: ``-mean / std`` per channel."""
+    mean, std = (np.asarray(v, np.float32) for v in CHANNEL_STATS[source])
+    return -mean / std

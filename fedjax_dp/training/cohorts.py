@@ -6,9 +6,11 @@ import math
 
 import numpy as np
 
-from fedjax_dp.privacy.client_sampling import client_sampler
+from fedjax_dp.data.augmentation import augment_batches
+from fedjax_dp.data.normalization import standardized_black
 from fedjax_dp.data.packing import (num_steps, pack_cohort, pack_poisson_cohort, pack_sampled_cohort,
                                     pack_uga_cohort)
+from fedjax_dp.privacy.client_sampling import client_sampler
 
 
 def expected_cohort(cfg, num_clients: int) -> float:
@@ -34,7 +36,22 @@ def cohort_slots(cfg, num_clients: int, drawn: int) -> int | None:
 
 def make_packer(cfg, dataset, requirements):
     """``pack(ids, rng, slots) -> cohort`` with step counts fixed for the whole run (one compiled
-    program); with ``requirements.evaluation_pass`` cohorts also carry each client's whole data."""
+    program); with ``requirements.evaluation_pass`` cohorts also carry each client's whole data. With
+    ``data.augment='crop_flip'`` every drawn training image is cropped and flipped (``data.augmentation``)."""
+    pack = _packer(cfg, dataset, requirements)
+    if cfg.data.get("augment", "none") == "none":
+        return pack
+    fill = standardized_black(cfg.data.source) if cfg.data.get("normalize", "none") == "channel" else 0.0
+
+    def pack_augmented(ids, rng, slots):
+        cohort = pack(ids, rng, slots)
+        cohort["batches"]["x"] = augment_batches(cohort["batches"]["x"], rng, fill)
+        return cohort
+
+    return pack_augmented
+
+
+def _packer(cfg, dataset, requirements):
     largest, batch, epochs = int(dataset.train_sizes().max()), cfg.client.batch_size, cfg.client.epochs
     indices = lambda ids: [dataset.client_train[i] for i in ids]  # noqa: E731
     if requirements.sampled_steps:

@@ -23,6 +23,8 @@ KEY_DOCS = {
     "data.manual_dir": "TFDS only: manual download folder",
     "data.normalize": "none ([0, 1] pixels) | channel: (x - mean) / std per colour channel with the dataset's published "
                       "constants (cifar10, cifar100, mnist, mnist_5k and their tfds: sources), as PFLDyn's authors do; no privacy cost",
+    "data.augment": "none | crop_flip: every drawn training image randomly cropped after zero padding of 4 and flipped "
+                    "left-right (CIFAR sources only), as PFLDyn's authors do; evaluation data never",
     "data.partition": "iid | shards (McMahan's label shards) | dirichlet | iid_split | acid | alid | natural (by writer/role)",
     "data.num_clients": "number of clients K",
     "data.shards_per_client": "shards partition: label-sorted shards per client",

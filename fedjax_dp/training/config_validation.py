@@ -10,6 +10,7 @@ from fedjax_dp.algorithms import registry
 from fedjax_dp.core.cohort import STRATEGIES
 from fedjax_dp.core.deferred_dense import DEFERRED_DENSE_MODES as DEFERRED_DENSE
 from fedjax_dp.data.builders import NATURAL_SOURCES, PARTITIONS, SOURCES
+from fedjax_dp.data.augmentation import AUGMENTATIONS, FLIPPABLE_SOURCES
 from fedjax_dp.data.normalization import CHANNEL_STATS, NORMALIZATIONS
 from fedjax_dp.core.optimizers import OPTIMIZERS
 from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES, PENULTIMATE_MODELS
@@ -44,6 +45,10 @@ def validate_config(cfg) -> None:
     need(cfg.data.normalize != "channel" or cfg.data.source in CHANNEL_STATS,
          f"data.normalize='channel' has published constants for {sorted(CHANNEL_STATS)}, not for "
          f"data.source={cfg.data.source!r}: use data.normalize='none'")
+    need(cfg.data.augment in AUGMENTATIONS, f"data.augment {cfg.data.augment!r} unknown; available: {AUGMENTATIONS}")
+    need(cfg.data.augment == "none" or cfg.data.source in FLIPPABLE_SOURCES,
+         f"data.augment={cfg.data.augment!r} crops and mirrors natural images: for {FLIPPABLE_SOURCES}, not "
+         f"data.source={cfg.data.source!r} (a mirrored digit or character is another symbol)")
     need(cfg.data.partition in PARTITIONS, f"data.partition {cfg.data.partition!r} unknown; available: {PARTITIONS}")
     need(cfg.data.source in SOURCES or cfg.data.source.startswith("tfds:"),
          f"data.source {cfg.data.source!r} unknown; available: {SOURCES}")

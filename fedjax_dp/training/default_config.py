@@ -28,7 +28,8 @@ def default_config() -> ml_collections.ConfigDict:
         classes_per_client=3, max_train_per_client=0, max_test_per_client=0,  # acid / alid
         min_train_per_client=0,  # natural: only writers / roles with at least this many training examples
         invert=False, sequence_length=80,  # femnist pixel convention; shakespeare window
-        normalize="none"))      # none | channel: (x - mean) / std per channel, published constants (data/normalization.py)
+        normalize="none",       # none | channel: (x - mean) / std per channel, published constants (data/normalization.py)
+        augment="none"))        # none | crop_flip: each drawn CIFAR training image cropped (padding 4) and flipped
     c.model = ml_collections.ConfigDict(dict(name="mlp_2nn", compute_dtype=""))  # "bfloat16": mixed precision
     c.client = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.05, momentum=0.0, batch_size=10, epochs=5,
                                               lr_decay=1.0,  # client lr x lr_decay**t in round t

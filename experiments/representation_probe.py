@@ -41,9 +41,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.flatten_util import ravel_pytree
 from ml_collections import ConfigDict
 
 from fedjax_dp.core import rng as rng_lib
+from fedjax_dp.core import tree
 from fedjax_dp.data.builders import build_dataset
 from fedjax_dp.models import get_model
 
@@ -78,18 +80,23 @@ def layer_readings(model, params, x, owner) -> dict:
     return readings
 
 
-def norms_by_layer(tree) -> dict:
-    return {name: float(np.sqrt(sum(np.sum(np.square(np.asarray(v, np.float64))) for v in layer.values())))
-            for name, layer in tree.items()}
+def norms_by_layer(params) -> dict:
+    return {name: float(tree.l2_norm(layer)) for name, layer in params.items()}
 
 
-def probe_run(workdir: str, per_client: int) -> list[dict]:
+def run_context(workdir: str, per_client: int):
+    """``(config, dataset, model, probe images, their owners, w_0)`` of a run folder (w_0 rebuilt from its seed)."""
     cfg = json.load(open(os.path.join(workdir, "config.json")))
     dataset = build_dataset(ConfigDict(cfg["data"]), cfg["seed"])
     model = get_model(cfg["model"]["name"], dataset.example_shape, dataset.num_classes)
     x, owner = sampled_examples(dataset, per_client, cfg["seed"])
+    return cfg, dataset, model, x, owner, model.init(rng_lib.run_streams(cfg["seed"], False).model_init)
+
+
+def probe_run(workdir: str, per_client: int) -> list[dict]:
+    _, _, model, x, owner, initial = run_context(workdir, per_client)
     checkpoints = sorted(glob.glob(os.path.join(workdir, "checkpoints", "round_*")))
-    states = [(0, {"params": model.init(rng_lib.run_streams(cfg["seed"], False).model_init)}, None)]
+    states = [(0, {"params": initial}, None)]
     for path in checkpoints:
         saved = ocp.StandardCheckpointer().restore(os.path.join(os.path.abspath(path), "state"))
         states.append((int(path.rsplit("_", 1)[1]), saved["state"], saved.get("client_states")))
@@ -101,7 +108,7 @@ def probe_run(workdir: str, per_client: int) -> list[dict]:
             move = jax.tree_util.tree_map(np.subtract, params, previous)
             for name, value in norms_by_layer(move).items():
                 row["layers"][name]["moved"] = value
-            flat = np.concatenate([np.ravel(v) for v in jax.tree_util.tree_leaves(move)])
+            flat = np.asarray(ravel_pytree(move)[0])
             first_move = flat if first_move is None else first_move
             row["cosine_to_first_move"] = float(flat @ first_move / np.linalg.norm(flat) / np.linalg.norm(first_move))
         if state.get("extra"):
@@ -120,12 +127,8 @@ LINE_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
 
 def round_one(workdir: str, per_client: int) -> dict:
     """Round 1 taken apart (see the module docstring); needs the round-1 checkpoint with the clients' g_n."""
-    cfg = json.load(open(os.path.join(workdir, "config.json")))
+    cfg, dataset, model, x, owner, initial = run_context(workdir, per_client)
     alpha = cfg["pfldyn"]["alpha"]
-    dataset = build_dataset(ConfigDict(cfg["data"]), cfg["seed"])
-    model = get_model(cfg["model"]["name"], dataset.example_shape, dataset.num_classes)
-    x, owner = sampled_examples(dataset, per_client, cfg["seed"])
-    initial = model.init(rng_lib.run_streams(cfg["seed"], False).model_init)
     path = os.path.abspath(os.path.join(workdir, "checkpoints", "round_000001"))
     saved = ocp.StandardCheckpointer().restore(os.path.join(path, "state"))
     ids = json.load(open(os.path.join(path, "loop", "metadata")))["client_state_ids"]
@@ -134,7 +137,7 @@ def round_one(workdir: str, per_client: int) -> dict:
     mean = jax.tree_util.tree_map(lambda *v: sum(v) / len(v), *deltas)
     first_move = jax.tree_util.tree_map(lambda a, b: np.asarray(a) - np.asarray(b), saved["state"]["params"], initial)
     moved = lambda delta, scale=1.0: jax.tree_util.tree_map(lambda w, d: jnp.asarray(w + scale * d), initial, delta)  # noqa: E731
-    flat = np.stack([np.concatenate([np.ravel(v) for v in jax.tree_util.tree_leaves(d)]) for d in deltas])
+    flat = np.stack([np.asarray(ravel_pytree(d)[0]) for d in deltas])
     unit = flat / np.linalg.norm(flat, axis=1, keepdims=True)
     off_diagonal = ~np.eye(len(ids), dtype=bool)
     classes = dataset.metadata.get("client_classes")

@@ -27,6 +27,10 @@ CHANNEL_STATS = {
 CHANNEL_STATS.update({f"tfds:{name}": CHANNEL_STATS[name] for name in ("cifar10", "cifar100", "mnist")})  # same data
 
 
+def _constants(source: str) -> tuple[np.ndarray, np.ndarray]:
+    return tuple(np.asarray(v, np.float32) for v in CHANNEL_STATS[source])
+
+
 def standardize(x: np.ndarray | None, source: str) -> np.ndarray | None:
     """``(x - mean) / std`` per channel (the last axis) with ``source``'s published constants, as float32."""
     if x is None:
@@ -34,7 +38,7 @@ def standardize(x: np.ndarray | None, source: str) -> np.ndarray | None:
     if source not in CHANNEL_STATS:
         raise ValueError(f"data.normalize='channel' has published constants for {sorted(CHANNEL_STATS)}, "
                          f"not for data.source={source!r}")
-    mean, std = (np.asarray(v, np.float32) for v in CHANNEL_STATS[source])
+    mean, std = _constants(source)
     if x.shape[-1] != mean.size:
         raise ValueError(f"data.source={source!r}: {mean.size} channel constants for inputs of shape {x.shape[1:]}")
     return ((x - mean) / std).astype(np.float32)
@@ -42,5 +46,5 @@ def standardize(x: np.ndarray | None, source: str) -> np.ndarray | None:
 
 def standardized_black(source: str) -> np.ndarray:
     """What a black pixel (0 in [0, 1]) becomes under ``standardize``: ``-mean / std`` per channel."""
-    mean, std = (np.asarray(v, np.float32) for v in CHANNEL_STATS[source])
+    mean, std = _constants(source)
     return -mean / std

@@ -1,0 +1,186 @@
+"""Which part of a compressed first step switches a representation off: the round-1 updates of a run
+reconstructed by each measurement operator, and where the server's first step would take the model.
+
+The question left by ``representation_probe.py --round-one`` (experiments/RESULTS.md, seed 004, "Why CIFAR-100
+collapses"): along the compressed first move w_0 + k (w_1 - w_0) every layer of the CNN dies, along the
+uncompressed one the features recover. Alg. 3's block matrix with the min-norm reconstruction replaces each
+block of ``1 / r`` neighbouring entries of a flattened layer by their mean (``compression/operators.py``): for a
+kernel stored (..., inputs, units) that gives neighbouring units the same update, keeping what they share (a
+common shift of their pre-activations) at full size and averaging away what separates them, where a random
+(Gaussian, Bernoulli) matrix's reconstruction is the orthogonal projection onto a random subspace, which keeps
+about a fraction r of every direction alike. If the block structure is what kills, the random operators' steps
+should not.
+
+From a run folder holding the round-1 checkpoint with the clients' g_n (any PFLDyn(Proto) / CUAG-PFL run; every
+round-1 client starts at w_0 with g_n = 0, so its update is Delta_n = -g_n / alpha, seed 004 Eq. 12), for each
+direction below it forms the first server step s = 2 mean_n Rec(Delta_n) (PFLDyn's first step with the cohort
+mean, as ``representation_probe`` derives it) and reads the model at w_0 + k s for k in ``LINE_MULTIPLES``:
+
+* ``block`` / ``gaussian`` / ``bernoulli``: the updates measured and reconstructed (min-norm) by that operator at
+  Alg. 2's rates from w_0 (the run's own rates and seed; the min-norm Rec is linear and round 1 has one matrix,
+  so mean Rec(Delta_n) = Rec(mean Delta_n), one reconstruction); ``block`` should reproduce the checkpoint's
+  w_1 - w_0 when the run used it (``block_vs_checkpoint``, relative distance);
+* ``uncompressed``: Rec = identity; ``shrunk``: each layer's uncompressed step times its rate (what a random
+  projection keeps on average); ``block_residual``: what the block reconstruction drops,
+  2 mean (Delta_n - Rec(Delta_n)).
+
+Per direction and layer it also reports the fraction of the step's norm that is the mean over the layer's units
+(``unit_common_share``: ||mean over units||^2 * units / ||step||^2 of the layer's bias and kernel, 1 when
+every unit moves alike).
+
+    python experiments/compression_direction_probe.py results/c100_collapse_probe/compressed \\
+        --out results/c100_collapse_probe/directions.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from fedjax_dp.compression.materialized import materialized_matrices
+from fedjax_dp.compression.operators import KINDS
+from fedjax_dp.compression.pytree import LayerwiseCompressor
+from fedjax_dp.compression.rates import dynamic_rates, fixed_rates
+from fedjax_dp.compression.refresh import round_permutations
+from fedjax_dp.core import tree
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from representation_probe import LINE_MULTIPLES, layer_readings, run_context  # noqa: E402
+
+
+MATERIALIZE_BYTES = 12 * 2**30  # cnn_pfl's 64k-weight dense layer at r = 0.5: an 8 GB Gaussian matrix
+
+
+def round_one_updates(workdir: str, alpha: float) -> tuple[list, dict]:
+    """Every round-1 client's update Delta_n = -g_n / alpha, and the checkpoint's parameters w_1."""
+    path = os.path.abspath(os.path.join(workdir, "checkpoints", "round_000001"))
+    saved = ocp.StandardCheckpointer().restore(os.path.join(path, "state"))
+    ids = json.load(open(os.path.join(path, "loop", "metadata")))["client_state_ids"]
+    g = saved["client_states"]
+    return [jax.tree_util.tree_map(lambda v, k=k: -np.asarray(v[k], np.float32) / alpha, g)
+            for k in range(len(ids))], saved["state"]["params"]
+
+
+def mean_of(trees: list):
+    return jax.tree_util.tree_map(lambda *v: sum(v) / len(v), *trees)
+
+
+def scaled(a, factor):
+    return jax.tree_util.tree_map(lambda x, f=factor: f * np.asarray(x), a)
+
+
+def unit_common_share(step) -> dict:
+    """Per layer: the share of ||step||^2 that is the same for every unit (the mean over the last axis)."""
+    shares = {}
+    for name, layer in step.items():
+        total = sum(float(np.sum(np.square(v))) for v in layer.values())
+        common = sum(float(np.sum(np.square(np.mean(v, axis=-1)))) * v.shape[-1] for v in layer.values())
+        shares[name] = common / total if total > 0 else 0.0
+    return shares
+
+
+def leaf_mean_share(step) -> dict:
+    """Per layer: the share of ||step||^2 in each leaf's mean over all its entries (its constant part)."""
+    shares = {}
+    for name, layer in step.items():
+        total = sum(float(np.sum(np.square(v))) for v in layer.values())
+        constant = sum(float(np.mean(v)) ** 2 * v.size for v in layer.values())
+        shares[name] = constant / total if total > 0 else 0.0
+    return shares
+
+
+def leaf_means(step):
+    """Each leaf's mean over its entries, broadcast: the part a block matrix always keeps whole (the all-ones
+    vector is the sum of its rows, so it lies in the row space, whatever the blocks or their permutation)."""
+    return jax.tree_util.tree_map(lambda v: np.full_like(v, np.mean(v)), step)
+
+
+def reconstructed(compressor, step, permutations=None):
+    matrices = materialized_matrices(compressor.operators, MATERIALIZE_BYTES)
+    rebuilt = jax.jit(lambda d, m, p: compressor.reconstruct(compressor.compress(d, m, p), m, p))(
+        step, matrices, permutations)
+    return jax.tree_util.tree_map(np.asarray, rebuilt)
+
+
+def directions(cfg: dict, initial, updates: list, kinds=KINDS) -> dict:
+    """The first server step s = 2 mean Rec(Delta_n) for each reconstruction (see the module docstring)."""
+    compression = cfg["compression"]
+    reference = jax.tree_util.tree_map(np.asarray, initial)
+    rates = (dynamic_rates(reference, compression["r_min"], compression["r_max"]) if compression["rates"] == "dynamic"
+             else fixed_rates(reference, float(compression["rates"])))
+    steps = {"uncompressed": scaled(mean_of(updates), 2.0)}
+    steps["shrunk"] = jax.tree_util.tree_map(lambda s, r: float(r) * s, steps["uncompressed"], rates)
+    steps["leaf_means"] = leaf_means(steps["uncompressed"])
+    steps["without_leaf_means"] = jax.tree_util.tree_map(np.subtract, steps["uncompressed"], steps["leaf_means"])
+    for kind in kinds:  # the min-norm Rec is linear and round 1 has one matrix: mean Rec(Delta_n) = Rec(mean Delta_n)
+        compressor = LayerwiseCompressor(reference, rates, kind, compression["seed"])
+        steps[kind] = reconstructed(compressor, steps["uncompressed"])
+        if kind == "block":
+            steps["block_residual"] = jax.tree_util.tree_map(np.subtract, steps["uncompressed"], steps["block"])
+            sizes = [op.shape[1] for op in compressor.operators]  # round 1 of ``compression.refresh='round'``
+            steps["block_refreshed"] = reconstructed(compressor, steps["uncompressed"],
+                                                     round_permutations(sizes, compression["seed"], 1))
+    return steps, rates
+
+
+def probe(workdir: str, per_client: int, kinds=KINDS) -> dict:
+    cfg, _, model, x, owner, initial = run_context(workdir, per_client)
+    updates, w1 = round_one_updates(workdir, cfg["pfldyn"]["alpha"])
+    steps, rates = directions(cfg, initial, updates, kinds)
+    checkpoint_move = jax.tree_util.tree_map(lambda a, b: np.asarray(a) - np.asarray(b), w1, initial)
+    report = {"rates": jax.tree_util.tree_map(float, rates),
+              "compression_run": cfg["compression"] if cfg["compression"]["enabled"] else None,
+              "initial": layer_readings(model, initial, x, owner), "directions": {},
+              "uncompressed_leaf_means": jax.tree_util.tree_map(lambda v: float(np.mean(v)), steps["uncompressed"])}
+    for name in ("block", "block_refreshed"):
+        if name in steps:  # the run's own w_1 - w_0 is one of these when it ran that operator
+            gap = jax.tree_util.tree_map(np.subtract, steps[name], checkpoint_move)
+            report[name + "_vs_checkpoint"] = float(tree.l2_norm(gap) / tree.l2_norm(checkpoint_move))
+    for name, step in steps.items():
+        report["directions"][name] = {
+            "norm": float(tree.l2_norm(step)),
+            "unit_common_share": unit_common_share(step),
+            "leaf_mean_share": leaf_mean_share(step),
+            "along": {k: layer_readings(model, jax.tree_util.tree_map(lambda w, s, k=k: w + k * s, initial, step), x,
+                                        owner) for k in LINE_MULTIPLES}}
+    return report
+
+
+def summary_line(name: str, direction: dict) -> str:
+    spread = lambda r: list(r.values())[-1]["feature_spread"]  # noqa: E731  (the output layer is last)
+    dead = lambda r: max(v.get("dead", 0.0) for v in r.values())  # noqa: E731
+    shares = ", ".join(f"{layer} {share:.2f}/{direction['leaf_mean_share'][layer]:.2f}"
+                       for layer, share in direction["unit_common_share"].items())
+    line = ", ".join(f"k={k}: spread {spread(r):.3g} dead<= {dead(r):.2f}" for k, r in direction["along"].items())
+    return f"  {name:15s} |s| {direction['norm']:.3g}; common to all units / leaf means: {shares}\n    {line}"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("workdir", help="a run folder with the round-1 checkpoint (clients' g_n included)")
+    p.add_argument("--per-client", type=int, default=30, help="training examples sampled from each client")
+    p.add_argument("--kinds", nargs="*", default=list(KINDS), choices=KINDS, help="operators to reconstruct with")
+    p.add_argument("--out", default="", help="JSON file for every reading")
+    args = p.parse_args(argv)
+    report = probe(args.workdir, args.per_client, tuple(args.kinds))
+    spread0 = list(report["initial"].values())[-1]["feature_spread"]
+    checks = "; ".join(f"{k}: {v:.2e}" for k, v in report.items() if k.endswith("_vs_checkpoint"))
+    print(f"{args.workdir}: rates {report['rates']}; relative distance to the checkpoint's w_1 - w_0: {checks}; "
+          f"feature spread at w_0 {spread0:.3g}")
+    print(f"  each leaf's mean entry of the uncompressed step: {report['uncompressed_leaf_means']}")
+    for name, direction in report["directions"].items():
+        print(summary_line(name, direction))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

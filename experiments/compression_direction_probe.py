@@ -3,33 +3,33 @@ reconstructed by each measurement operator, and where the server's first step wo
 
 The question left by ``representation_probe.py --round-one`` (experiments/RESULTS.md, seed 004, "Why CIFAR-100
 collapses"): along the compressed first move w_0 + k (w_1 - w_0) every layer of the CNN dies, along the
-uncompressed one the features recover. Alg. 3's block matrix with the min-norm reconstruction replaces each
-block of ``1 / r`` neighbouring entries of a flattened layer by their mean (``compression/operators.py``): for a
-kernel stored (..., inputs, units) that gives neighbouring units the same update, keeping what they share (a
-common shift of their pre-activations) at full size and averaging away what separates them, where a random
-(Gaussian, Bernoulli) matrix's reconstruction is the orthogonal projection onto a random subspace, which keeps
-about a fraction r of every direction alike. If the block structure is what kills, the random operators' steps
-should not.
+uncompressed one the features recover. Alg. 3's block rows sum disjoint blocks, so their sum is the all-ones vector:
+the min-norm reconstruction keeps each layer's constant part (the mean of its entries) whole, whatever the blocks or
+their permutation, and about a fraction r of the rest, where a random (Gaussian, Bernoulli) matrix's reconstruction,
+the orthogonal projection onto a random subspace, keeps about r of every direction alike. The probe separates the
+two (measured answer, RESULTS "The block matrix keeps each layer's mean shift whole": the constant part kills).
 
 From a run folder holding the round-1 checkpoint with the clients' g_n (any PFLDyn(Proto) / CUAG-PFL run; every
 round-1 client starts at w_0 with g_n = 0, so its update is Delta_n = -g_n / alpha, seed 004 Eq. 12), for each
-direction below it forms the first server step s = 2 mean_n Rec(Delta_n) (PFLDyn's first step with the cohort
-mean, as ``representation_probe`` derives it) and reads the model at w_0 + k s for k in ``LINE_MULTIPLES``:
+direction below it forms the first server step s = (1 + s_N) mean_n Rec(Delta_n) (PFLDyn's first step: twice the
+mean with the seed's cohort mean, as ``representation_probe`` derives it; 1 + |Q_1| / N times it with the population
+mean, ``first_step_factor``) and reads the model at w_0 + k s for k in ``LINE_MULTIPLES``:
 
 * ``block`` / ``gaussian`` / ``bernoulli``: the updates measured and reconstructed (min-norm) by that operator at
   Alg. 2's rates from w_0 (the run's own rates and seed; the min-norm Rec is linear and round 1 has one matrix,
   so mean Rec(Delta_n) = Rec(mean Delta_n), one reconstruction); ``block`` should reproduce the checkpoint's
   w_1 - w_0 when the run used it (``block_vs_checkpoint``, relative distance);
+* ``block_refreshed``: the block matrix with round 1's permutation of ``compression.refresh='round'``;
 * ``uncompressed``: Rec = identity; ``shrunk``: each layer's uncompressed step times its rate (what a random
-  projection keeps on average); ``block_residual``: what the block reconstruction drops,
-  2 mean (Delta_n - Rec(Delta_n)).
+  projection keeps on average); ``leaf_means`` / ``without_leaf_means``: the uncompressed step's constant part of
+  each leaf and the rest; ``block_residual``: what the block reconstruction drops, (1 + s_N) mean (Delta_n - Rec(Delta_n)).
 
-Per direction and layer it also reports the fraction of the step's norm that is the mean over the layer's units
-(``unit_common_share``: ||mean over units||^2 * units / ||step||^2 of the layer's bias and kernel, 1 when
-every unit moves alike).
+Per direction and layer it also reports the share of the step's squared norm that is the mean over the layer's
+units (``unit_common_share``, 1 when every unit moves alike) and that is each leaf's mean entry
+(``leaf_mean_share``). Only the round-1 updates the server kept enter the mean (``kept``).
 
     python experiments/compression_direction_probe.py results/c100_collapse_probe/compressed \\
-        --out results/c100_collapse_probe/directions.json
+        --out results/c100_collapse_probe/directions_all.json
 """
 
 from __future__ import annotations
@@ -58,13 +58,20 @@ MATERIALIZE_BYTES = 12 * 2**30  # cnn_pfl's 64k-weight dense layer at r = 0.5: a
 
 
 def round_one_updates(workdir: str, alpha: float) -> tuple[list, dict]:
-    """Every round-1 client's update Delta_n = -g_n / alpha, and the checkpoint's parameters w_1."""
+    """Every kept round-1 client's update Delta_n = -g_n / alpha, and the checkpoint's parameters w_1."""
     path = os.path.abspath(os.path.join(workdir, "checkpoints", "round_000001"))
     saved = ocp.StandardCheckpointer().restore(os.path.join(path, "state"))
     ids = json.load(open(os.path.join(path, "loop", "metadata")))["client_state_ids"]
     g = saved["client_states"]
-    return [jax.tree_util.tree_map(lambda v, k=k: -np.asarray(v[k], np.float32) / alpha, g)
-            for k in range(len(ids))], saved["state"]["params"]
+    updates = [jax.tree_util.tree_map(lambda v, k=k: -np.asarray(v[k], np.float32) / alpha, g) for k in range(len(ids))]
+    return [d for d in updates if kept(d)], saved["state"]["params"]
+
+
+def kept(update) -> bool:
+    """Whether the server averaged this round-1 update: finite (the server drops the others) and not all zero (a
+    dropped client keeps g_n = 0)."""
+    leaves = [np.asarray(v) for v in jax.tree_util.tree_leaves(update)]
+    return all(np.isfinite(v).all() for v in leaves) and any(np.any(v != 0) for v in leaves)
 
 
 def mean_of(trees: list):
@@ -108,13 +115,21 @@ def reconstructed(compressor, step, permutations=None):
     return jax.tree_util.tree_map(np.asarray, rebuilt)
 
 
-def directions(cfg: dict, initial, updates: list, kinds=KINDS) -> dict:
-    """The first server step s = 2 mean Rec(Delta_n) for each reconstruction (see the module docstring)."""
+def first_step_factor(cfg: dict, kept: int) -> float:
+    """w_1 - w_0 = (1 + s) mean Rec(Delta_n) (``algorithms/pfldyn_proto.py``: g^1 = -alpha s Delta w, w^1 = w^0 +
+    Delta w - g^1 / alpha), s = 1 for the seed's cohort mean, |Q_1| / N for the population mean."""
+    population = cfg.get("pfldyn", {}).get("server_mean", "cohort") == "population"
+    return 1.0 + (kept / cfg["data"]["num_clients"] if population else 1.0)
+
+
+def directions(cfg: dict, initial, updates: list, kinds=KINDS) -> tuple[dict, dict]:
+    """The first server step (1 + s) mean Rec(Delta_n) for each reconstruction (see the module docstring), and
+    Alg. 2's rates from w_0."""
     compression = cfg["compression"]
     reference = jax.tree_util.tree_map(np.asarray, initial)
     rates = (dynamic_rates(reference, compression["r_min"], compression["r_max"]) if compression["rates"] == "dynamic"
              else fixed_rates(reference, float(compression["rates"])))
-    steps = {"uncompressed": scaled(mean_of(updates), 2.0)}
+    steps = {"uncompressed": scaled(mean_of(updates), first_step_factor(cfg, len(updates)))}
     steps["shrunk"] = jax.tree_util.tree_map(lambda s, r: float(r) * s, steps["uncompressed"], rates)
     steps["leaf_means"] = leaf_means(steps["uncompressed"])
     steps["without_leaf_means"] = jax.tree_util.tree_map(np.subtract, steps["uncompressed"], steps["leaf_means"])

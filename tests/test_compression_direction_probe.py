@@ -11,25 +11,28 @@ from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
 
-def _compressed_run(tmp_path_factory, refresh: str) -> str:
+def _compressed_run(tmp_path_factory, refresh: str, server_mean: str) -> str:
     c = default_config()
     c.algorithm, c.rounds, c.eval_every = "cuag_pfl", 1, 1
     c.checkpoint_every, c.checkpoint_keep = 1, 0
     c.data.update(num_clients=10, test_fraction=0.25)
     c.client.update(batch_size=8, learning_rate=0.1)
-    c.pfldyn.local_steps = 3
+    c.pfldyn.update(local_steps=3, server_mean=server_mean)
     c.sampling.cohort_size = 4
     c.cuag.mode = "none"
     c.compression.update(enabled=True, kind="block", rates="dynamic", refresh=refresh)
-    workdir = str(tmp_path_factory.mktemp("directions") / refresh)
+    workdir = str(tmp_path_factory.mktemp("directions") / f"{refresh}_{server_mean}")
     run_experiment(c, workdir, progress=False)
     return workdir
 
 
-@pytest.mark.parametrize("refresh, rebuilt", [("fixed", "block"), ("round", "block_refreshed")])
-def test_the_rebuilt_block_step_is_the_runs_own_first_move(tmp_path_factory, refresh, rebuilt):
-    report = load_experiment("compression_direction_probe").probe(_compressed_run(tmp_path_factory, refresh), 5,
-                                                                  kinds=("block",))
+@pytest.mark.parametrize("refresh, rebuilt, server_mean", [("fixed", "block", "cohort"),
+                                                          ("round", "block_refreshed", "cohort"),
+                                                          ("fixed", "block", "population")])
+def test_the_rebuilt_block_step_is_the_runs_own_first_move(tmp_path_factory, refresh, rebuilt, server_mean):
+    """w_1 - w_0 = (1 + s) mean Rec(Delta_n): s = 1 with the cohort mean, 4 / 10 with the population mean."""
+    workdir = _compressed_run(tmp_path_factory, refresh, server_mean)
+    report = load_experiment("compression_direction_probe").probe(workdir, 5, kinds=("block",))
     other = {"block": "block_refreshed", "block_refreshed": "block"}[rebuilt]
     assert report[rebuilt + "_vs_checkpoint"] < 1e-5
     assert report[other + "_vs_checkpoint"] > 1e-2  # the other matrix is a different step: the check can fail
@@ -80,3 +83,10 @@ def test_shares_of_the_common_part_by_hand():
     # mean over each leaf: kernel 1.0 over 4 entries, bias 0
     assert probe.leaf_mean_share(step)["Dense_0"] == pytest.approx(4 * 1.0 / total)
     np.testing.assert_allclose(probe.leaf_means(step)["Dense_0"]["kernel"], np.ones((2, 2)))
+
+
+def test_only_the_updates_the_server_kept_enter_the_step():
+    probe = load_experiment("compression_direction_probe")
+    assert probe.kept({"a": np.ones(3), "b": np.zeros(2)})
+    assert not probe.kept({"a": np.zeros(3), "b": np.zeros(2)})  # a dropped client keeps g_n = 0
+    assert not probe.kept({"a": np.array([1.0, np.nan]), "b": np.ones(2)})  # non-finite: dropped by the server

@@ -20,6 +20,7 @@ mean, ``first_step_factor``) and reads the model at w_0 + k s for k in ``LINE_MU
   so mean Rec(Delta_n) = Rec(mean Delta_n), one reconstruction); ``block`` should reproduce the checkpoint's
   w_1 - w_0 when the run used it (``block_vs_checkpoint``, relative distance);
 * ``block_refreshed``: the block matrix with round 1's permutation of ``compression.refresh='round'``;
+  ``block_signed``: with ``compression.signs='random'``'s +-1 per entry (``compression/signs.py``);
 * ``uncompressed``: Rec = identity; ``shrunk``: each layer's uncompressed step times its rate (what a random
   projection keeps on average); ``leaf_means`` / ``without_leaf_means``: the uncompressed step's constant part of
   each leaf and the rest; ``block_residual``: what the block reconstruction drops, (1 + s_N) mean (Delta_n - Rec(Delta_n)).
@@ -48,6 +49,7 @@ from fedjax_dp.compression.operators import KINDS
 from fedjax_dp.compression.pytree import LayerwiseCompressor
 from fedjax_dp.compression.rates import dynamic_rates, fixed_rates
 from fedjax_dp.compression.refresh import round_permutations
+from fedjax_dp.compression.signs import layer_signs
 from fedjax_dp.core import tree
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -108,10 +110,10 @@ def leaf_means(step):
     return jax.tree_util.tree_map(lambda v: np.full_like(v, np.mean(v)), step)
 
 
-def reconstructed(compressor, step, permutations=None):
+def reconstructed(compressor, step, permutations=None, signs=None):
     matrices = materialized_matrices(compressor.operators, MATERIALIZE_BYTES)
-    rebuilt = jax.jit(lambda d, m, p: compressor.reconstruct(compressor.compress(d, m, p), m, p))(
-        step, matrices, permutations)
+    rebuilt = jax.jit(lambda d, m, p, s: compressor.reconstruct(compressor.compress(d, m, p, s), m, p, s))(
+        step, matrices, permutations, signs)
     return jax.tree_util.tree_map(np.asarray, rebuilt)
 
 
@@ -141,6 +143,8 @@ def directions(cfg: dict, initial, updates: list, kinds=KINDS) -> tuple[dict, di
             sizes = [op.shape[1] for op in compressor.operators]  # round 1 of ``compression.refresh='round'``
             steps["block_refreshed"] = reconstructed(compressor, steps["uncompressed"],
                                                      round_permutations(sizes, compression["seed"], 1))
+            steps["block_signed"] = reconstructed(compressor, steps["uncompressed"],
+                                                  signs=layer_signs(tuple(sizes), compression["seed"]))
     return steps, rates
 
 
@@ -153,7 +157,7 @@ def probe(workdir: str, per_client: int, kinds=KINDS) -> dict:
               "compression_run": cfg["compression"] if cfg["compression"]["enabled"] else None,
               "initial": layer_readings(model, initial, x, owner), "directions": {},
               "uncompressed_leaf_means": jax.tree_util.tree_map(lambda v: float(np.mean(v)), steps["uncompressed"])}
-    for name in ("block", "block_refreshed"):
+    for name in ("block", "block_refreshed", "block_signed"):
         if name in steps:  # the run's own w_1 - w_0 is one of these when it ran that operator
             gap = jax.tree_util.tree_map(np.subtract, steps[name], checkpoint_move)
             report[name + "_vs_checkpoint"] = float(tree.l2_norm(gap) / tree.l2_norm(checkpoint_move))

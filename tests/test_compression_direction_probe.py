@@ -11,7 +11,7 @@ from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
 
-def _compressed_run(tmp_path_factory, refresh: str, server_mean: str) -> str:
+def _compressed_run(tmp_path_factory, refresh: str, server_mean: str, signs: str) -> str:
     c = default_config()
     c.algorithm, c.rounds, c.eval_every = "cuag_pfl", 1, 1
     c.checkpoint_every, c.checkpoint_keep = 1, 0
@@ -20,24 +20,25 @@ def _compressed_run(tmp_path_factory, refresh: str, server_mean: str) -> str:
     c.pfldyn.update(local_steps=3, server_mean=server_mean)
     c.sampling.cohort_size = 4
     c.cuag.mode = "none"
-    c.compression.update(enabled=True, kind="block", rates="dynamic", refresh=refresh)
-    workdir = str(tmp_path_factory.mktemp("directions") / f"{refresh}_{server_mean}")
+    c.compression.update(enabled=True, kind="block", rates="dynamic", refresh=refresh, signs=signs)
+    workdir = str(tmp_path_factory.mktemp("directions") / f"{refresh}_{server_mean}_{signs}")
     run_experiment(c, workdir, progress=False)
     return workdir
 
 
-@pytest.mark.parametrize("refresh, rebuilt, server_mean", [("fixed", "block", "cohort"),
-                                                          ("round", "block_refreshed", "cohort"),
-                                                          ("fixed", "block", "population")])
-def test_the_rebuilt_block_step_is_the_runs_own_first_move(tmp_path_factory, refresh, rebuilt, server_mean):
+@pytest.mark.parametrize("refresh, signs, server_mean, rebuilt", [("fixed", "none", "cohort", "block"),
+                                                                  ("round", "none", "cohort", "block_refreshed"),
+                                                                  ("fixed", "random", "cohort", "block_signed"),
+                                                                  ("fixed", "none", "population", "block")])
+def test_the_rebuilt_block_step_is_the_runs_own_first_move(tmp_path_factory, refresh, signs, server_mean, rebuilt):
     """w_1 - w_0 = (1 + s) mean Rec(Delta_n): s = 1 with the cohort mean, 4 / 10 with the population mean."""
-    workdir = _compressed_run(tmp_path_factory, refresh, server_mean)
+    workdir = _compressed_run(tmp_path_factory, refresh, server_mean, signs)
     report = load_experiment("compression_direction_probe").probe(workdir, 5, kinds=("block",))
-    other = {"block": "block_refreshed", "block_refreshed": "block"}[rebuilt]
     assert report[rebuilt + "_vs_checkpoint"] < 1e-5
-    assert report[other + "_vs_checkpoint"] > 1e-2  # the other matrix is a different step: the check can fail
+    for other in {"block", "block_refreshed", "block_signed"} - {rebuilt}:  # other matrices: other steps
+        assert report[other + "_vs_checkpoint"] > 1e-2
     assert set(report["directions"]) == {"uncompressed", "shrunk", "leaf_means", "without_leaf_means", "block",
-                                         "block_residual", "block_refreshed"}
+                                         "block_residual", "block_refreshed", "block_signed"}
     assert list(report["directions"]["block"]["along"]) == [0.5, 1.0, 1.5, 2.0, 3.0, 4.0]
 
 
@@ -67,6 +68,7 @@ def test_block_keeps_each_leafs_mean_and_random_operators_project():
     for name in ("block", "block_refreshed"):  # the all-ones vector is in a block matrix's row space
         np.testing.assert_allclose(means(steps[name]), means(uncompressed), rtol=1e-5)
         assert not np.allclose(flat(steps[name]), flat(uncompressed))
+    assert not np.allclose(means(steps["block_signed"]), means(uncompressed), rtol=1e-2)  # signed: it is not
     for name in ("gaussian", "bernoulli"):  # min-norm Rec = the orthogonal projection onto Phi's row space
         kept, dropped = flat(steps[name]), flat(uncompressed) - flat(steps[name])
         assert abs(kept @ dropped) < 1e-3 * np.linalg.norm(kept) * np.linalg.norm(dropped)

@@ -20,6 +20,7 @@ from fedjax_dp.compression.materialized import MaterializedRandomMatrix
 from fedjax_dp.compression.operators import PaddedBlockSum, make_operator, num_measurements
 from fedjax_dp.compression.reconstruction import reconstruct
 from fedjax_dp.compression.refresh import permuted
+from fedjax_dp.compression.signs import signed
 
 
 class _Layers:
@@ -73,15 +74,18 @@ class LayerwiseCompressor(_Layers):
             return self._operators
         return [op if m is None else MaterializedRandomMatrix(op, m) for op, m in zip(self._operators, matrices)]
 
-    def compress(self, update, matrices=None, permutations=None) -> list:
-        """``permutations``: this round's per-layer permutations (``refresh.round_permutations``) or None."""
+    def compress(self, update, matrices=None, permutations=None, signs=None) -> list:
+        """``permutations``: this round's per-layer permutations (``refresh.round_permutations``) or None;
+        ``signs``: the per-layer +-1 signs (``signs.layer_signs``) or None."""
         leaves = self._treedef.flatten_up_to(update)
-        return [op.measure(jnp.ravel(x)) for op, x in zip(permuted(self._with(matrices), permutations), leaves)]
+        operators = signed(permuted(self._with(matrices), permutations), signs)
+        return [op.measure(jnp.ravel(x)) for op, x in zip(operators, leaves)]
 
-    def reconstruct(self, measurements: list, matrices=None, permutations=None):
+    def reconstruct(self, measurements: list, matrices=None, permutations=None, signs=None):
         options = dict(self.reconstruction_options)
+        operators = signed(permuted(self._with(matrices), permutations), signs)
         leaves = [reconstruct(op, y, self.method, **options).reshape(shape)
-                  for op, y, shape in zip(permuted(self._with(matrices), permutations), measurements, self._shapes)]
+                  for op, y, shape in zip(operators, measurements, self._shapes)]
         return jax.tree_util.tree_unflatten(self._treedef, leaves)
 
 
@@ -112,12 +116,14 @@ class PaddedBlockCompressor(_Layers):
     def _operators(self, rows) -> list:
         return [PaddedBlockSum(int(np.prod(s)), m, rows[i]) for i, (s, m) in enumerate(zip(self._shapes, self.max_rows))]
 
-    def compress(self, update, rows, permutations=None) -> list:
+    def compress(self, update, rows, permutations=None, signs=None) -> list:
         leaves = self._treedef.flatten_up_to(update)
-        return [op.measure(jnp.ravel(x)) for op, x in zip(permuted(self._operators(rows), permutations), leaves)]
+        operators = signed(permuted(self._operators(rows), permutations), signs)
+        return [op.measure(jnp.ravel(x)) for op, x in zip(operators, leaves)]
 
-    def reconstruct(self, measurements: list, rows, permutations=None):
+    def reconstruct(self, measurements: list, rows, permutations=None, signs=None):
         options = dict(self.reconstruction_options)
+        operators = signed(permuted(self._operators(rows), permutations), signs)
         leaves = [reconstruct(op, y, self.method, **options).reshape(shape)
-                  for op, y, shape in zip(permuted(self._operators(rows), permutations), measurements, self._shapes)]
+                  for op, y, shape in zip(operators, measurements, self._shapes)]
         return jax.tree_util.tree_unflatten(self._treedef, leaves)

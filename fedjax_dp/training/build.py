@@ -70,7 +70,8 @@ def with_compression(uploads: Chain, c) -> Chain:
     noised sum (the only thing it sees under central DP). A noise transform that needs no clip (CUAG-PFL's
     paper mode) is placed after the compression the same way: Alg. 4 noises the measurements."""
     options = dict(rates=c.rates, r_min=c.r_min, r_max=c.r_max, operator=c.kind, method=c.method, seed=c.seed,
-                   materialize_gb=float(c.materialize_gb), error_feedback=bool(c.error_feedback), refresh=c.refresh)
+                   materialize_gb=float(c.materialize_gb), error_feedback=bool(c.error_feedback), refresh=c.refresh,
+                   signs=c.signs)
     privatising = [i for i, t in enumerate(uploads) if t.kind in ("clip", "noise")]
     if not privatising:
         return chain(*uploads, CompressedSensing(**options, reconstruct="each"))

@@ -63,6 +63,9 @@ KEY_DOCS = {
     "compression.refresh": "fixed: the same measurement matrices every round (Alg. 3 as written: the model moves only "
                            "in their fixed row space) | round: each layer's entries permuted per round from the shared "
                            "seed (not in seed 004; same traffic)",
+    "compression.signs": "none: Alg. 3 as written (its block rows sum to all-ones, so each layer's mean shift is kept "
+                         "whole: measured to collapse CIFAR-100) | random: a shared +-1 per entry before measuring, "
+                         "so every direction is kept alike (not in seed 004; same cost and traffic)",
     "compression.error_feedback": "keep each client's residual x - Rec(Phi x) and add it to its next upload (error "
                                   "feedback, Karimireddy et al. 2019; not in seed 004; needs refresh='round'; with partial "
                                   "participation the residuals go stale (Li & Li 2023): it lowered seed 004's accuracy)",

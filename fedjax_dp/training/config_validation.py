@@ -138,6 +138,7 @@ def _validate_compression(cfg, need) -> None:
     from fedjax_dp.compression.operators import KINDS
     from fedjax_dp.compression.reconstruction import METHODS
     from fedjax_dp.compression.refresh import REFRESH
+    from fedjax_dp.compression.signs import SIGNS
     from fedjax_dp.compression.upload_transform import FIXED_MATRIX_FEEDBACK
     c = cfg.compression
     need(c.kind in KINDS, f"compression.kind {c.kind!r} unknown; available: {KINDS}")
@@ -147,6 +148,7 @@ def _validate_compression(cfg, need) -> None:
     need(c.seed >= 0, f"compression.seed must be >= 0, got {c.seed}")
     need(c.materialize_gb >= 0, f"compression.materialize_gb must be >= 0 (0 = never), got {c.materialize_gb}")
     need(c.refresh in REFRESH, f"compression.refresh {c.refresh!r} unknown; available: {REFRESH}")
+    need(c.signs in SIGNS, f"compression.signs {c.signs!r} unknown; available: {SIGNS}")
     need(not c.error_feedback or c.refresh != "fixed", FIXED_MATRIX_FEEDBACK)
     if c.rates != "dynamic":
         try:

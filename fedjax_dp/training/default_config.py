@@ -42,6 +42,7 @@ def default_config() -> ml_collections.ConfigDict:
         r_min=0.2, r_max=0.5, method="min_norm", seed=0,  # Alg. 2 bounds; min_norm | ista_dct
         materialize_gb=1.0,     # random matrices held in memory per round up to this size (0: never)
         refresh="fixed",        # fixed: Alg. 3's matrices every round | round: permuted per round (not in seed 004)
+        signs="none",           # none: Alg. 3 | random: a shared +-1 per entry before measuring (not in seed 004)
         error_feedback=False))  # keep each client's compression residual for its next upload (refresh='round')
     c.server_data = ml_collections.ConfigDict(dict(
         fraction=0.01,          # a server-held set (D_meta, a shared set): this fraction of the training examples

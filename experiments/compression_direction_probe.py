@@ -42,7 +42,6 @@ import sys
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from fedjax_dp.compression.materialized import materialized_matrices
 from fedjax_dp.compression.operators import KINDS
@@ -53,7 +52,8 @@ from fedjax_dp.compression.signs import layer_signs
 from fedjax_dp.core import tree
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from representation_probe import LINE_MULTIPLES, layer_readings, run_context  # noqa: E402
+from representation_probe import (LINE_MULTIPLES, layer_readings, mean_of, round_one_checkpoint,  # noqa: E402
+                                  run_context)
 
 
 MATERIALIZE_BYTES = 12 * 2**30  # cnn_pfl's 64k-weight dense layer at r = 0.5: an 8 GB Gaussian matrix
@@ -61,12 +61,8 @@ MATERIALIZE_BYTES = 12 * 2**30  # cnn_pfl's 64k-weight dense layer at r = 0.5: a
 
 def round_one_updates(workdir: str, alpha: float) -> tuple[list, dict]:
     """Every kept round-1 client's update Delta_n = -g_n / alpha, and the checkpoint's parameters w_1."""
-    path = os.path.abspath(os.path.join(workdir, "checkpoints", "round_000001"))
-    saved = ocp.StandardCheckpointer().restore(os.path.join(path, "state"))
-    ids = json.load(open(os.path.join(path, "loop", "metadata")))["client_state_ids"]
-    g = saved["client_states"]
-    updates = [jax.tree_util.tree_map(lambda v, k=k: -np.asarray(v[k], np.float32) / alpha, g) for k in range(len(ids))]
-    return [d for d in updates if kept(d)], saved["state"]["params"]
+    _, updates, w1 = round_one_checkpoint(workdir, alpha)
+    return [d for d in updates if kept(d)], w1
 
 
 def kept(update) -> bool:
@@ -76,32 +72,27 @@ def kept(update) -> bool:
     return all(np.isfinite(v).all() for v in leaves) and any(np.any(v != 0) for v in leaves)
 
 
-def mean_of(trees: list):
-    return jax.tree_util.tree_map(lambda *v: sum(v) / len(v), *trees)
-
-
 def scaled(a, factor):
     return jax.tree_util.tree_map(lambda x, f=factor: f * np.asarray(x), a)
 
 
-def unit_common_share(step) -> dict:
-    """Per layer: the share of ||step||^2 that is the same for every unit (the mean over the last axis)."""
+def _shares(step, part) -> dict:
+    """Per layer: the share of ||step||^2 in ``part`` of its leaves (``part(v)`` returns that part's squared norm)."""
     shares = {}
     for name, layer in step.items():
         total = sum(float(np.sum(np.square(v))) for v in layer.values())
-        common = sum(float(np.sum(np.square(np.mean(v, axis=-1)))) * v.shape[-1] for v in layer.values())
-        shares[name] = common / total if total > 0 else 0.0
+        shares[name] = sum(part(v) for v in layer.values()) / total if total > 0 else 0.0
     return shares
+
+
+def unit_common_share(step) -> dict:
+    """Per layer: the share of ||step||^2 that is the same for every unit (the mean over the last axis)."""
+    return _shares(step, lambda v: float(np.sum(np.square(np.mean(v, axis=-1)))) * v.shape[-1])
 
 
 def leaf_mean_share(step) -> dict:
     """Per layer: the share of ||step||^2 in each leaf's mean over all its entries (its constant part)."""
-    shares = {}
-    for name, layer in step.items():
-        total = sum(float(np.sum(np.square(v))) for v in layer.values())
-        constant = sum(float(np.mean(v)) ** 2 * v.size for v in layer.values())
-        shares[name] = constant / total if total > 0 else 0.0
-    return shares
+    return _shares(step, lambda v: float(np.mean(v)) ** 2 * v.size)
 
 
 def leaf_means(step):

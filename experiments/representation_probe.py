@@ -125,17 +125,28 @@ def probe_run(workdir: str, per_client: int) -> list[dict]:
 LINE_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
 
 
-def round_one(workdir: str, per_client: int) -> dict:
-    """Round 1 taken apart (see the module docstring); needs the round-1 checkpoint with the clients' g_n."""
-    cfg, dataset, model, x, owner, initial = run_context(workdir, per_client)
-    alpha = cfg["pfldyn"]["alpha"]
+def round_one_checkpoint(workdir: str, alpha: float) -> tuple[list, list, dict]:
+    """From the round-1 checkpoint: the clients' ids, their updates Delta_n = -g_n / alpha (each started at w_0 with
+    g_n = 0, Eq. 12) and the server's w_1."""
     path = os.path.abspath(os.path.join(workdir, "checkpoints", "round_000001"))
     saved = ocp.StandardCheckpointer().restore(os.path.join(path, "state"))
     ids = json.load(open(os.path.join(path, "loop", "metadata")))["client_state_ids"]
     g = saved["client_states"]
-    deltas = [jax.tree_util.tree_map(lambda v, k=k: -np.asarray(v[k]) / alpha, g) for k in range(len(ids))]
-    mean = jax.tree_util.tree_map(lambda *v: sum(v) / len(v), *deltas)
-    first_move = jax.tree_util.tree_map(lambda a, b: np.asarray(a) - np.asarray(b), saved["state"]["params"], initial)
+    deltas = [jax.tree_util.tree_map(lambda v, k=k: -np.asarray(v[k], np.float32) / alpha, g) for k in range(len(ids))]
+    return ids, deltas, saved["state"]["params"]
+
+
+def mean_of(trees: list):
+    return jax.tree_util.tree_map(lambda *v: sum(v) / len(v), *trees)
+
+
+def round_one(workdir: str, per_client: int) -> dict:
+    """Round 1 taken apart (see the module docstring); needs the round-1 checkpoint with the clients' g_n."""
+    cfg, dataset, model, x, owner, initial = run_context(workdir, per_client)
+    alpha = cfg["pfldyn"]["alpha"]
+    ids, deltas, w1 = round_one_checkpoint(workdir, alpha)
+    mean = mean_of(deltas)
+    first_move = jax.tree_util.tree_map(lambda a, b: np.asarray(a) - np.asarray(b), w1, initial)
     moved = lambda delta, scale=1.0: jax.tree_util.tree_map(lambda w, d: jnp.asarray(w + scale * d), initial, delta)  # noqa: E731
     flat = np.stack([np.asarray(ravel_pytree(d)[0]) for d in deltas])
     unit = flat / np.linalg.norm(flat, axis=1, keepdims=True)
@@ -152,8 +163,7 @@ def round_one(workdir: str, per_client: int) -> dict:
             "local_models": [layer_readings(model, moved(d), x, owner) for d in deltas],
             "w0_plus_mean": layer_readings(model, moved(mean), x, owner),
             "w0_plus_twice_mean": layer_readings(model, moved(mean, 2.0), x, owner),
-            "checkpoint_w1": layer_readings(model, jax.tree_util.tree_map(jnp.asarray, saved["state"]["params"]), x,
-                                            owner),
+            "checkpoint_w1": layer_readings(model, jax.tree_util.tree_map(jnp.asarray, w1), x, owner),
             "along_the_first_move": {k: layer_readings(model, moved(first_move, k), x, owner) for k in LINE_MULTIPLES}}
 
 

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.compression.orthogonal_input import OrthogonalInput
+
 REFRESH = ("fixed", "round")
 
 
@@ -38,31 +40,18 @@ def round_permutations(sizes, seed: int, round_index: int) -> tuple:
 
 
 @dataclasses.dataclass(frozen=True)
-class Permuted:
-    """``operator`` measuring x[perm]: Phi Pi, with the interface of ``operators`` (measure, adjoint,
-    gram_solve, shape, lipschitz)."""
+class Permuted(OrthogonalInput):
+    """``operator`` measuring x[perm]: Phi Pi."""
 
     operator: Any
     perm: jax.Array  # a permutation of range(size), int32
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.operator.shape
+    def forward(self, x: jax.Array) -> jax.Array:
+        return x[self.perm]
 
-    @property
-    def lipschitz(self):
-        return self.operator.lipschitz  # ||Phi Pi||_2 = ||Phi||_2
-
-    def measure(self, x: jax.Array) -> jax.Array:
-        return self.operator.measure(x[self.perm])
-
-    def adjoint(self, y: jax.Array) -> jax.Array:
-        """Pi^T Phi^T y: entry perm[j] of the result is entry j of Phi^T y."""
-        spread = self.operator.adjoint(y)
-        return jnp.zeros_like(spread).at[self.perm].set(spread, unique_indices=True)
-
-    def gram_solve(self, y: jax.Array, **options) -> jax.Array:
-        return self.operator.gram_solve(y, **options)  # (Phi Pi)(Phi Pi)^T = Phi Phi^T
+    def backward(self, v: jax.Array) -> jax.Array:
+        """Pi^T v: entry perm[j] of the result is entry j of v."""
+        return jnp.zeros_like(v).at[self.perm].set(v, unique_indices=True)
 
 
 def permuted(operators: list, permutations) -> list:

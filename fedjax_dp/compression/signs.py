@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.compression.orthogonal_input import OrthogonalInput
+
 SIGNS = ("none", "random")
 _STREAM = 0x5167  # keeps the sign draws apart from ``refresh``'s permutations of the same (seed, layer)
 
@@ -38,29 +40,17 @@ def layer_signs(sizes: tuple, seed: int) -> tuple:
 
 
 @dataclasses.dataclass(frozen=True)
-class Signed:
-    """``operator`` measuring D x: Phi D, with the interface of ``operators`` (measure, adjoint, gram_solve, shape,
-    lipschitz)."""
+class Signed(OrthogonalInput):
+    """``operator`` measuring D x: Phi D."""
 
     operator: Any
     signs: jax.Array  # +-1 per entry
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.operator.shape
+    def forward(self, x: jax.Array) -> jax.Array:
+        return self.signs * x
 
-    @property
-    def lipschitz(self):
-        return self.operator.lipschitz  # ||Phi D||_2 = ||Phi||_2
-
-    def measure(self, x: jax.Array) -> jax.Array:
-        return self.operator.measure(self.signs * x)
-
-    def adjoint(self, y: jax.Array) -> jax.Array:
-        return self.signs * self.operator.adjoint(y)
-
-    def gram_solve(self, y: jax.Array, **options) -> jax.Array:
-        return self.operator.gram_solve(y, **options)  # (Phi D)(Phi D)^T = Phi Phi^T
+    def backward(self, v: jax.Array) -> jax.Array:
+        return self.signs * v  # D^T = D
 
 
 def signed(operators: list, signs) -> list:

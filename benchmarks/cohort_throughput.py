@@ -23,7 +23,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.dirname(HERE))  # the repository, so a machine without `pip install -e .` runs it
 
-from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
+from fedjax_dp.training.results import write_json  # noqa: E402
 
 # model:cohort:strategy[:chunk:unroll:conv[:dtype]][@stream][~plain|~deferred]  ('-' = none, unroll 'full' = every step
 # unrolled, dtype 'bf16' = bfloat16 compute with float32 parameters, @stream = the cohort sent to the device that
@@ -219,9 +219,7 @@ def main():
     for check in report["regressions"]:
         print(f"{'REGRESSION' if check['regression'] else 'ok'}: {check['case']} runs at {check['ratio']:.2f}x "
               f"{check['reference']} (floor {check['floor']})")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(strict_json(report, indent=2))
+    write_json(args.out, report, indent=2)
     print(f"matmul peak: XLA {peaks['jax']:.1f}, numpy {peaks['numpy']:.1f} GFLOP/s; wrote {args.out}")
 
 

@@ -43,7 +43,7 @@ from fedjax_dp.models import get_model  # noqa: E402
 from fedjax_dp.training.build import build_round, privacy_tracker, resolve_engine  # noqa: E402
 from fedjax_dp.training.cohorts import cohort_slots, make_packer, sample_cohort  # noqa: E402
 from fedjax_dp.training.evaluation import evaluate_state  # noqa: E402
-from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
+from fedjax_dp.training.results import write_json  # noqa: E402
 
 sys.path.insert(0, HERE)
 from timing import timed as first_and_median  # noqa: E402
@@ -126,9 +126,7 @@ def main():
                                        - rows[reference]["stages"].get(stage, {"median_s": 0.0})["median_s"]
                                        for stage in rows[extra]["stages"]}
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(strict_json(result, indent=2))
+        write_json(args.out, result, indent=2)
     print(json.dumps({k: v for k, v in result.items() if k.endswith("_cost")}, indent=1))
 
 

@@ -22,7 +22,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.dirname(HERE))  # the repository, so a machine without `pip install -e .` runs it
 
-from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
+from fedjax_dp.training.results import write_json  # noqa: E402
 
 CASES = {  # name: (devices, max_replicated_bytes)
     "one device": (1, None),
@@ -80,9 +80,7 @@ def main():
         rows.append(row)
         print(f"{name:30s} " + (f"peak RSS +{row['peak_rss_rise_mib']:7.0f} MiB  {row['seconds']:6.2f} s  "
                                 f"one device: {row['ran_on_one_device']}" if "error" not in row else "FAILED"), flush=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(strict_json({"benchmark": "shared_input_copies", "rows": rows}))
+    write_json(args.out, {"benchmark": "shared_input_copies", "rows": rows}, indent=None)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 from fedjax_dp.models import get_model  # noqa: E402
 from fedjax_dp.privacy.clipping import clip_by_global_norm  # noqa: E402
 from fedjax_dp.privacy.mechanisms import add_gaussian_noise  # noqa: E402
+from fedjax_dp.training.results import write_json  # noqa: E402
 from fedjax_dp.privacy.step_dp import ClippedNoisyGradient  # noqa: E402
 from timing import timed  # noqa: E402
 
@@ -85,9 +86,7 @@ def main():
     report = {"benchmark": "step_dp_cost", "machine": platform.platform(), "devices": str(jax.devices()),
               "cpu_count": os.cpu_count(), "rows": rows}
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ units (``unit_common_share``, 1 when every unit moves alike) and that is each le
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -50,6 +49,7 @@ from fedjax_dp.compression.rates import dynamic_rates, fixed_rates
 from fedjax_dp.compression.refresh import round_permutations
 from fedjax_dp.compression.signs import layer_signs
 from fedjax_dp.core import tree
+from fedjax_dp.training.results import write_json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from representation_probe import (LINE_MULTIPLES, layer_readings, mean_of, round_one_checkpoint,  # noqa: E402
@@ -187,9 +187,7 @@ def main(argv=None):
     for name, direction in report["directions"].items():
         print(summary_line(name, direction))
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import optax
 from fedjax_dp.core import tree
 from fedjax_dp.data.builders import build_dataset
 from fedjax_dp.models import get_model
+from fedjax_dp.training.results import write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -130,9 +131,7 @@ def main():
               "client": args.client, "lr": args.lr, "batch": args.batch, "local_steps": local_steps_part(args)}
     if args.rounds_check:
         report["round_one"] = round_one_part(args)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+    write_json(args.out, report, indent=2)
 
 
 if __name__ == "__main__":

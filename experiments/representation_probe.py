@@ -48,6 +48,7 @@ from fedjax_dp.core import rng as rng_lib
 from fedjax_dp.core import tree
 from fedjax_dp.data.builders import build_dataset
 from fedjax_dp.models import get_model
+from fedjax_dp.training.results import write_json
 
 
 def sampled_examples(dataset, per_client: int, seed: int):
@@ -194,9 +195,7 @@ def main(argv=None):
             drift = f" | cosine to the first move {row['cosine_to_first_move']:.3f}" if "cosine_to_first_move" in row else ""
             print(f"  round {row['round']:3d}: " + " | ".join(cells) + drift)
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

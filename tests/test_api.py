@@ -64,6 +64,13 @@ def test_results_are_strict_json_with_non_finite_values_named():
     assert parsed["ok"] == 0.5 and parsed["values"] == [1.0, None] and parsed["nested"]["x"] == [None, 2.0]
 
 
+def test_write_json_creates_its_folder_and_writes_strict_json(tmp_path):
+    path = tmp_path / "new" / "deeper" / "report.json"
+    results.write_json(str(path), {"accuracy": np.float32(0.25), "loss": float("nan")})
+    parsed = json.loads(path.read_text(), parse_constant=lambda token: pytest.fail(f"non-standard token {token}"))
+    assert parsed == {"accuracy": 0.25, "loss": None, "loss_nonfinite": "nan"}
+
+
 def _tfrecord_events(path):
     """The Event protos of a TensorBoard event file (TFRecord framing: length, crc, data, crc)."""
     import struct

@@ -84,6 +84,13 @@ def dumps(value, indent: int | None = None) -> str:
     return json.dumps(_jsonable(value), indent=indent, allow_nan=False, default=str)
 
 
+def write_json(path: str, value, indent: int | None = 1) -> None:
+    """Write ``value`` to ``path`` as strict JSON (``dumps``), creating the folder it goes in."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(dumps(value, indent=indent))
+
+
 def _nonfinite_name(value: float) -> str:
     return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 

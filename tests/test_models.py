@@ -112,3 +112,56 @@ def test_per_layer_convolutions_pick_by_shape_and_compute_the_same_function(name
     grad = lambda model: jax.grad(lambda p: jnp.sum(jnp.tanh(model.apply(p, x))))(params)  # noqa: E731
     for a, b in zip(jax.tree_util.tree_leaves(grad(per_layer)), jax.tree_util.tree_leaves(grad(xla))):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape, size", [((3, 32, 32, 3), 5), ((2, 28, 28, 1), 5), ((2, 16, 12, 4), 7), ((1, 8, 8, 2), 9)])
+def test_space_to_depth_convolution_equals_xla_in_values_and_gradients(shape, size):
+    """``conv2d_space_to_depth``: the 2x2-block form of a SAME stride-1 convolution is the same function."""
+    from fedjax_dp.models.conv import conv2d_space_to_depth
+
+    x = jax.random.normal(jax.random.key(0), shape)
+    kernel = jax.random.normal(jax.random.key(1), (size, size, shape[-1], 6))
+    xla = lambda x, k: jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))  # noqa: E731
+    np.testing.assert_allclose(conv2d_space_to_depth(x, kernel), xla(x, kernel), rtol=1e-5, atol=1e-4)
+    grads = [jax.grad(lambda k, x: jnp.sum(jnp.tanh(conv(x, k))), argnums=(0, 1))(kernel, x)
+             for conv in (conv2d_space_to_depth, xla)]
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["space_to_depth", "per_layer"])
+def test_space_to_depth_takes_only_the_thin_5x5_layers(impl):
+    """``cnn_pfl``'s first layer (3 -> 16) runs on 2x2 blocks, its second (16 -> 16) as XLA's convolution."""
+    model = get_model("cnn_pfl", (32, 32, 3), 5, conv_impl=impl)
+    params = model.init(jax.random.key(0))
+    jaxpr = jax.make_jaxpr(model.apply)(params, jnp.ones((2, 32, 32, 3)))
+    convs = [e.invars[0].aval.shape for e in jaxpr.jaxpr.eqns if e.primitive.name == "conv_general_dilated"]
+    assert convs == [(2, 16, 16, 12), (2, 16, 16, 16)]
+
+
+def test_space_to_depth_falls_back_to_xla_where_it_does_not_apply():
+    """A 3x3 kernel (VGG16), an odd image side, or an output wider than 16 cin: the plain convolution."""
+    for shape, kernel_size, features in (((2, 8, 8, 3), (3, 3), 4), ((2, 7, 7, 3), (5, 5), 4), ((2, 8, 8, 1), (5, 5), 32)):
+        from fedjax_dp.models.conv import Conv2D
+
+        layer = Conv2D(features, kernel_size, impl="space_to_depth")
+        x = jnp.ones(shape)
+        params = layer.init(jax.random.key(0), x)
+        jaxpr = jax.make_jaxpr(layer.apply)(params, x)
+        convs = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "conv_general_dilated"]
+        assert [e.invars[0].aval.shape for e in convs] == [shape]  # the image itself, not its 2x2 blocks
+        assert jaxpr.jaxpr.outvars[0].aval.shape == shape[:3] + (features,)
+        assert params["params"]["kernel"].shape == kernel_size + (shape[-1], features)
+
+
+def test_evaluation_model_runs_a_thin_first_layer_on_blocks_on_cpu_and_computes_the_same_function():
+    from fedjax_dp.models import evaluation_model
+
+    for impl in ("xla", "im2col", "per_layer"):
+        model = get_model("cnn_pfl", (32, 32, 3), 5, conv_impl=impl)
+        evaluated = evaluation_model(model)
+        assert evaluated.module.conv_impl == ("space_to_depth" if jax.default_backend() == "cpu" else "xla")
+        params = model.init(jax.random.key(0))
+        x = jax.random.uniform(jax.random.key(1), (4, 32, 32, 3))
+        np.testing.assert_allclose(evaluated.apply(params, x), model.apply(params, x), rtol=1e-5, atol=1e-5)
+    assert evaluation_model(get_model("mlp_2nn")).module == get_model("mlp_2nn").module  # no convolutions: unchanged

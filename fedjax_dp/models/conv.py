@@ -1,21 +1,27 @@
 """A SAME-padded, stride-1 2-D convolution with interchangeable implementations.
 
 ``impl='xla'`` calls ``lax.conv_general_dilated``. ``impl='im2col'`` gathers the kh*kw shifted views
-of the input into patches and does one matmul. ``impl='per_layer'`` picks one of the two for each layer
-by its shape (``im2col_suits``). All use the parameters of ``flax.linen.Conv`` (kernel
-``(kh, kw, cin, cout)``, bias ``(cout,)``) and compute the same function. The choice matters on XLA:CPU
-(``benchmarks/RESULTS.md``): when per-client weights are vmapped, a conv becomes a grouped convolution
-(measured ~10x slower), whereas im2col becomes a batched matmul; inside a loop (``lax.scan`` over local
-steps or clients) XLA's gradient convolutions run 10-60x slower than unrolled (jax-ml/jax#12868), im2col
-does not; outside loops XLA's convolution wins wherever im2col's patch matrix, kh*kw times the input, is
-large against the work of its matmul.
+of the input into patches and does one matmul. ``impl='space_to_depth'`` runs a thin first layer (the image's
+1-3 channels, ``space_to_depth_wins``) as XLA's convolution of the image's 2x2 blocks and every other layer as
+XLA's. ``impl='per_layer'`` picks for each layer by its shape: space-to-depth where it wins, else im2col where
+``im2col_suits``, else XLA. All use the parameters of ``flax.linen.Conv`` (kernel ``(kh, kw, cin, cout)``, bias
+``(cout,)``) and compute the same function. The choice matters on XLA:CPU (``benchmarks/RESULTS.md``): when
+per-client weights are vmapped, a conv becomes a grouped convolution (measured ~10x slower), whereas im2col
+becomes a batched matmul; inside a loop (``lax.scan`` over local steps or clients) XLA's gradient convolutions
+run 10-60x slower than unrolled (jax-ml/jax#12868), im2col does not; outside loops XLA's convolution wins
+wherever im2col's patch matrix, kh*kw times the input, is large against the work of its matmul, and on a thin
+input XLA:CPU's convolution runs at a fraction of the rate it reaches on the 4x wider blocks. ``auto`` uses
+space-to-depth for the forward-only evaluation pass (``models.evaluation_model``), where it made the personalised
+evaluation of ``cnn_pfl`` 1.45x faster; in training it made one 25-step client 1.25x faster alone but the whole
+CUAG-PFL round no faster (10.7 s either way, ``benchmarks/RESULTS.md``), so training keeps its choice.
 """
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-CONV_IMPLS = ("xla", "im2col", "per_layer")
+CONV_IMPLS = ("xla", "im2col", "space_to_depth", "per_layer")
 
 
 def im2col_suits(in_features: int, out_features: int) -> bool:
@@ -38,6 +44,53 @@ def conv2d_im2col(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return (patches.reshape(b * h * w, kh * kw * cin) @ kernel.reshape(kh * kw * cin, cout)).reshape(b, h, w, cout)
 
 
+def space_to_depth_wins(kernel_size: tuple[int, int], input_shape: tuple[int, ...], out_features: int) -> bool:
+    """Whether ``conv2d_space_to_depth`` applies (a square, odd kernel of at least 5, on an image of even sides: a
+    3x3 kernel would do 4x the arithmetic, a 5x5 one does 1.44x) and beats XLA's and im2col's convolutions on
+    XLA:CPU: a thin input, cin <= 3 and cout <= 16 cin. Measured in one run (``benchmarks/conv_formulations.py``,
+    ``benchmarks/measured/cpu_2026-11-28_conv_formulations.json``, one single-core CPU device, two training jobs on
+    the machine), ms of XLA / im2col / space-to-depth at batch x side, cin -> cout, forward + kernel gradient:
+    50 x 32, 3 -> 16: 13.7 / 17.6 / 7.0; 10 x 32, 3 -> 16: 2.7 / 1.9 / 0.9; 50 x 32, 3 -> 32: 26.0 / 18.6 / 16.5;
+    50 x 32, 1 -> 16: 9.5 / 9.5 / 3.6; forward alone, batch 500: 3 -> 16 97.9 / 282 / 48.3; 3 -> 32 209 / 376 / 160;
+    1 -> 16 66.8 / 141 / 48.7. Outside the rule: 50 x 32, 3 -> 64 (17.7 / 44.3 / 30.4) and 28x28, 1 -> 32, whose
+    forward pass XLA runs fastest (batch 500: 47.4 / 119 / 99.1) while space-to-depth gains little in training
+    (batch 50: 5.6 / 4.8 / 5.3). At batch 500 its forward + backward is slower than XLA's (3 -> 16: 218 / 374 / 262):
+    the rule is for training batches of up to ~100 and for forward passes."""
+    kh, kw = kernel_size
+    height, width, cin = input_shape[-3:]
+    applies = kh == kw and kh % 2 == 1 and kh >= 5 and height % 2 == 0 and width % 2 == 0
+    return applies and cin <= 3 and out_features <= 16 * cin
+
+
+def _space_to_depth_kernel(kernel: jax.Array) -> jax.Array:
+    """The HWIO kernel of the equivalent convolution on 2x2 blocks: ``(t, t, 4 cin, 4 cout)``, t = 2 ceil(r/2) + 1
+    taps for a (2r+1)-wide kernel. Output phase (a, b) of block (i, j) takes input phase (p, q) of block (i + m, j + n)
+    through tap ``kernel[2m + p - a + r, 2n + q - b + r]`` (zero where that falls outside the kernel)."""
+    k, _, cin, cout = kernel.shape
+    r, half = k // 2, (k // 2 + 1) // 2
+    taps = np.arange(-half, half + 1)
+    rows = 2 * taps[:, None, None] + np.arange(2)[None, :, None] - np.arange(2)[None, None, :] + r  # (t, p, a)
+    padded = jnp.pad(kernel, ((1, 1), (1, 1), (0, 0), (0, 0)))  # index -1 and k read zeros
+    index = np.clip(rows, -1, k) + 1
+    gathered = padded[index][:, :, :, index]  # (t, p, a, t, q, b, cin, cout)
+    gathered = jnp.transpose(gathered, (0, 3, 1, 4, 6, 2, 5, 7))  # (m, n, p, q, cin, a, b, cout)
+    return gathered.reshape(len(taps), len(taps), 4 * cin, 4 * cout)
+
+
+def conv2d_space_to_depth(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """SAME, stride-1 convolution of NHWC ``x`` (even sides) with a square, odd HWIO ``kernel`` (5x5 or wider),
+    computed as XLA's convolution of the image's 2x2 blocks (4 cin channels, a quarter of the pixels) with
+    ``_space_to_depth_kernel`` (4 cout channels), then the blocks' outputs put back in place. The same function;
+    1.44x the arithmetic of a 5x5 layer, but on a thin input (cin 1 or 3) XLA:CPU runs the wider convolution
+    at several times the rate (``benchmarks/conv_formulations.py``)."""
+    b, h, w, cin = x.shape
+    cout = kernel.shape[-1]
+    blocks = x.reshape(b, h // 2, 2, w // 2, 2, cin).transpose(0, 1, 3, 2, 4, 5).reshape(b, h // 2, w // 2, 4 * cin)
+    y = jax.lax.conv_general_dilated(blocks, _space_to_depth_kernel(kernel), (1, 1), "SAME",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return y.reshape(b, h // 2, w // 2, 2, 2, cout).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, cout)
+
+
 class Conv2D(nn.Module):
     """``nn.Conv(features, kernel_size, padding='SAME')`` with a selectable implementation."""
 
@@ -55,10 +108,16 @@ class Conv2D(nn.Module):
         )
         bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
         impl = self.impl
-        if impl == "per_layer":
+        if impl in ("per_layer", "space_to_depth") and space_to_depth_wins(self.kernel_size, x.shape, self.features):
+            impl = "space_to_depth"
+        elif impl == "per_layer":
             impl = "im2col" if im2col_suits(x.shape[-1], self.features) else "xla"
+        elif impl == "space_to_depth":
+            impl = "xla"
         if impl == "im2col":
             y = conv2d_im2col(x, kernel)
+        elif impl == "space_to_depth":
+            y = conv2d_space_to_depth(x, kernel)
         else:
             y = jax.lax.conv_general_dilated(
                 x, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")

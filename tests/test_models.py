@@ -129,10 +129,9 @@ def test_space_to_depth_convolution_equals_xla_in_values_and_gradients(shape, si
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("impl", ["space_to_depth", "per_layer"])
-def test_space_to_depth_takes_only_the_thin_5x5_layers(impl):
+def test_space_to_depth_takes_only_the_thin_5x5_layers():
     """``cnn_pfl``'s first layer (3 -> 16) runs on 2x2 blocks, its second (16 -> 16) as XLA's convolution."""
-    model = get_model("cnn_pfl", (32, 32, 3), 5, conv_impl=impl)
+    model = get_model("cnn_pfl", (32, 32, 3), 5, conv_impl="space_to_depth")
     params = model.init(jax.random.key(0))
     jaxpr = jax.make_jaxpr(model.apply)(params, jnp.ones((2, 32, 32, 3)))
     convs = [e.invars[0].aval.shape for e in jaxpr.jaxpr.eqns if e.primitive.name == "conv_general_dilated"]
@@ -152,16 +151,3 @@ def test_space_to_depth_falls_back_to_xla_where_it_does_not_apply():
         assert [e.invars[0].aval.shape for e in convs] == [shape]  # the image itself, not its 2x2 blocks
         assert jaxpr.jaxpr.outvars[0].aval.shape == shape[:3] + (features,)
         assert params["params"]["kernel"].shape == kernel_size + (shape[-1], features)
-
-
-def test_evaluation_model_runs_a_thin_first_layer_on_blocks_on_cpu_and_computes_the_same_function():
-    from fedjax_dp.models import evaluation_model
-
-    for impl in ("xla", "im2col", "per_layer"):
-        model = get_model("cnn_pfl", (32, 32, 3), 5, conv_impl=impl)
-        evaluated = evaluation_model(model)
-        assert evaluated.module.conv_impl == ("space_to_depth" if jax.default_backend() == "cpu" else "xla")
-        params = model.init(jax.random.key(0))
-        x = jax.random.uniform(jax.random.key(1), (4, 32, 32, 3))
-        np.testing.assert_allclose(evaluated.apply(params, x), model.apply(params, x), rtol=1e-5, atol=1e-5)
-    assert evaluation_model(get_model("mlp_2nn")).module == get_model("mlp_2nn").module  # no convolutions: unchanged

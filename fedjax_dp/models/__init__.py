@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-
 from fedjax_dp.models.base import COMPUTE_DTYPES, Model
 from fedjax_dp.models.char_rnn import SequenceModel, char_gru
 from fedjax_dp.models.cnn import FedAvgCNN
@@ -35,16 +33,14 @@ def get_model(
 
 
 def evaluation_model(model):
-    """The model for the forward-only evaluation pass. On XLA:CPU: XLA's convolutions, and a thin first layer
-    (``cnn_pfl``'s 3 -> 16) as a convolution of 2x2 blocks (``conv_impl='space_to_depth'``): the personalised
-    evaluation of 100 CIFAR-10 clients took 9.6-10.0 s against 14.2-14.3 s with XLA's convolution in every layer
-    (``benchmarks/cuag_round.py --conv-impl``, 2-core VM beside a training run, 2026-11-28), while the im2col form
-    that training may use ran it 3-4x slower than XLA's (39-55 s vs 12-13 s, 2026-11-24). Elsewhere XLA's
-    convolutions. Same parameters, same function (up to float rounding)."""
-    impl = "space_to_depth" if jax.default_backend() == "cpu" else "xla"
-    if not hasattr(model.module, "conv_impl") or model.module.conv_impl == impl:
+    """The model with XLA convolutions for the forward-only evaluation pass: on XLA:CPU the im2col form
+    that training prefers ran the personalised evaluation of 100 CIFAR-10 clients 3-4x slower (measured
+    in one run: 39-55 s vs 12-13 s). A thin first layer on 2x2 blocks (``conv_impl='space_to_depth'``) was 1.45x
+    faster on a loaded VM but 1.03x on a quiet one (``benchmarks/RESULTS.md``, 2026-11-28), so not used here.
+    Same parameters, same function."""
+    if getattr(model.module, "conv_impl", "xla") == "xla":
         return model
-    return dataclasses.replace(model, module=model.module.clone(conv_impl=impl))
+    return dataclasses.replace(model, module=model.module.clone(conv_impl="xla"))
 
 
 def _resolve_conv(conv_impl: str) -> str:

@@ -3,17 +3,15 @@
 ``impl='xla'`` calls ``lax.conv_general_dilated``. ``impl='im2col'`` gathers the kh*kw shifted views
 of the input into patches and does one matmul. ``impl='space_to_depth'`` runs a thin first layer (the image's
 1-3 channels, ``space_to_depth_wins``) as XLA's convolution of the image's 2x2 blocks and every other layer as
-XLA's. ``impl='per_layer'`` picks for each layer by its shape: space-to-depth where it wins, else im2col where
-``im2col_suits``, else XLA. All use the parameters of ``flax.linen.Conv`` (kernel ``(kh, kw, cin, cout)``, bias
+XLA's (opt-in). ``impl='per_layer'`` picks for each layer by its shape: im2col where ``im2col_suits``, else XLA. All use the parameters of ``flax.linen.Conv`` (kernel ``(kh, kw, cin, cout)``, bias
 ``(cout,)``) and compute the same function. The choice matters on XLA:CPU (``benchmarks/RESULTS.md``): when
 per-client weights are vmapped, a conv becomes a grouped convolution (measured ~10x slower), whereas im2col
 becomes a batched matmul; inside a loop (``lax.scan`` over local steps or clients) XLA's gradient convolutions
 run 10-60x slower than unrolled (jax-ml/jax#12868), im2col does not; outside loops XLA's convolution wins
 wherever im2col's patch matrix, kh*kw times the input, is large against the work of its matmul, and on a thin
-input XLA:CPU's convolution runs at a fraction of the rate it reaches on the 4x wider blocks. ``auto`` uses
-space-to-depth for the forward-only evaluation pass (``models.evaluation_model``), where it made the personalised
-evaluation of ``cnn_pfl`` 1.45x faster; in training it made one 25-step client 1.25x faster alone but the whole
-CUAG-PFL round no faster (10.7 s either way, ``benchmarks/RESULTS.md``), so training keeps its choice.
+input XLA:CPU's convolution can run at a fraction of the rate it reaches on the 4x wider blocks. ``auto`` does not
+pick space-to-depth: its gains were large on a loaded VM (the personalised evaluation of ``cnn_pfl`` 1.45x faster) but
+not on a quiet one (1.03x, and the CUAG-PFL round 17 % slower in training; ``benchmarks/RESULTS.md``, 2026-11-28).
 """
 
 import flax.linen as nn
@@ -47,7 +45,8 @@ def conv2d_im2col(x: jax.Array, kernel: jax.Array) -> jax.Array:
 def space_to_depth_wins(kernel_size: tuple[int, int], input_shape: tuple[int, ...], out_features: int) -> bool:
     """Whether ``conv2d_space_to_depth`` applies (a square, odd kernel of at least 5, on an image of even sides: a
     3x3 kernel would do 4x the arithmetic, a 5x5 one does 1.44x) and beats XLA's and im2col's convolutions on
-    XLA:CPU: a thin input, cin <= 3 and cout <= 16 cin. Measured in one run (``benchmarks/conv_formulations.py``,
+    XLA:CPU: a thin input, cin <= 3 and cout <= 16 cin. Measured on a loaded VM, where XLA's convolution of a thin
+    input suffered most (quiet, 50 x 32, 3 -> 16: 6.3 / 5.8 / 4.9 ms; forward at batch 500: 36.1 / 116 / 35.3), in one run (``benchmarks/conv_formulations.py``,
     ``benchmarks/measured/cpu_2026-11-28_conv_formulations.json``, one single-core CPU device, two training jobs on
     the machine), ms of XLA / im2col / space-to-depth at batch x side, cin -> cout, forward + kernel gradient:
     50 x 32, 3 -> 16: 13.7 / 17.6 / 7.0; 10 x 32, 3 -> 16: 2.7 / 1.9 / 0.9; 50 x 32, 3 -> 32: 26.0 / 18.6 / 16.5;
@@ -108,11 +107,9 @@ class Conv2D(nn.Module):
         )
         bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
         impl = self.impl
-        if impl in ("per_layer", "space_to_depth") and space_to_depth_wins(self.kernel_size, x.shape, self.features):
-            impl = "space_to_depth"
-        elif impl == "per_layer":
+        if impl == "per_layer":
             impl = "im2col" if im2col_suits(x.shape[-1], self.features) else "xla"
-        elif impl == "space_to_depth":
+        elif impl == "space_to_depth" and not space_to_depth_wins(self.kernel_size, x.shape, self.features):
             impl = "xla"
         if impl == "im2col":
             y = conv2d_im2col(x, kernel)

@@ -80,7 +80,7 @@ KEY_DOCS = {
     "engine.strategy": "how clients run: auto | vmap | chunked | sequential | loop (same numbers, different speed)",
     "engine.chunk_size": "chunked strategy: clients per vmapped chunk",
     "engine.unroll": "local-training scan unroll: auto | full | an integer",
-    "engine.conv_impl": "convolutions: auto | xla | im2col | space_to_depth (a thin first layer on 2x2 blocks, XLA elsewhere) | per_layer (each layer by its shape)",
+    "engine.conv_impl": "convolutions: auto | xla | im2col | space_to_depth (a thin first layer on 2x2 blocks, XLA elsewhere; opt-in) | per_layer (each layer by its shape)",
     "engine.num_devices": "spread the cohort over this many devices: loop, clients round-robin; vmap / chunked / "
                           "sequential, a mesh (0 = auto: a CPU device per core for auto's loop, else one)",
     "engine.stream_clients": "send the cohort to the device this many clients at a time, so device memory is "

@@ -4,20 +4,24 @@ the Lipschitz constant are Phi's, and the min-norm reconstruction stays an ortho
 
 from __future__ import annotations
 
+import abc
+
 import jax
 
 
-class OrthogonalInput:
+class OrthogonalInput(abc.ABC):
     """Subclasses hold ``operator`` and define ``forward(x) = Q x`` and ``backward(v) = Q^T v``; this gives them
     the interface of ``operators`` (measure, adjoint, gram_solve, shape, lipschitz)."""
 
     operator: object
 
+    @abc.abstractmethod
     def forward(self, x: jax.Array) -> jax.Array:
-        raise NotImplementedError
+        """Q x."""
 
+    @abc.abstractmethod
     def backward(self, v: jax.Array) -> jax.Array:
-        raise NotImplementedError
+        """Q^T v."""
 
     @property
     def shape(self) -> tuple[int, int]:

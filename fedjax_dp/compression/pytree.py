@@ -23,6 +23,11 @@ from fedjax_dp.compression.refresh import permuted
 from fedjax_dp.compression.signs import signed
 
 
+def _with_orthogonal_inputs(operators: list, permutations, signs) -> list:
+    """Each layer's operator after its input maps: Phi Pi D (``refresh``'s permutation, ``signs``' +-1; None: none)."""
+    return signed(permuted(operators, permutations), signs)
+
+
 class _Layers:
     """The leaf structure and shapes of ``self.reference`` (shared by both compressors)."""
 
@@ -78,12 +83,12 @@ class LayerwiseCompressor(_Layers):
         """``permutations``: this round's per-layer permutations (``refresh.round_permutations``) or None;
         ``signs``: the per-layer +-1 signs (``signs.layer_signs``) or None."""
         leaves = self._treedef.flatten_up_to(update)
-        operators = signed(permuted(self._with(matrices), permutations), signs)
+        operators = _with_orthogonal_inputs(self._with(matrices), permutations, signs)
         return [op.measure(jnp.ravel(x)) for op, x in zip(operators, leaves)]
 
     def reconstruct(self, measurements: list, matrices=None, permutations=None, signs=None):
         options = dict(self.reconstruction_options)
-        operators = signed(permuted(self._with(matrices), permutations), signs)
+        operators = _with_orthogonal_inputs(self._with(matrices), permutations, signs)
         leaves = [reconstruct(op, y, self.method, **options).reshape(shape)
                   for op, y, shape in zip(operators, measurements, self._shapes)]
         return jax.tree_util.tree_unflatten(self._treedef, leaves)
@@ -118,12 +123,12 @@ class PaddedBlockCompressor(_Layers):
 
     def compress(self, update, rows, permutations=None, signs=None) -> list:
         leaves = self._treedef.flatten_up_to(update)
-        operators = signed(permuted(self._operators(rows), permutations), signs)
+        operators = _with_orthogonal_inputs(self._operators(rows), permutations, signs)
         return [op.measure(jnp.ravel(x)) for op, x in zip(operators, leaves)]
 
     def reconstruct(self, measurements: list, rows, permutations=None, signs=None):
         options = dict(self.reconstruction_options)
-        operators = signed(permuted(self._operators(rows), permutations), signs)
+        operators = _with_orthogonal_inputs(self._operators(rows), permutations, signs)
         leaves = [reconstruct(op, y, self.method, **options).reshape(shape)
                   for op, y, shape in zip(operators, measurements, self._shapes)]
         return jax.tree_util.tree_unflatten(self._treedef, leaves)

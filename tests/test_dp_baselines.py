@@ -183,6 +183,21 @@ def test_dp_scaffold_with_a_clip_that_never_binds_and_no_noise_is_scaffold():
     assert not np.allclose(noisy.upload["model"]["w"], got.upload["model"]["w"])
 
 
+def test_dp_scaffold_clients_hold_the_configured_steps_and_clip_and_the_ledger_accounts_them():
+    """The ledger is built from the clients that run (``make_tracker``'s ``algorithm``), and the built
+    clients hold the config's steps, clip and clip rule (their fields are keyword-only: a field added to
+    Scaffold cannot shift them, as one added to FedAvg once shifted LdpMinibatch's)."""
+    cfg = _config("dp_scaffold", **{"dp_scaffold.clip_norm": 0.3, "dp_scaffold.clip": "fixed"})
+    model = get_model("logistic", (28, 28, 1), 10)
+    choice = StrategyChoice(strategy="vmap", chunk_size=None, unroll=1, conv_impl="xla")
+    clients = build_round(cfg, model, choice, 10, client_sizes=(100,) * 10).algorithm
+    assert (clients.local_steps, clients.clip_norm, clients.median_clip) == (3, 0.3, False)
+    tracker = dp_scaffold.make_tracker(cfg, _population(), None, clients)
+    assert tracker.ledger.steps == 3 and tracker.clip_norm == 0.3 and tracker.private
+    with pytest.raises(TypeError, match="positional"):
+        dp_scaffold.DpScaffold(_quadratic_loss, optax.sgd(0.1), 0.1, 2, optax.sgd(1.0), 1.0, 1, 0.3)
+
+
 def test_dp_scaffold_as_written_is_labelled_and_its_fixed_clip_is_formal_with_thresholds_kept(tmp_path):
     rows, written = _run(tmp_path, "median", "dp_scaffold")
     assert written["formal"] is False and rows[-1]["formal"] is False

@@ -332,3 +332,47 @@ def test_a_batch_larger_than_a_clients_data_is_refused_before_training(tmp_path)
     c.client.batch_size = 10_000
     with pytest.raises(ValueError, match="client.batch_size=10000: each local step draws 10000 examples without replacement .* more than the training data of"):
         run_experiment(c, str(tmp_path / "run"), progress=False)
+
+
+@pytest.mark.parametrize("per_example,step_sampling", [(True, "fixed"), (False, "fixed"), (True, "poisson")])
+def test_the_clients_run_the_configured_steps_and_clip_and_the_ledger_accounts_what_they_run(per_example, step_sampling):
+    """Regression (2026-11-28): a field added to FedAvg (``deferred_dense_rate``) shifted LdpMinibatch's
+    positional arguments, so the clients ran ``client.batch_size`` steps (not ``ldp.local_steps``), clipped at
+    ``float(per_example)`` (0 for the batch-mean clip: no training at all) and never Poisson-sampled, while the
+    ledgers, read from the config, accounted ``ldp.local_steps`` steps of the configured sampling. The built
+    clients must hold the config's mechanism, and the ledgers must be built from the clients."""
+    import types
+
+    from fedjax_dp.algorithms.ldp_minibatch import build_ldp_minibatch, make_tracker
+    from fedjax_dp.algorithms.registry import BuildContext
+    from fedjax_dp.core.round import client_inputs
+    from fedjax_dp.data.packing import pack_sampled_cohort
+    from fedjax_dp.models import get_model
+    from fedjax_dp.privacy.example_ledger import poisson_batch_cap
+
+    cfg = _ldp_config(clip_norm=0.7, per_example=per_example, step_sampling=step_sampling)
+    cfg.client.learning_rate = 1.0
+    sizes = (40,) * cfg.data.num_clients
+    model = get_model("logistic", (4, 4, 1), 3)
+    algorithm, _ = build_ldp_minibatch(BuildContext(cfg, model, len(sizes), client_sizes=sizes))
+    cap = poisson_batch_cap(np.asarray(sizes), 10, cfg.rounds * 3, cfg.ldp.delta) if step_sampling == "poisson" else 0
+    assert (algorithm.local_steps, algorithm.requirements.sampled_steps, algorithm.clip_norm) == (3, 3, 0.7)
+    assert algorithm.per_example is per_example and algorithm.batch_size == 10
+    assert algorithm.poisson_batch_cap == algorithm.requirements.poisson_batch_cap == cap
+
+    dataset = types.SimpleNamespace(num_clients=len(sizes), train_sizes=lambda: np.asarray(sizes))
+    tracker = make_tracker(cfg, dataset, None, algorithm)
+    assert (tracker.ledger.steps, tracker.ledger.step_sampling, tracker.ledger.per_example) == (
+        3, step_sampling, per_example)
+    assert tracker.clip_norm == 0.7 and tracker.per_example is per_example
+
+    # what one client does: three steps of lr 1, each a clipped gradient (noise 0): 0 < ||Delta|| <= 3 C
+    params = model.init(jax.random.key(0))
+    rng = np.random.default_rng(0)
+    x, y = 30 * rng.normal(size=(40, 4, 4, 1)).astype(np.float32), rng.integers(0, 3, 40)
+    cohort = pack_sampled_cohort(x, y, [np.arange(40)], 10, 3, rng)
+    cohort["per_client"] = {"step_noise_multiplier": np.zeros(1, np.float32)}
+    client = jax.tree_util.tree_map(lambda v: v[0], client_inputs(cohort, jax.random.key(1)))
+    out = algorithm.client_update((params, jnp.int32(0)), client, None, jax.random.key(2))
+    norm = float(jnp.linalg.norm(jax.flatten_util.ravel_pytree(out.upload)[0]))
+    assert 0.1 < norm <= 3 * 0.7 * (1 + 1e-5)

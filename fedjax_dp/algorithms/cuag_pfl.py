@@ -205,7 +205,7 @@ class CuagTracker(PrivacyTracker):
         return report
 
 
-def make_tracker(cfg, dataset, uploads):
+def make_tracker(cfg, dataset, uploads, algorithm=None):
     return CuagTracker(cfg, dataset, uploads) if uploads.releases_anything else None
 
 

@@ -39,7 +39,7 @@ from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
 CLIPS = ("fixed", "median")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)  # its own fields by keyword: a new Scaffold field cannot shift them
 class DpScaffold(Scaffold):
     """SCAFFOLD whose local steps are clipped, noised gradients at the client's z (from its ledger)."""
 
@@ -62,19 +62,21 @@ class DpScaffold(Scaffold):
 def build_dp_scaffold(ctx) -> tuple:
     c, d = ctx.cfg, ctx.cfg.dp_scaffold
     return DpScaffold(ctx.model.per_example_loss, ctx.client_optimizer(), c.client.learning_rate, ctx.num_clients,
-                      ctx.server_optimizer(), c.client.lr_decay, ctx.unroll, d.clip_norm, d.local_steps,
-                      d.clip == "median"), ()
+                      ctx.server_optimizer(), c.client.lr_decay, ctx.unroll, clip_norm=d.clip_norm,
+                      local_steps=d.local_steps, median_clip=d.clip == "median"), ()
 
 
-def make_tracker(cfg, dataset, uploads=None) -> ExampleLevelTracker:
-    """Per-client example-level ledgers at the fixed sigma_g (no threshold unless one is set)."""
+def make_tracker(cfg, dataset, uploads, algorithm) -> ExampleLevelTracker:
+    """Per-client example-level ledgers at the fixed sigma_g (no threshold unless one is set); the steps and the
+    clip are the built clients' (``algorithm``), what runs."""
     d, s = cfg.dp_scaffold, cfg.sampling
+    clients = registry.unwrap(algorithm, DpScaffold)
     rate = s.cohort_size / dataset.num_clients if s.method == "uniform" else s.rate
     threshold = d.epsilon_threshold or np.inf
-    ledger = ExampleLevelLedger(dataset.train_sizes(), cfg.client.batch_size, d.local_steps, threshold, d.delta,
+    ledger = ExampleLevelLedger(dataset.train_sizes(), cfg.client.batch_size, clients.local_steps, threshold, d.delta,
                                 d.noise_multiplier, d.noise_multiplier, rate, cfg.rounds, adaptive=False,
                                 orders=parse_rdp_orders("", default=LEDGER_ORDERS), accountant=d.accountant)
-    return ExampleLevelTracker(ledger, d.clip_norm, per_example=True, median_clip=d.clip == "median")
+    return ExampleLevelTracker(ledger, clients.clip_norm, per_example=True, median_clip=clients.median_clip)
 
 
 def check_dp_scaffold(cfg, need) -> None:

@@ -29,7 +29,7 @@ def proximal_term(mu: float):
     return regularizer
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)  # its own fields by keyword: a new FedAvg field cannot shift them
 class FedProx(FedAvg):
     mu: float = 2e-4
 

@@ -54,9 +54,11 @@ WEIGHTINGS = ("correlation", "uniform")
 FIXED_NOISE = ("z0", "calibrated")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LdpMinibatch(FedAvg):
-    """FedAvg whose every local step is a clipped, noised gradient with the client's own z."""
+    """FedAvg whose every local step is a clipped, noised gradient with the client's own z. Its own fields
+    are keyword-only: a field added to FedAvg must not shift them (it once did: FedAvg's
+    ``deferred_dense_rate`` took ``clip_norm``'s place, and the clients ran ``batch_size`` steps)."""
 
     clip_norm: float = 1.0
     per_example: bool = True
@@ -129,24 +131,32 @@ def build_ldp_minibatch(ctx) -> tuple:
         if ctx.client_sizes is None:
             raise ValueError("ldp.step_sampling='poisson' needs the clients' data sizes to size its batches")
         cap = poisson_batch_cap(ctx.client_sizes, cfg.client.batch_size, cfg.rounds * c.local_steps, c.delta)
-    algorithm = LdpMinibatch(ctx.model.per_example_loss, ctx.client_optimizer(),
-                             build_optimizer("sgd", c.alpha, 0.0), cfg.client.lr_decay, ctx.unroll,
-                             c.clip_norm, c.per_example, c.local_steps, cfg.client.batch_size, cap)
+    algorithm = LdpMinibatch(per_example_loss=ctx.model.per_example_loss, client_optimizer=ctx.client_optimizer(),
+                             server_optimizer=build_optimizer("sgd", c.alpha, 0.0), client_lr_decay=cfg.client.lr_decay,
+                             unroll=ctx.unroll, clip_norm=c.clip_norm, per_example=c.per_example,
+                             local_steps=c.local_steps, batch_size=cfg.client.batch_size, poisson_batch_cap=cap)
     if c.weighting == "uniform":  # the plain mean: no cohort-level step, uploads summed inside the engine
         return algorithm, chain(UniformWeights())
     return algorithm, chain(CorrelationWeights(c.temperature), UniformWeights())
 
 
-def make_tracker(cfg, dataset, uploads=None) -> ExampleLevelTracker:
-    """The per-client ledgers of a run (sizes known once the data is loaded; B checked against them)."""
+def make_tracker(cfg, dataset, uploads, algorithm) -> ExampleLevelTracker:
+    """The per-client ledgers of a run (sizes known once the data is loaded; B checked against them). The
+    steps, their sampling and the clip are the built clients' (``algorithm``), what runs; the thresholds and
+    noise schedule are the ledger's own (it hands each client its z)."""
     c, s = cfg.ldp, cfg.sampling
+    clients = registry.unwrap(algorithm, LdpMinibatch)
     rate = s.cohort_size / dataset.num_clients if s.method == "uniform" else s.rate
     orders = parse_rdp_orders(c.rdp_orders, default=LEDGER_ORDERS)
-    ledger = ExampleLevelLedger(dataset.train_sizes(), cfg.client.batch_size, c.local_steps,
+    ledger = ExampleLevelLedger(dataset.train_sizes(), cfg.client.batch_size, clients.local_steps,
                                 parse_thresholds(c.thresholds, dataset.num_clients, cfg.seed), c.delta,
                                 c.noise_multiplier, c.max_noise_multiplier, rate, cfg.rounds, c.adaptive, orders,
-                                c.step_sampling, c.per_example, c.accountant, c.fixed_noise == "calibrated")
-    return ExampleLevelTracker(ledger, c.clip_norm, c.per_example)
+                                "poisson" if clients.poisson_batch_cap else "fixed", clients.per_example,
+                                c.accountant, c.fixed_noise == "calibrated")
+    if clients.poisson_batch_cap and ledger.batch_cap != clients.poisson_batch_cap:
+        raise ValueError(f"the ledger's Poisson batch cap {ledger.batch_cap} is not the clients' "
+                         f"{clients.poisson_batch_cap}: it would account batches that did not run")
+    return ExampleLevelTracker(ledger, clients.clip_norm, clients.per_example)
 
 
 registry.register_section("ldp", {

@@ -73,7 +73,7 @@ class PriFedSyncTracker(PrivacyTracker):
         return report
 
 
-def make_tracker(cfg, dataset, uploads):
+def make_tracker(cfg, dataset, uploads, algorithm=None):
     return PriFedSyncTracker(cfg, dataset, uploads)
 
 

@@ -72,7 +72,8 @@ class Entry:
     shares_server_set: bool = False  # data side: the server-held set is mixed into every client (FedShare)
     summary: str = ""
     server_validation: bool = False  # the server validates each evaluated model on a held-out server set
-    tracker: Callable | None = None  # ``tracker(cfg, dataset, uploads)``: the algorithm's own privacy tracker
+    tracker: Callable | None = None  # ``tracker(cfg, dataset, uploads, algorithm)``: the algorithm's own privacy
+    # tracker, built from the mechanisms that run (the built upload chain and algorithm), not re-read from cfg
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +117,15 @@ def register_wrapper(name: str, defaults: dict, *, wrap, validate=None, needs_se
     register_section(name, defaults)
     _WRAPPERS[name] = Wrapper(name, wrap, validate, needs_server_set, privacy_note)
     return _WRAPPERS[name]
+
+
+def unwrap(algorithm, cls):
+    """The ``cls`` instance inside ``algorithm`` (itself, or the ``base`` a wrapper such as FedMeta holds)."""
+    while not isinstance(algorithm, cls):
+        if not hasattr(algorithm, "base"):
+            raise TypeError(f"expected a {cls.__name__} (or a wrapper of one), got {type(algorithm).__name__}")
+        algorithm = algorithm.base
+    return algorithm
 
 
 def wrappers() -> tuple[Wrapper, ...]:

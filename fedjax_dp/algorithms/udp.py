@@ -126,7 +126,7 @@ class UdpTracker(PrivacyTracker):
         return report
 
 
-def make_tracker(cfg, dataset, uploads):
+def make_tracker(cfg, dataset, uploads, algorithm=None):
     return UdpTracker(cfg, dataset, uploads)
 
 

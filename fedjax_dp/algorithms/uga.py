@@ -63,7 +63,7 @@ def make_uga_gradient(per_example_loss, client_optimizer, *, unroll=1, remat=Fal
     return uga_gradient
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)  # its own fields by keyword: a new FedAvg field cannot shift them
 class UGA(FedAvg):
     """UGA clients in FedAvg's weighted mean: the upload is -g^k.
 

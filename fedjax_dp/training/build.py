@@ -131,7 +131,7 @@ def privacy_tracker(cfg, runner: FederatedRound, dataset):
     upload chain's declared releases, else None (nothing private released)."""
     own = registry.get(cfg.algorithm).tracker
     if own is not None:
-        return own(cfg, dataset, runner.uploads)
+        return own(cfg, dataset, runner.uploads, runner.algorithm)
     if runner.uploads.releases_anything:
         return PrivacyTracker(runner.uploads.releases, cfg.dp, client_sampler(cfg.sampling, dataset.num_clients))
     return None

@@ -164,8 +164,10 @@ def representation(model, which: str):
 def build_pfldyn_algorithm(ctx) -> PFLDynProto:
     c, p = ctx.cfg, ctx.cfg.pfldyn
     return PFLDynProto(representation(ctx.model, p.representation), ctx.model.num_classes, ctx.client_optimizer(),
-                       ctx.num_clients, p.alpha, p.local_steps, p.server_mean, c.client.lr_decay, ctx.unroll,
-                       representation(evaluation_model(ctx.model), p.representation), p.evaluated_model)
+                       ctx.num_clients, alpha=p.alpha, local_steps=p.local_steps, server_mean=p.server_mean,
+                       client_lr_decay=c.client.lr_decay, unroll=ctx.unroll,
+                       evaluation_apply=representation(evaluation_model(ctx.model), p.representation),
+                       evaluated_model=p.evaluated_model)
 
 
 def check_pfldyn(cfg, need) -> None:

@@ -110,3 +110,16 @@ def test_local_noise_with_per_client_multipliers_uses_each_clients_own_z():
     assert noise.releases(noise.inputs(1))[0].client_multipliers == (0.5, 3.0)
     with pytest.raises(ValueError, match="need local noise"):
         GaussianNoise(client_multipliers=(1.0,))
+
+
+@pytest.mark.parametrize("shape,dtype", [((3,), jnp.float32), ((5, 5, 1, 32), jnp.float32), ((7, 3), jnp.float64)])
+def test_the_flat_noise_draw_is_the_draw_of_the_shape_value_for_value(shape, dtype):
+    """``standard_normal`` draws flat and reshapes (faster to compile): the values are those of drawing the
+    shape directly, so no seeded run changes."""
+    from fedjax_dp.privacy.mechanisms import NOISE_DRAWS, standard_normal
+
+    with jax.enable_x64(dtype == jnp.float64):
+        key = jax.random.key(7)
+        direct = jnp.sum(jax.random.normal(key, (NOISE_DRAWS,) + shape, dtype), axis=0) / jnp.sqrt(
+            jnp.asarray(NOISE_DRAWS, dtype))
+        np.testing.assert_array_equal(standard_normal(key, shape, dtype), direct)

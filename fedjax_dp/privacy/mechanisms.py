@@ -19,6 +19,7 @@ Kamath and Steinke 2020) would remove it and is not implemented.
 from __future__ import annotations
 
 import enum
+import math
 
 import jax
 import jax.numpy as jnp
@@ -38,8 +39,12 @@ def noise_dtype(dtype) -> jnp.dtype:
 
 
 def standard_normal(key: jax.Array, shape, dtype=jnp.float32) -> jax.Array:
-    """N(0, 1) as the mean-preserving sum of ``NOISE_DRAWS`` draws (module docstring)."""
-    draws = jax.random.normal(key, (NOISE_DRAWS,) + tuple(shape), noise_dtype(dtype))
+    """N(0, 1) as the mean-preserving sum of ``NOISE_DRAWS`` draws (module docstring). The draws are made
+    as one flat vector and reshaped: the same values as drawing the shape directly (JAX's threefry counts
+    over the flat index), but XLA:CPU compiles the flat draw several times faster (a 4 x 5 x 5 x 32 x 64
+    draw: 2.7 s against 0.4 s on the 2-core VM), and every DP program draws its noise this way."""
+    shape = (NOISE_DRAWS,) + tuple(shape)
+    draws = jax.random.normal(key, (math.prod(shape),), noise_dtype(dtype)).reshape(shape)
     return jnp.sum(draws, axis=0) / jnp.sqrt(jnp.asarray(NOISE_DRAWS, draws.dtype))
 
 

@@ -158,8 +158,8 @@ def test_cuag_adaptive_gdp_noise_runs_in_the_loop_and_is_labelled(mode, tmp_path
     setting = dict(sampling_rate=1 / 3, batch_size=32, dataset_size=400, local_steps=2)
 
     def build(ctx):
-        algorithm = FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer())
-        noise = (CuagPaperNoise(0.5, **setting),) if mode == "paper" else cuag_sound_noise((0.3, 0.1), ((1, 2.0),))
+        algorithm = FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), server_optimizer=ctx.server_optimizer())
+        noise = (CuagPaperNoise(mu=0.5, **setting),) if mode == "paper" else cuag_sound_noise((0.3, 0.1), ((1, 2.0),))
         return algorithm, chain(*noise, UniformWeights())
 
     registry.register("toy_cuag_noise", build=build, summary="test-only FedAvg + CUAG noise")
@@ -228,3 +228,39 @@ def test_a_run_records_whether_its_cohort_ran_on_one_device_to_save_memory(limit
     run_experiment(c, str(tmp_path / "run"), progress=False)
     engine = json.load(open(tmp_path / "run" / "summary.json"))["engine"]
     assert engine["devices"] == 2 and engine["ran_on_one_device"] is one_device
+
+
+def _positional_constructions():
+    """Each constructor called with one of its numeric parameters by position: every one must refuse."""
+    import optax
+    from fedjax_dp.algorithms.fedavg import FedAvg
+    from fedjax_dp.algorithms.fedmeta import FedMeta
+    from fedjax_dp.algorithms.scaffold import Scaffold
+    from fedjax_dp.privacy.example_ledger import ExampleLevelLedger
+    from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip
+    from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise
+    from fedjax_dp.privacy.upload_layer_quantile_clip import PerLayerQuantileClip
+
+    def loss(params, batch):
+        return batch["x"].sum(-1)
+
+    sgd = optax.sgd(0.1)
+    x, y = np.zeros((4, 2), np.float32), np.zeros(4, np.int32)
+    return {
+        "FedAvg": lambda: FedAvg(loss, sgd, sgd, 0.99),
+        "Scaffold": lambda: Scaffold(loss, sgd, 0.1, 4),
+        "FedMeta": lambda: FedMeta(FedAvg(loss, sgd), loss, x, y, 0.1),
+        "ExampleLevelLedger": lambda: ExampleLevelLedger(np.array([100]), 10, 5, 3.0, 1e-5, 1.0, 4.0, 0.1, 10),
+        "AdaptiveQuantileClip": lambda: AdaptiveQuantileClip(1.0, 0.5, 0.2, 1.0, 10.0),
+        "PerLayerQuantileClip": lambda: PerLayerQuantileClip((1.0,), 0.5, 0.2, 1.0, 10.0),
+        "CuagPaperNoise": lambda: CuagPaperNoise(0.25, 0.1, 50, 500, 25),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_positional_constructions()))
+def test_training_and_privacy_parameters_are_taken_by_name_only(name):
+    """A field added to FedAvg once shifted LdpMinibatch's positional builder: its clients ran the wrong steps
+    and clip while the ledger accounted the configured ones (f085950). Where a constructor takes several
+    numbers of privacy or training, they are keyword-only, so no added field can move one into another's place."""
+    with pytest.raises(TypeError, match="positional"):
+        _positional_constructions()[name]()

@@ -171,14 +171,14 @@ def test_dp_scaffold_with_a_clip_that_never_binds_and_no_noise_is_scaffold():
     params = {"w": jnp.array([0.5, -1.0])}
     shared = (params, {"w": jnp.array([0.1, 0.2])}, jnp.int32(0))
     own = {"w": jnp.array([-0.3, 0.05])}
-    args = (_quadratic_loss, optax.sgd(0.1), 0.1, 2)
-    want = Scaffold(*args).client_update(shared, client, own, jax.random.key(1))
-    got = dp_scaffold.DpScaffold(*args, clip_norm=1e6, local_steps=3).client_update(shared, client, own,
+    args, fields = (_quadratic_loss, optax.sgd(0.1)), dict(local_learning_rate=0.1, num_clients=2)
+    want = Scaffold(*args, **fields).client_update(shared, client, own, jax.random.key(1))
+    got = dp_scaffold.DpScaffold(*args, **fields, clip_norm=1e6, local_steps=3).client_update(shared, client, own,
                                                                                     jax.random.key(1))
     for a, b in zip(jax.tree_util.tree_leaves((want.upload, want.client_state)),
                     jax.tree_util.tree_leaves((got.upload, got.client_state))):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-    noisy = dp_scaffold.DpScaffold(*args, clip_norm=1.0, local_steps=3).client_update(
+    noisy = dp_scaffold.DpScaffold(*args, **fields, clip_norm=1.0, local_steps=3).client_update(
         shared, client | {STEP_NOISE_KEY: jnp.float32(1.0)}, own, jax.random.key(1))
     assert not np.allclose(noisy.upload["model"]["w"], got.upload["model"]["w"])
 

@@ -45,7 +45,8 @@ def test_fedmeta_meta_step_is_exactly_one_sgd_step_on_d_meta():
     meta_x, meta_y = random_client_data(np.random.default_rng(5), [13])[0]
     base = FedAvg(model.per_example_loss, optax.sgd(0.1))
     eta = 0.05
-    meta = FederatedRound(FedMeta(base, model.per_example_loss, meta_x, meta_y, eta, meta_batch_size=4))  # 4 batches
+    meta = FederatedRound(FedMeta(base, model.per_example_loss, meta_x, meta_y, meta_learning_rate=eta,
+                                  meta_batch_size=4))  # 4 batches
     base = FederatedRound(base)
     state, metrics = meta.round(meta.init(params), cohort, jax.random.key(1))
     after_base, _ = base.round(base.init(params), cohort, jax.random.key(1))
@@ -64,7 +65,8 @@ def test_fedmeta_composes_with_uga_and_decays_its_rate():
     cohort = pack_uga_cohort(x, y, idx, 4, 2, np.random.default_rng(0))
     meta_x, meta_y = random_client_data(np.random.default_rng(5), [7])[0]
     base = UGA(model.per_example_loss, optax.sgd(0.1), server_optimizer=optax.sgd(0.5))
-    meta = FederatedRound(FedMeta(base, model.per_example_loss, meta_x, meta_y, 0.05, meta_steps=2, meta_lr_decay=0.5))
+    meta = FederatedRound(FedMeta(base, model.per_example_loss, meta_x, meta_y, meta_learning_rate=0.05, meta_steps=2,
+                                  meta_lr_decay=0.5))
     base = FederatedRound(base)
     assert meta.algorithm.requirements.evaluation_pass
     state = meta.init(params)
@@ -83,13 +85,13 @@ def test_fedmeta_bad_input():
     model = get_model("logistic", (4, 4, 1), 3)
     base = FedAvg(model.per_example_loss, optax.sgd(0.1))
     with pytest.raises(ValueError, match="D_meta is empty"):
-        FedMeta(base, model.per_example_loss, np.zeros((0, 4, 4, 1)), np.zeros(0), 0.1)
+        FedMeta(base, model.per_example_loss, np.zeros((0, 4, 4, 1)), np.zeros(0), meta_learning_rate=0.1)
     meta_x, meta_y = random_client_data(np.random.default_rng(5), [3])[0]
     for lr in (0.0, -1.0):
         with pytest.raises(ValueError, match="eta_meta must be > 0"):
-            FedMeta(base, model.per_example_loss, meta_x, meta_y, lr)
+            FedMeta(base, model.per_example_loss, meta_x, meta_y, meta_learning_rate=lr)
     with pytest.raises(ValueError, match="meta_steps"):
-        FedMeta(base, model.per_example_loss, meta_x, meta_y, 0.1, meta_steps=0)
+        FedMeta(base, model.per_example_loss, meta_x, meta_y, meta_learning_rate=0.1, meta_steps=0)
     batches, mask = meta_batches(meta_x, meta_y, 2)
     assert mask.tolist() == [[True, True], [True, False]] and batches["x"].shape[:2] == (2, 2)
 

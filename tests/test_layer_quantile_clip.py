@@ -38,8 +38,8 @@ def test_each_layer_threshold_follows_its_own_unclipped_fraction(local):
     """Layer 'a' is clipped in every client (norm 10 > C = 1): b_bar = 0 and C_a grows by exp(eta gamma);
     layer 'b' never is (norm 0.1): b_bar = 1 and C_b shrinks by exp(-eta (1 - gamma)); with almost no
     count noise, exactly Andrew et al.'s update per layer. The joint bound is sqrt(sum C_l^2)."""
-    clip = PerLayerQuantileClip((1.0, 1.0), target_quantile=0.5, learning_rate=0.2, count_noise_std=1e-6,
-                                denominator=3.0, local=local)
+    clip = PerLayerQuantileClip(initial_layer_norms=(1.0, 1.0), target_quantile=0.5, learning_rate=0.2,
+                                count_noise_std=1e-6, denominator=3.0, local=local)
     state = clip.init(None)
     upload = {"a": jnp.full(4, 5.0), "b": jnp.full(4, 0.05)}  # norms 10 and 0.1
     flows = [_client(clip, upload, state, key=k) for k in range(3)]
@@ -55,8 +55,8 @@ def test_each_layer_threshold_follows_its_own_unclipped_fraction(local):
 
 def test_local_counts_are_noised_by_each_client_and_central_ones_by_the_server():
     upload = {"a": jnp.ones(3), "b": jnp.ones(3)}
-    local = PerLayerQuantileClip((10.0, 10.0), count_noise_std=2.0, denominator=2.0, local=True)
-    central = PerLayerQuantileClip((10.0, 10.0), count_noise_std=2.0, denominator=2.0, local=False)
+    local = PerLayerQuantileClip(initial_layer_norms=(10.0, 10.0), count_noise_std=2.0, denominator=2.0, local=True)
+    central = PerLayerQuantileClip(initial_layer_norms=(10.0, 10.0), count_noise_std=2.0, denominator=2.0, local=False)
     state = local.init(None)
     draws = np.stack([np.asarray(_client(local, upload, state, key=k).extras["layer_counts"]) - 0.5 for k in range(400)])
     assert 1.8 < draws.std() < 2.2 and abs(draws.mean()) < 0.25  # N(0, sigma_b^2) added on the client

@@ -24,8 +24,9 @@ from fedjax_dp.training.default_config import default_config
 
 
 def _ledger(sizes=(200,), thresholds=4.0, adaptive=True, steps=5, z0=1.0, zmax=8.0, rounds=10, rate=0.5, **options):
-    return ExampleLevelLedger(np.asarray(sizes), 10, steps, thresholds, 1e-5, z0, zmax, rate, rounds, adaptive,
-                              **options)
+    return ExampleLevelLedger(client_sizes=np.asarray(sizes), batch_size=10, steps=steps, thresholds=thresholds,
+                              delta=1e-5, base_multiplier=z0, max_multiplier=zmax, participation_rate=rate,
+                              rounds=rounds, adaptive=adaptive, **options)
 
 
 def test_the_ledger_is_dp_accountings_subsampled_gaussian_over_the_steps_run():

@@ -19,6 +19,8 @@ from fedjax_dp.models import get_model
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
+PAPER_SETTING = dict(mu=0.25, sampling_rate=0.1, batch_size=50, dataset_size=500, local_steps=25)  # seed 004, Table 2
+
 
 def test_prototypes_loss_and_prediction_match_a_hand_written_numpy_version():
     rng = np.random.default_rng(0)
@@ -283,7 +285,7 @@ def test_paper_mode_noise_is_per_layer_and_per_client_as_written():
     from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise
 
     with pytest.warns(UserWarning, match="NO formal"):
-        noise = CuagPaperNoise(0.25, 0.1, 50, 500, 25, client_mus=(0.25, 2.0), client_sizes=(500, 400))
+        noise = CuagPaperNoise(**PAPER_SETTING, client_mus=(0.25, 2.0), client_sizes=(500, 400))
     inputs = {k: jnp.asarray(v) for k, v in noise.inputs(3).items()}
     layers = [jnp.full((40_000,), 0.01), jnp.full((30_000,), -0.02)]
     for client, (mu, size) in enumerate([(0.25, 500), (2.0, 400)]):
@@ -305,7 +307,7 @@ def test_a_fixed_alg4_sigma_keeps_the_papers_noise_formula_in_both_modes(tmp_pat
     from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, alg4_multipliers
 
     with pytest.warns(UserWarning, match="NO formal"):
-        paper = CuagPaperNoise(0.25, 0.1, 50, 500, 25, fixed_sigma=0.65)
+        paper = CuagPaperNoise(**PAPER_SETTING, fixed_sigma=0.65)
     assert paper.inputs(1)["sigma"] == paper.inputs(40)["sigma"] == 0.65
     layer = [jnp.full((50_000,), 0.01)]
     ctx = ClientContext((), {"sigma": jnp.float32(0.65)}, jnp.inf, jax.random.key(0), jnp.bool_(True), jnp.bool_(True), 0)

@@ -120,8 +120,9 @@ def build_cuag(ctx) -> tuple:
     heterogeneous = bool(str(c.client_mu).strip())
     sigma = parse_sigma(c.sigma)
     if c.mode == "paper":
-        noise = CuagPaperNoise(c.mu, ctx.sampling_rate(), cfg.client.batch_size,
-                               int(np.mean(ctx.client_sizes)) if ctx.client_sizes else 500, cfg.pfldyn.local_steps,
+        noise = CuagPaperNoise(mu=c.mu, sampling_rate=ctx.sampling_rate(), batch_size=cfg.client.batch_size,
+                               dataset_size=int(np.mean(ctx.client_sizes)) if ctx.client_sizes else 500,
+                               local_steps=cfg.pfldyn.local_steps,
                                client_mus=tuple(float(m) for m in mus) if heterogeneous else None,
                                client_sizes=ctx.client_sizes, fixed_sigma=sigma if isinstance(sigma, float) else 0.0)
         return algorithm, chain(noise, UniformWeights())
@@ -152,8 +153,10 @@ def adaptive_layer_clip(cfg, ctx, layers: int) -> PerLayerQuantileClip:
     """The sound mode's per-layer adaptive clip: every layer from C = ``cuag.clip_norm`` towards the
     ``cuag.target_quantile`` of its norms, counts noised by each client (local), D the expected cohort."""
     c = cfg.cuag
-    return PerLayerQuantileClip((float(c.clip_norm),) * layers, float(c.target_quantile), float(c.clip_learning_rate),
-                                float(c.count_noise_std), ctx.sampling_rate() * ctx.num_clients, local=True)
+    return PerLayerQuantileClip(initial_layer_norms=(float(c.clip_norm),) * layers,
+                                target_quantile=float(c.target_quantile), learning_rate=float(c.clip_learning_rate),
+                                count_noise_std=float(c.count_noise_std),
+                                denominator=ctx.sampling_rate() * ctx.num_clients, local=True)
 
 
 def calibrated_to_budget(c) -> bool:

@@ -50,11 +50,13 @@ def dp_uploads(ctx) -> Chain:
     # Per layer, L counts at sigma_b sqrt(L) each cost what one count at sigma_b does (z_count = 2 sigma_b).
     clip = {"fixed": lambda: FlatClip(dp.clip_norm),
             "per_layer": lambda: PerLayerClip.equal_split(ctx.params_template, dp.clip_norm),
-            "adaptive": lambda: AdaptiveQuantileClip(dp.clip_norm, dp.target_quantile, dp.clip_learning_rate,
-                                                     count_noise_std, denominator),
+            "adaptive": lambda: AdaptiveQuantileClip(
+                initial_clip_norm=dp.clip_norm, target_quantile=dp.target_quantile,
+                learning_rate=dp.clip_learning_rate, count_noise_std=count_noise_std, denominator=denominator),
             "per_layer_adaptive": lambda: PerLayerQuantileClip(
-                (dp.clip_norm / math.sqrt(layers),) * layers, dp.target_quantile, dp.clip_learning_rate,
-                count_noise_std * math.sqrt(layers), denominator, local=dp.noise_mode == "local"),
+                initial_layer_norms=(dp.clip_norm / math.sqrt(layers),) * layers, target_quantile=dp.target_quantile,
+                learning_rate=dp.clip_learning_rate, count_noise_std=count_noise_std * math.sqrt(layers),
+                denominator=denominator, local=dp.noise_mode == "local"),
             "median": MedianClip}[dp.clip]()
     adaptive = dp.clip in ("adaptive", "per_layer_adaptive")
     noise = GaussianNoise(noise_schedule(ctx), local=dp.noise_mode == "local",
@@ -63,9 +65,8 @@ def dp_uploads(ctx) -> Chain:
 
 
 def build_dp_fedavg(ctx) -> tuple:
-    c = ctx.cfg
-    return FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer(), c.client.lr_decay,
-                  ctx.unroll, ctx.deferred_dense_rate()), dp_uploads(ctx)
+    return FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), **ctx.client_fields(),
+                  deferred_dense_rate=ctx.deferred_dense_rate()), dp_uploads(ctx)
 
 
 registry.register("dp_fedavg", build=build_dp_fedavg, sections=("dp",), validate=check_dp,

@@ -61,8 +61,8 @@ class DpScaffold(Scaffold):
 
 def build_dp_scaffold(ctx) -> tuple:
     c, d = ctx.cfg, ctx.cfg.dp_scaffold
-    return DpScaffold(ctx.model.per_example_loss, ctx.client_optimizer(), c.client.learning_rate, ctx.num_clients,
-                      ctx.server_optimizer(), c.client.lr_decay, ctx.unroll, clip_norm=d.clip_norm,
+    return DpScaffold(ctx.model.per_example_loss, ctx.client_optimizer(), local_learning_rate=c.client.learning_rate,
+                      num_clients=ctx.num_clients, **ctx.client_fields(), clip_norm=d.clip_norm,
                       local_steps=d.local_steps, median_clip=d.clip == "median"), ()
 
 
@@ -73,9 +73,11 @@ def make_tracker(cfg, dataset, uploads, algorithm) -> ExampleLevelTracker:
     clients = registry.unwrap(algorithm, DpScaffold)
     rate = s.cohort_size / dataset.num_clients if s.method == "uniform" else s.rate
     threshold = d.epsilon_threshold or np.inf
-    ledger = ExampleLevelLedger(dataset.train_sizes(), cfg.client.batch_size, clients.local_steps, threshold, d.delta,
-                                d.noise_multiplier, d.noise_multiplier, rate, cfg.rounds, adaptive=False,
-                                orders=parse_rdp_orders("", default=LEDGER_ORDERS), accountant=d.accountant)
+    ledger = ExampleLevelLedger(
+        client_sizes=dataset.train_sizes(), batch_size=cfg.client.batch_size, steps=clients.local_steps,
+        thresholds=threshold, delta=d.delta, base_multiplier=d.noise_multiplier, max_multiplier=d.noise_multiplier,
+        participation_rate=rate, rounds=cfg.rounds, adaptive=False, orders=parse_rdp_orders("", default=LEDGER_ORDERS),
+        accountant=d.accountant)
     return ExampleLevelTracker(ledger, clients.clip_norm, per_example=True, median_clip=clients.median_clip)
 
 

@@ -30,6 +30,7 @@ from fedjax_dp.core.local_training import PerExampleLoss, make_local_trainer
 class FedAvg:
     per_example_loss: PerExampleLoss
     client_optimizer: optax.GradientTransformation
+    _: dataclasses.KW_ONLY  # the rest by keyword: a field added here cannot shift a builder's arguments (f085950)
     server_optimizer: optax.GradientTransformation = dataclasses.field(default_factory=lambda: optax.sgd(1.0))
     client_lr_decay: float = 1.0
     unroll: int | bool = 1  # lax.scan unroll of local training
@@ -84,9 +85,8 @@ class FedAvg:
 
 
 def build_fedavg(ctx) -> tuple:
-    c = ctx.cfg
-    return FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer(), c.client.lr_decay,
-                  ctx.unroll, ctx.deferred_dense_rate()), ()
+    return FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), **ctx.client_fields(),
+                  deferred_dense_rate=ctx.deferred_dense_rate()), ()
 
 
 registry.register("fedavg", build=build_fedavg, summary="FedAvg (McMahan et al. 2017) with a server optimizer")

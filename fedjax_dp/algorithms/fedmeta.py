@@ -58,6 +58,7 @@ class FedMeta:
     per_example_loss: Any
     meta_x: np.ndarray
     meta_y: np.ndarray
+    _: dataclasses.KW_ONLY  # the rest by keyword: a field added here cannot shift a builder's arguments
     meta_learning_rate: float
     meta_steps: int = 1
     meta_lr_decay: float = 1.0
@@ -122,8 +123,9 @@ def wrap_fedmeta(ctx, algorithm, server_set) -> FedMeta:
     if server_set is None:
         raise ValueError("fedmeta.enabled needs a server-held set D_meta (server_data)")
     m = ctx.cfg.fedmeta
-    return FedMeta(algorithm, ctx.model.per_example_loss, server_set.x, server_set.y, m.learning_rate, m.steps,
-                   m.lr_decay, m.batch_size)
+    return FedMeta(algorithm, ctx.model.per_example_loss, server_set.x, server_set.y,
+                   meta_learning_rate=m.learning_rate, meta_steps=m.steps, meta_lr_decay=m.lr_decay,
+                   meta_batch_size=m.batch_size)
 
 
 def check_fedmeta(cfg, need) -> None:

@@ -44,8 +44,7 @@ class FedProx(FedAvg):
 
 def build_fedprox(ctx) -> tuple:
     c = ctx.cfg
-    return FedProx(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer(), c.client.lr_decay,
-                   ctx.unroll, mu=c.fedprox.mu), ()
+    return FedProx(ctx.model.per_example_loss, ctx.client_optimizer(), **ctx.client_fields(), mu=c.fedprox.mu), ()
 
 
 def check_fedprox(cfg, need) -> None:

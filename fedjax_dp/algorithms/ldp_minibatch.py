@@ -148,11 +148,13 @@ def make_tracker(cfg, dataset, uploads, algorithm) -> ExampleLevelTracker:
     clients = registry.unwrap(algorithm, LdpMinibatch)
     rate = s.cohort_size / dataset.num_clients if s.method == "uniform" else s.rate
     orders = parse_rdp_orders(c.rdp_orders, default=LEDGER_ORDERS)
-    ledger = ExampleLevelLedger(dataset.train_sizes(), cfg.client.batch_size, clients.local_steps,
-                                parse_thresholds(c.thresholds, dataset.num_clients, cfg.seed), c.delta,
-                                c.noise_multiplier, c.max_noise_multiplier, rate, cfg.rounds, c.adaptive, orders,
-                                "poisson" if clients.poisson_batch_cap else "fixed", clients.per_example,
-                                c.accountant, c.fixed_noise == "calibrated")
+    ledger = ExampleLevelLedger(
+        client_sizes=dataset.train_sizes(), batch_size=cfg.client.batch_size, steps=clients.local_steps,
+        thresholds=parse_thresholds(c.thresholds, dataset.num_clients, cfg.seed), delta=c.delta,
+        base_multiplier=c.noise_multiplier, max_multiplier=c.max_noise_multiplier, participation_rate=rate,
+        rounds=cfg.rounds, adaptive=c.adaptive, orders=orders,
+        step_sampling="poisson" if clients.poisson_batch_cap else "fixed", per_example=clients.per_example,
+        accountant=c.accountant, calibrated=c.fixed_noise == "calibrated")
     if clients.poisson_batch_cap and ledger.batch_cap != clients.poisson_batch_cap:
         raise ValueError(f"the ledger's Poisson batch cap {ledger.batch_cap} is not the clients' "
                          f"{clients.poisson_batch_cap}: it would account batches that did not run")

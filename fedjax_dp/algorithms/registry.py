@@ -51,6 +51,12 @@ class BuildContext:
         s = self.cfg.server
         return build_optimizer(s.optimizer, s.learning_rate, s.momentum, s.lr_decay)
 
+    def client_fields(self) -> dict:
+        """The keyword fields FedAvg and SCAFFOLD (and their subclasses) take from the config: the server optimizer,
+        the client's learning-rate decay and local training's scan unroll."""
+        return dict(server_optimizer=self.server_optimizer(), client_lr_decay=self.cfg.client.lr_decay,
+                    unroll=self.unroll)
+
     def expected_cohort(self) -> float:
         s = self.cfg.sampling
         return s.cohort_size if s.method == "uniform" else s.rate * self.num_clients

@@ -43,6 +43,7 @@ def correction_regularizer(correction):
 class Scaffold:
     per_example_loss: PerExampleLoss
     client_optimizer: optax.GradientTransformation
+    _: dataclasses.KW_ONLY  # the rest by keyword: a field added here cannot shift a builder's arguments
     local_learning_rate: float  # eta_l of the control update (the client optimizer's SGD rate)
     num_clients: int  # N, the population
     server_optimizer: optax.GradientTransformation = dataclasses.field(default_factory=lambda: optax.sgd(1.0))
@@ -99,8 +100,8 @@ class Scaffold:
 
 def build_scaffold(ctx) -> tuple:
     c = ctx.cfg
-    return Scaffold(ctx.model.per_example_loss, ctx.client_optimizer(), c.client.learning_rate, ctx.num_clients,
-                    ctx.server_optimizer(), c.client.lr_decay, ctx.unroll), ()
+    return Scaffold(ctx.model.per_example_loss, ctx.client_optimizer(), local_learning_rate=c.client.learning_rate,
+                    num_clients=ctx.num_clients, **ctx.client_fields()), ()
 
 
 def check_scaffold(cfg, need) -> None:

@@ -86,8 +86,8 @@ def sound_multipliers(cfg, num_clients: int) -> tuple:
 
 def build_udp(ctx) -> tuple:
     cfg, u = ctx.cfg, ctx.cfg.udp
-    algorithm = FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer(),
-                       cfg.client.lr_decay, ctx.unroll, ctx.deferred_dense_rate())
+    algorithm = FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), **ctx.client_fields(),
+                       deferred_dense_rate=ctx.deferred_dense_rate())
     if u.mode == "paper":
         if not ctx.client_sizes:
             raise ValueError("udp.mode='paper' calibrates to the clients' data size m (Delta s = 2C / m): build it "

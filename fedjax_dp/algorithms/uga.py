@@ -102,10 +102,10 @@ def remat_option(text: str):
 
 
 def build_uga(ctx) -> tuple:
-    c, u = ctx.cfg, ctx.cfg.uga
-    return UGA(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer(), c.client.lr_decay,
-               ctx.unroll, remat=remat_option(u.remat), first_order=u.first_order,
-               gradient_reduction=u.gradient_reduction, eval_batch_size=u.eval_batch_size), ()
+    u = ctx.cfg.uga
+    return UGA(ctx.model.per_example_loss, ctx.client_optimizer(), **ctx.client_fields(), remat=remat_option(u.remat),
+               first_order=u.first_order, gradient_reduction=u.gradient_reduction,
+               eval_batch_size=u.eval_batch_size), ()
 
 
 def check_uga(cfg, need) -> None:

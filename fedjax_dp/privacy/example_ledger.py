@@ -108,7 +108,7 @@ per (n_k, z) on these 18 orders against 0.5 s on ``RDP_ORDERS``; a coarser grid 
 (conservative). ``ldp.rdp_orders`` chooses another."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)  # fifteen fields, five of them floats: by name only, none can shift
 class ExampleLevelLedger:
     client_sizes: np.ndarray  # n_k per population client
     batch_size: int  # B

@@ -91,7 +91,7 @@ class PerLayerClip(UploadTransform):
         return total, ctx.state, clip_metrics(ctx, jnp.float32(self.sensitivity))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: no float can take another's place
 class AdaptiveQuantileClip(UploadTransform):
     """Andrew et al. 2021: S_{t+1} = S_t exp(-eta_C (b_bar - gamma)),
     b_bar = (sum_k (b_k - 1/2) + N(0, sigma_b^2)) / D + 1/2."""

@@ -31,7 +31,7 @@ from fedjax_dp.privacy.upload_clipping import PerLayerClip
 from fedjax_dp.privacy.upload_noise import GaussianNoise
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: no float can take another's place
 class CuagPaperNoise(UploadTransform):
     """Alg. 4 as written; ``mu`` the paper's GDP target, the rest its sigma_t setting."""
 

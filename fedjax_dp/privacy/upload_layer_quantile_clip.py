@@ -37,7 +37,7 @@ from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, clip_metrics
 COUNT_BOUND = AdaptiveQuantileClip.COUNT_BOUND  # |b - 1/2|: one client's contribution to one layer's count
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: no float can take another's place
 class PerLayerQuantileClip(UploadTransform):
     kind: ClassVar[str] = "clip"
     initial_layer_norms: tuple = ()  # C_l^1 per leaf, in jax.tree_util leaf order

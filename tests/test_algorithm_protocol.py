@@ -235,6 +235,7 @@ def _positional_constructions():
     import optax
     from fedjax_dp.algorithms.fedavg import FedAvg
     from fedjax_dp.algorithms.fedmeta import FedMeta
+    from fedjax_dp.algorithms.pfldyn_proto import PFLDynProto
     from fedjax_dp.algorithms.scaffold import Scaffold
     from fedjax_dp.privacy.example_ledger import ExampleLevelLedger
     from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip
@@ -254,6 +255,7 @@ def _positional_constructions():
         "AdaptiveQuantileClip": lambda: AdaptiveQuantileClip(1.0, 0.5, 0.2, 1.0, 10.0),
         "PerLayerQuantileClip": lambda: PerLayerQuantileClip((1.0,), 0.5, 0.2, 1.0, 10.0),
         "CuagPaperNoise": lambda: CuagPaperNoise(0.25, 0.1, 50, 500, 25),
+        "PFLDynProto": lambda: PFLDynProto(loss, 10, sgd, 100, 0.1, 25),
     }
 
 

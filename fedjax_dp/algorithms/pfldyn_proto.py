@@ -59,6 +59,7 @@ class PFLDynProto:
     num_classes: int
     client_optimizer: optax.GradientTransformation
     num_clients: int  # N, the population
+    _: dataclasses.KW_ONLY  # the rest by keyword: a field added here cannot shift a builder's arguments
     alpha: float = 0.1
     local_steps: int = 25
     server_mean: str = "cohort"

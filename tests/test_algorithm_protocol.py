@@ -201,8 +201,8 @@ def test_an_algorithm_with_personalize_gets_personalized_accuracy(tmp_path):
     results = {}
     for zero in (False, True):
         def build(ctx, zero=zero):
-            return Personalized(ctx.model.per_example_loss, ctx.client_optimizer(), ctx.server_optimizer(),
-                                zero=zero, apply=ctx.model.apply), chain()
+            return Personalized(ctx.model.per_example_loss, ctx.client_optimizer(),
+                                server_optimizer=ctx.server_optimizer(), zero=zero, apply=ctx.model.apply), chain()
 
         registry.register("toy_personalized", build=build, summary="test-only personalised FedAvg")
         try:

@@ -325,6 +325,27 @@ def test_a_fixed_alg4_sigma_keeps_the_papers_noise_formula_in_both_modes(tmp_pat
     assert privacy["epsilon"] > 50 and "no budget" in " ".join(privacy["notes"])
 
 
+@pytest.mark.parametrize("sigma, claims", [("", True), ("schedule", True), ("0.45", False)])
+def test_paper_mode_names_the_papers_claim_only_for_the_sigma_t_schedule_it_was_made_for(tmp_path, sigma, claims):
+    """The paper's mu (its claimed epsilon) is what Alg. 4's sigma_t schedule is calibrated to; a Table 5 cell
+    with sigma held fixed does not run that schedule, so its privacy.json must not carry the claim as its own
+    (it did: a sigma 0.45 cell reported the schedule's claim 0.93 beside its formula epsilon of 20)."""
+    from fedjax_dp.privacy import gdp
+
+    c = _pfl_config("cuag_pfl", **{"cuag.mode": "paper", "cuag.sigma": sigma, "compression.enabled": True})
+    with pytest.warns(UserWarning, match="NO formal"):
+        run_experiment(c, str(tmp_path / "run"), progress=False)
+    privacy = json.load(open(tmp_path / "run" / "privacy.json"))
+    notes = " ".join(privacy["notes"])
+    assert privacy["formal"] is False
+    if claims:
+        assert privacy["epsilons"]["paper_claim"] == pytest.approx(gdp.epsilon_from_mu(0.25, c.cuag.delta))
+        assert "the paper claims mu = 0.25" in notes
+    else:
+        assert privacy["epsilons"].get("paper_claim") is None
+        assert "held fixed" in notes and "the paper claims mu" not in notes
+
+
 def test_the_sigma_t_schedule_at_a_fixed_clip_is_accounted_round_by_round(tmp_path):
     from fedjax_dp.privacy import adaptive_gdp
 

@@ -178,6 +178,8 @@ class CuagTracker(PrivacyTracker):
                          client_sampler(cfg.sampling, dataset.num_clients))
         self.mode, self.participations = c.mode, planned_participations(cfg, dataset.num_clients)
         self.calibrated, self.shape = calibrated_to_budget(c), c.sound_noise
+        sigma = parse_sigma(c.sigma)
+        self.fixed_sigma = sigma if isinstance(sigma, float) else None  # Table 5's fixed-sigma cells
 
     def report(self):
         report = super().report()
@@ -188,7 +190,14 @@ class CuagTracker(PrivacyTracker):
         report.epsilons.update(self.participant_epsilons())
         delta = self.cfg.delta
         claimed = sorted({float(m) for m in self.mus})
-        if self.mode == "paper":
+        if self.mode == "paper" and self.fixed_sigma is not None:  # Table 5's cells: not the schedule mu is for
+            report.epsilons["paper_claim"] = None
+            report.notes.append(
+                f"paper mode with Alg. 4's sigma held fixed at {self.fixed_sigma:g} (cuag.sigma): the paper's mu is "
+                "what its sigma_t schedule is calibrated to, which did not run, so no claim of the paper's applies "
+                "(epsilons.paper_claim is null); the epsilons listed are the paper's CLT formula for the fixed sigma "
+                "composed over the rounds each client ran. Not a guarantee: formal is false.")
+        elif self.mode == "paper":
             report.epsilons["paper_claim"] = gdp.epsilon_from_mu(claimed[0], delta) if len(claimed) == 1 else None
             report.notes.append(
                 "paper mode: the paper claims mu = " + (f"{claimed[0]:g}" if len(claimed) == 1 else

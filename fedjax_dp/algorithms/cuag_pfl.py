@@ -190,7 +190,7 @@ class CuagTracker(PrivacyTracker):
         report.epsilons.update(self.participant_epsilons())
         delta = self.cfg.delta
         claimed = sorted({float(m) for m in self.mus})
-        if self.mode == "paper" and self.fixed_sigma is not None:  # Table 5's cells: not the schedule mu is for
+        if self.mode == "paper" and self.fixed_sigma is not None:  # the paper's mu is for the sigma_t schedule
             report.epsilons["paper_claim"] = None
             report.notes.append(
                 f"paper mode with Alg. 4's sigma held fixed at {self.fixed_sigma:g} (cuag.sigma): the paper's mu is "

@@ -178,8 +178,8 @@ class CuagTracker(PrivacyTracker):
                          client_sampler(cfg.sampling, dataset.num_clients))
         self.mode, self.participations = c.mode, planned_participations(cfg, dataset.num_clients)
         self.calibrated, self.shape = calibrated_to_budget(c), c.sound_noise
-        sigma = parse_sigma(c.sigma)
-        self.fixed_sigma = sigma if isinstance(sigma, float) else None  # Table 5's fixed-sigma cells
+        paper_noise = next((t for t in uploads if isinstance(t, CuagPaperNoise)), None)  # the transform that runs
+        self.fixed_sigma = paper_noise.fixed_sigma if paper_noise and paper_noise.fixed_sigma else None  # Table 5
 
     def report(self):
         report = super().report()

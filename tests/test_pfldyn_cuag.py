@@ -323,6 +323,7 @@ def test_a_fixed_alg4_sigma_keeps_the_papers_noise_formula_in_both_modes(tmp_pat
     layers = 2  # the logistic model: kernel and bias
     assert privacy["formal"] is True and privacy["noise_multipliers"] == [pytest.approx(2 * 0.45 / (8 * np.sqrt(layers)))]
     assert privacy["epsilon"] > 50 and "no budget" in " ".join(privacy["notes"])
+    assert privacy["accounting"]["per_client_mu"] is None  # cuag.mu sets nothing at a fixed sigma: not reported
 
 
 @pytest.mark.parametrize("sigma, claims", [("", True), ("schedule", True), ("0.45", False)])
@@ -344,6 +345,8 @@ def test_paper_mode_names_the_papers_claim_only_for_the_sigma_t_schedule_it_was_
     else:
         assert privacy["epsilons"].get("paper_claim") is None
         assert "held fixed" in notes and "the paper claims mu" not in notes
+    # the paper's mu sets the sigma_t schedule; at a fixed sigma it sets nothing and is not listed per client
+    assert privacy["accounting"]["per_client_mu"] == ([0.25] * c.data.num_clients if claims else None)
 
 
 def test_the_sigma_t_schedule_at_a_fixed_clip_is_accounted_round_by_round(tmp_path):
@@ -355,6 +358,7 @@ def test_the_sigma_t_schedule_at_a_fixed_clip_is_accounted_round_by_round(tmp_pa
     setting = dict(sampling_rate=0.4, batch_size=8, dataset_size=375, local_steps=2)  # 4 of 10 clients; 375 each
     want = [2 * adaptive_gdp.noise_scale(t, 0.25, **setting) / (8 * np.sqrt(2)) for t in (1, 2, 3)]
     assert privacy["formal"] is True and privacy["noise_multipliers"] == pytest.approx(sorted(want), rel=1e-6)
+    assert privacy["accounting"]["per_client_mu"] == [0.25] * c.data.num_clients  # mu set the schedule that ran
 
 
 def test_heterogeneous_mu_reaches_the_right_clients_and_no_client_exceeds_its_budget(tmp_path):

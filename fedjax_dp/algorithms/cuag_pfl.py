@@ -180,12 +180,16 @@ class CuagTracker(PrivacyTracker):
         self.calibrated, self.shape = calibrated_to_budget(c), c.sound_noise
         paper_noise = next((t for t in uploads if isinstance(t, CuagPaperNoise)), None)  # the transform that runs
         self.fixed_sigma = paper_noise.fixed_sigma if paper_noise and paper_noise.fixed_sigma else None  # Table 5
+        # mu_n set the noise only as a budget (sound, calibrated), as the target of Alg. 4's sigma_t schedule (paper
+        # mode, or sound with cuag.sigma='schedule'); with sigma or z held fixed they set nothing and are not reported
+        self.mus_set_noise = (self.calibrated or (c.mode == "paper" and self.fixed_sigma is None)
+                              or (c.mode == "sound" and parse_sigma(c.sigma) == "schedule"))
 
     def report(self):
         report = super().report()
         all_eps = self.ledger.epsilons()
         report.accounting.update({"per_client_epsilon": [float(e) for e in all_eps],
-                                  "per_client_mu": [float(m) for m in self.mus],
+                                  "per_client_mu": [float(m) for m in self.mus] if self.mus_set_noise else None,
                                   "per_client_participations": [int(k) for k in self.ledger.participations]})
         report.epsilons.update(self.participant_epsilons())
         delta = self.cfg.delta
@@ -207,6 +211,9 @@ class CuagTracker(PrivacyTracker):
         elif not self.calibrated:
             report.notes.append("sound mode with fixed noise (cuag.noise_multiplier or cuag.sigma): no budget; the "
                                 "epsilons listed are the exact composition of the participations each client ran")
+        if not self.mus_set_noise:
+            report.notes.append("cuag.mu / cuag.client_mu set no part of this run's noise (sigma or z held fixed), so "
+                                "accounting.per_client_mu is null")
         else:
             report.notes.append(
                 f"sound mode: each client's noise is calibrated so that {self.participations} participations spend its "

@@ -347,6 +347,7 @@ def test_paper_mode_names_the_papers_claim_only_for_the_sigma_t_schedule_it_was_
         assert "held fixed" in notes and "the paper claims mu" not in notes
     # the paper's mu sets the sigma_t schedule; at a fixed sigma it sets nothing and is not listed per client
     assert privacy["accounting"]["per_client_mu"] == ([0.25] * c.data.num_clients if claims else None)
+    assert "each client's noise is calibrated" not in notes  # no note of the sound mode's budget in a paper-mode run
 
 
 def test_the_sigma_t_schedule_at_a_fixed_clip_is_accounted_round_by_round(tmp_path):
@@ -359,6 +360,7 @@ def test_the_sigma_t_schedule_at_a_fixed_clip_is_accounted_round_by_round(tmp_pa
     want = [2 * adaptive_gdp.noise_scale(t, 0.25, **setting) / (8 * np.sqrt(2)) for t in (1, 2, 3)]
     assert privacy["formal"] is True and privacy["noise_multipliers"] == pytest.approx(sorted(want), rel=1e-6)
     assert privacy["accounting"]["per_client_mu"] == [0.25] * c.data.num_clients  # mu set the schedule that ran
+    assert "each client's noise is calibrated" not in " ".join(privacy["notes"])  # fixed noise, accounted: no budget
 
 
 def test_heterogeneous_mu_reaches_the_right_clients_and_no_client_exceeds_its_budget(tmp_path):

@@ -211,9 +211,6 @@ class CuagTracker(PrivacyTracker):
         elif not self.calibrated:
             report.notes.append("sound mode with fixed noise (cuag.noise_multiplier or cuag.sigma): no budget; the "
                                 "epsilons listed are the exact composition of the participations each client ran")
-        if not self.mus_set_noise:
-            report.notes.append("cuag.mu / cuag.client_mu set no part of this run's noise (sigma or z held fixed), so "
-                                "accounting.per_client_mu is null")
         else:
             report.notes.append(
                 f"sound mode: each client's noise is calibrated so that {self.participations} participations spend its "
@@ -221,6 +218,9 @@ class CuagTracker(PrivacyTracker):
                     ", with z_t proportional to Alg. 4's sigma_t (any K participations fit the budget)"
                     if self.shape == "sigma_t" else "") + "; a client whose next participation would exceed it is no "
                 "longer sampled.")
+        if not self.mus_set_noise:
+            report.notes.append("cuag.mu / cuag.client_mu set no part of this run's noise (sigma or z held fixed), so "
+                                "accounting.per_client_mu is null")
         return report
 
 

@@ -118,6 +118,21 @@ def test_14_conflicting_or_hopeless_dp_settings_are_refused_by_name():
     assert "is not 'round:z'" in _refusal(dp__noise_schedule="1:x")
 
 
+def test_a_noise_multiplier_that_calibration_or_a_schedule_would_replace_is_refused():
+    """Bug (found 2026-11-29 by a new-user trial): ``dp.noise_multiplier=1.3`` on ``dp_fedavg_mnist``, whose
+    ``dp.calibrate_epsilon=8`` chooses z, ran z = 0.717 without a word (the same with ``dp.noise_schedule``);
+    its epsilon was true, but the run was not the one asked for. Now it is refused naming both keys."""
+    import fedjax_dp
+
+    message = _refusal(dp__calibrate_epsilon=8.0, dp__noise_multiplier=1.3)
+    assert "dp.noise_multiplier=1.3 would not be used: dp.calibrate_epsilon=8.0 chooses z" in message
+    message = _refusal(dp__noise_schedule="1:1.0,50:0.8", dp__noise_multiplier=0.5)
+    assert "dp.noise_multiplier=0.5 would not be used: dp.noise_schedule='1:1.0,50:0.8' chooses z" in message
+    with pytest.raises(ValueError, match="set dp.calibrate_epsilon=0 to run z = 1.3"):
+        fedjax_dp.Experiment("dp_fedavg_mnist", {"dp.noise_multiplier": 1.3})
+    fedjax_dp.Experiment("dp_fedavg_mnist", {"dp.noise_multiplier": 1.3, "dp.calibrate_epsilon": 0.0})
+
+
 def test_13_pld_discretisation_is_a_parameter_checked_against_dp_accounting():
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant

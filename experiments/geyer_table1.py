@@ -49,12 +49,13 @@ def rounds_until_stop(k: int, m: int, q_budget: float, sampling: str, kind: str,
 
 
 def variants(k: int):
-    """(name, config overrides) trained for one K."""
-    rows = [("DP, fixed m, RDP (authors' sampling, sound accounting)", {}),
-            ("DP, fixed m, z=2, RDP (same effective noise as Poisson z=1)", {"dp.noise_multiplier": 2.0}),
-            ("DP, Poisson q=m/K, PLD", {"sampling.method": "poisson", "dp.accountant": "pld"})]
+    """(name, ``geyer_mnist`` argument, config overrides) trained for one K."""
+    rows = [("DP, fixed m, RDP (authors' sampling, sound accounting)", f"{k}", {}),
+            ("DP, fixed m, z=2, RDP (same effective noise as Poisson z=1)", f"{k}", {"dp.noise_multiplier": 2.0}),
+            ("DP, Poisson q=m/K, PLD", f"{k}:poisson", {})]
     if k == 100:
-        rows.append(("non-DP FedAvg (reference)", {"algorithm": "fedavg", "rounds": 100, "dp": default_config().dp}))
+        rows.append(("non-DP FedAvg (reference)", f"{k}",
+                     {"algorithm": "fedavg", "rounds": 100, "dp": default_config().dp}))
     return rows
 
 
@@ -63,8 +64,8 @@ def apply(cfg, overrides: dict):
     return cfg
 
 
-def run_config(args, k: int, overrides: dict):
-    return apply(geyer_mnist.get_config(str(k)), {"data.data_dir": args.data_dir, "rounds": args.max_rounds, **overrides})
+def run_config(args, spec: str, overrides: dict):
+    return apply(geyer_mnist.get_config(spec), {"data.data_dir": args.data_dir, "rounds": args.max_rounds, **overrides})
 
 
 def plot(curves: dict, path: str, key: str, ylabel: str):
@@ -93,8 +94,8 @@ def main():
     parser.add_argument("--max-rounds", type=int, default=1000)
     parser.add_argument("--skip-training", action="store_true")
     args = parser.parse_args()
-    runs = checked_runs(parser, lambda: [(f"K={k} {name}", run_config(args, k, overrides), k, name)
-                                         for k in args.clients for name, overrides in variants(k)])
+    runs = checked_runs(parser, lambda: [(f"K={k} {name}", run_config(args, spec, overrides), k, name)
+                                         for k in args.clients for name, spec, overrides in variants(k)])
     os.makedirs(args.out, exist_ok=True)
     report = {"epsilon": EPSILON, "stop_rounds": {}, "runs": []}
     curves = {}

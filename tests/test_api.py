@@ -35,6 +35,22 @@ def test_experiment_refuses_a_typo_naming_the_closest_key_before_loading(monkeyp
         cfg.dp.noise_multipler = 2.0
 
 
+def test_a_sampling_key_the_chosen_method_does_not_read_is_refused():
+    """Bug (found 2026-11-29 by a new-user trial): ``sampling.cohort_size=50`` under Poisson sampling
+    (``dp_fedavg_mnist``), or ``sampling.rate=0.5`` under uniform sampling (``fedavg_mnist``), ran the
+    configured method's own cohort without a word. Now each is refused naming the key and the method."""
+    with pytest.raises(ValueError, match=r"sampling.cohort_size=50 is not read by sampling.method='poisson'"):
+        fedjax_dp.Experiment("dp_fedavg_mnist", {"sampling.cohort_size": 50})
+    with pytest.raises(ValueError, match=r"sampling.rate=0.5 is not read by sampling.method='uniform'"):
+        fedjax_dp.Experiment("fedavg_mnist", {"sampling.rate": 0.5})
+    fedjax_dp.Experiment("fedavg_mnist", {"sampling.cohort_size": 20})
+    fedjax_dp.Experiment("fedavg_mnist", {"sampling.rate": 0.5, "sampling.method": "poisson"})
+    from fedjax_dp.training.config_validation import validate_config
+
+    for name in fedjax_dp.configs.names():  # every shipped config sets only what its method reads
+        validate_config(fedjax_dp.configs.get(name))
+
+
 def test_an_override_of_the_wrong_type_names_the_key_and_a_number_for_a_text_key_is_taken():
     with pytest.raises(ValueError, match=r"config key 'rounds' expects int \(default 40\), got 'many'"):
         fedjax_dp.Experiment("dp_fedavg_mnist", {"rounds": "many"})

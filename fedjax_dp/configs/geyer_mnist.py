@@ -8,7 +8,8 @@ MLP 784-600-100-10. Local training: E = 1 epoch of batch 10, lr 0.1 (our choice;
 state it). Clipping: private adaptive quantile clipping at the median (Andrew et al. 2021), the sound
 analogue of the paper's median S (``--config.dp.clip=median`` runs the paper's non-private rule).
 Sampling: exactly m clients (as the authors' code does), accounted correctly as replace-one with
-RDP; ``--config.sampling.method=poisson --config.dp.accountant=pld`` gives the Poisson variant.
+RDP; ``--config=geyer_mnist:K:poisson`` gives the Poisson variant (each client with probability
+q = m/K, add/remove-one, PLD).
 The MNIST files are read from ``data.data_dir`` (default ``$FEDJAX_DP_DATA/mnist`` or ``../shared/data/mnist``).
 """
 
@@ -18,10 +19,14 @@ from fedjax_dp.training.default_config import default_config
 SETTINGS = {100: (30, 1e-3), 1000: (100, 1e-5), 10000: (300, 1e-6)}
 
 
-def get_config(clients: str = "100"):
+def get_config(spec: str = "100"):
+    """``spec``: "K" (exactly m clients a round) or "K:poisson" (probability m/K, PLD)."""
+    clients, _, sampling = spec.partition(":")
     k = int(clients)
     if k not in SETTINGS:
         raise ValueError(f"K must be one of {sorted(SETTINGS)}, got {k}")
+    if sampling not in ("", "poisson"):
+        raise ValueError(f"only ':poisson' may follow K (geyer_mnist:K[:poisson]), got {sampling!r}")
     m, q_budget = SETTINGS[k]
     c = default_config()
     c.algorithm = "dp_fedavg"
@@ -31,7 +36,10 @@ def get_config(clients: str = "100"):
     c.data.partition, c.data.num_clients, c.data.shards_per_client, c.data.test_fraction = "shards", k, 2, 0.0
     c.model.name = "mlp_600_100"
     c.client.learning_rate, c.client.batch_size, c.client.epochs = 0.1, 10, 1
-    c.sampling.method, c.sampling.cohort_size, c.sampling.rate = "uniform", m, m / k
+    if sampling == "poisson":
+        c.sampling.method, c.sampling.rate, c.dp.accountant = "poisson", m / k, "pld"
+    else:
+        c.sampling.method, c.sampling.cohort_size = "uniform", m
     c.dp.noise_multiplier, c.dp.clip, c.dp.clip_norm = 1.0, "adaptive", 1.0
     c.dp.delta = q_budget
     c.dp.target_epsilon, c.dp.max_delta = 8.0, q_budget

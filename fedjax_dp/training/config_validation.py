@@ -95,12 +95,7 @@ def validate_config(cfg) -> None:
     sd = cfg.server_data
     need(0 < sd.fraction <= 1, f"server_data.fraction must lie in (0, 1], got {sd.fraction}")
     need(sd.overlap < 0 or sd.overlap <= 1, f"server_data.overlap must be < 0 (IID) or in [0, 1], got {sd.overlap}")
-    need(cfg.sampling.method in ("uniform", "poisson"), f"sampling.method {cfg.sampling.method!r} unknown; use uniform or poisson")
-    if cfg.sampling.method == "uniform":
-        need(1 <= cfg.sampling.cohort_size <= cfg.data.num_clients,
-             f"sampling.cohort_size must lie in [1, data.num_clients={cfg.data.num_clients}], got {cfg.sampling.cohort_size}")
-    else:
-        need(0 < cfg.sampling.rate <= 1, f"sampling.rate q must lie in (0, 1], got {cfg.sampling.rate}")
+    _validate_sampling(cfg, need)
     e = cfg.engine
     need(e.strategy in STRATEGIES + ("auto",), f"engine.strategy {e.strategy!r} unknown; available: {STRATEGIES + ('auto',)}")
     need(e.strategy != "chunked" or e.chunk_size >= 1, f"engine.chunk_size must be >= 1 for 'chunked', got {e.chunk_size}")
@@ -117,6 +112,22 @@ def validate_config(cfg) -> None:
     registry.validate(cfg, need)  # the algorithm's own section, and sections it does not read left alone
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
+
+
+def _validate_sampling(cfg, need) -> None:
+    """Uniform sampling reads ``cohort_size`` m, Poisson sampling ``rate`` q; the other key, set away
+    from its default, would be ignored, so it is refused."""
+    s, defaults = cfg.sampling, default_config().sampling
+    need(s.method in ("uniform", "poisson"), f"sampling.method {s.method!r} unknown; use uniform or poisson")
+    if s.method == "uniform":
+        need(1 <= s.cohort_size <= cfg.data.num_clients,
+             f"sampling.cohort_size must lie in [1, data.num_clients={cfg.data.num_clients}], got {s.cohort_size}")
+    elif s.method == "poisson":
+        need(0 < s.rate <= 1, f"sampling.rate q must lie in (0, 1], got {s.rate}")
+    for method, unread, reader in (("uniform", "rate", "poisson"), ("poisson", "cohort_size", "uniform")):
+        need(s.method != method or s[unread] == defaults[unread],
+             f"sampling.{unread}={s[unread]} is not read by sampling.method={method!r}: set "
+             f"sampling.method={reader!r} to use it, or sampling.{unread}={defaults[unread]} (its default)")
 
 
 def _refuse_unknown_keys(cfg, defaults, prefix: str, need, root=None) -> None:

@@ -13,6 +13,7 @@ data is loaded).
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -86,6 +87,9 @@ def _one_line(error: BaseException) -> str:
         from fedjax_dp.training.default_config import default_config
 
         return configs.unknown_key_message(unknown.group(1).removeprefix("config."), default_config())
+    raised = _raised_by_get_config(error)
+    if raised is not None:
+        return f"--config={_shipped_name(text)}: {raised}"
     locked = re.search(r'Key "(\w+)" does not exist', text)
     if locked:
         where = [f"{frame.filename}:{frame.lineno}" for frame in traceback.extract_tb(error.__traceback__)
@@ -94,6 +98,26 @@ def _one_line(error: BaseException) -> str:
         hint = f'; did you mean "{close.group(1)}"?' if close else ""
         return f'{where[-1] + ": " if where else ""}unknown config key "{locked.group(1)}"{hint}'
     return " ".join(text.split())[:600]
+
+
+def _raised_by_get_config(error: BaseException) -> str | None:
+    """The message a config file's ``get_config`` raised, which ml_collections and absl wrap in a
+    traceback's text; None when the error came from elsewhere."""
+    inner = error
+    while inner.__cause__ or inner.__context__:
+        inner = inner.__cause__ or inner.__context__
+    frames = traceback.extract_tb(inner.__traceback__)
+    return str(inner) if inner is not error and any(f.name == "get_config" for f in frames) else None
+
+
+def _shipped_name(text: str) -> str:
+    """``--config``'s value as the user wrote it: a shipped file's path back to its name."""
+    flag = re.search(r"flag --config=(\S+?): ", text)
+    spec = flag.group(1) if flag else "?"
+    file, _, argument = spec.partition(".py")
+    if os.path.dirname(file) == configs.PACKAGE_DIR:
+        return os.path.basename(file) + argument
+    return spec
 
 
 def _unknown_override(argv: list[str]) -> str | None:

@@ -74,6 +74,17 @@ def test_an_unknown_config_name_suggests_the_closest(tmp_path):
     assert out.returncode == 2 and "did you mean 'dp_fedavg_mnist'?" in out.stderr
 
 
+def test_a_bad_config_argument_is_one_line_with_the_config_files_own_message(tmp_path):
+    """Found 2026-11-29: ``--config=geyer_mnist:999`` printed ml_collections' whole traceback flattened into
+    one line; the message get_config raised is what a user needs."""
+    for spec, message in (("geyer_mnist:999", "K must be one of [100, 1000, 10000], got 999"),
+                          ("geyer_mnist:100:poison", "only ':poisson' may follow K (geyer_mnist:K[:poisson]), got 'poison'")):
+        out = run_cli(f"--workdir={tmp_path}/g", cwd=tmp_path, config=spec)
+        assert out.returncode == 2
+        assert out.stderr.strip() == f"error: --config={spec}: {message}"
+    assert not os.path.exists(tmp_path / "g")
+
+
 def test_invalid_config_lists_every_error_before_loading(tmp_path):
     out = run_cli("--config.rounds=0", "--config.client.batch_size=0", "--config.sampling.cohort_size=500",
                   "--config.data.partition=bogus", "--config.engine.stream_clients=-1", "--config.engine.max_replicated_gb=-2",

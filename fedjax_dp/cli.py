@@ -133,6 +133,11 @@ def _unknown_override(argv: list[str]) -> str | None:
     return None
 
 
+def _override_keys(argv: list[str]) -> tuple[str, ...]:
+    """The dotted keys of the ``--config.KEY=VALUE`` (and ``--[no]config.KEY``) overrides."""
+    return tuple(m.group(1) for m in (re.match(r"--(?:no)?config\.([^=]+)", a) for a in argv[1:]) if m)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "--helpfull", "help") for a in argv[1:]):
@@ -153,9 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
     from fedjax_dp.experiment import Experiment, SeedsSummary
+    from fedjax_dp.training.config_validation import validate_config
 
     workdir = _WORKDIR.value or f"results/{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
+        validate_config(cfg, overridden=_override_keys(argv))  # what Experiment checks, and the overrides
         experiment = Experiment(cfg)
         options = dict(overwrite=_OVERWRITE.value, progress=_PROGRESS.value, tensorboard=_TENSORBOARD.value,
                        verbose=_VERBOSE.value)

@@ -41,7 +41,7 @@ class Experiment:
             cfg.lock()
             for key, value in (overrides or {}).items():
                 configs.set_value(cfg, key, value)
-        validate_config(cfg)
+        validate_config(cfg, overridden=tuple(overrides or ()))
         self.config = cfg
 
     def run(self, workdir: str | None = None, *, overwrite: bool = False, progress: bool = True,

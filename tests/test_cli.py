@@ -85,6 +85,16 @@ def test_a_bad_config_argument_is_one_line_with_the_config_files_own_message(tmp
     assert not os.path.exists(tmp_path / "g")
 
 
+def test_an_override_on_the_command_line_that_nothing_reads_is_refused(tmp_path):
+    """``--config.sampling.cohort_size=50`` under the config's Poisson sampling ran q K clients a round
+    without a word (found 2026-11-29); now exit 2 naming the key, before any data or workdir."""
+    out = run_cli("--config.sampling.cohort_size=50", f"--workdir={tmp_path}/c", cwd=tmp_path, config="dp_fedavg_mnist")
+    assert out.returncode == 2
+    assert ("sampling.cohort_size=50 is not read while sampling.method='poisson' (only with sampling.method "
+            "'uniform'): change sampling.method or drop sampling.cohort_size") in out.stderr
+    assert not os.path.exists(tmp_path / "c")
+
+
 def test_invalid_config_lists_every_error_before_loading(tmp_path):
     out = run_cli("--config.rounds=0", "--config.client.batch_size=0", "--config.sampling.cohort_size=500",
                   "--config.data.partition=bogus", "--config.engine.stream_clients=-1", "--config.engine.max_replicated_gb=-2",

@@ -120,17 +120,19 @@ def test_14_conflicting_or_hopeless_dp_settings_are_refused_by_name():
 
 def test_a_noise_multiplier_that_calibration_or_a_schedule_would_replace_is_refused():
     """Bug (found 2026-11-29 by a new-user trial): ``dp.noise_multiplier=1.3`` on ``dp_fedavg_mnist``, whose
-    ``dp.calibrate_epsilon=8`` chooses z, ran z = 0.717 without a word (the same with ``dp.noise_schedule``);
-    its epsilon was true, but the run was not the one asked for. Now it is refused naming both keys."""
+    ``dp.calibrate_epsilon=8`` chooses z, ran z = 0.717 without a word (the same beside ``dp.noise_schedule``);
+    its epsilon was true, but the run was not the one asked for. Now the override is refused naming both keys."""
     import fedjax_dp
 
-    message = _refusal(dp__calibrate_epsilon=8.0, dp__noise_multiplier=1.3)
-    assert "dp.noise_multiplier=1.3 would not be used: dp.calibrate_epsilon=8.0 chooses z" in message
-    message = _refusal(dp__noise_schedule="1:1.0,50:0.8", dp__noise_multiplier=0.5)
-    assert "dp.noise_multiplier=0.5 would not be used: dp.noise_schedule='1:1.0,50:0.8' chooses z" in message
-    with pytest.raises(ValueError, match="set dp.calibrate_epsilon=0 to run z = 1.3"):
+    with pytest.raises(ValueError) as error:
         fedjax_dp.Experiment("dp_fedavg_mnist", {"dp.noise_multiplier": 1.3})
-    fedjax_dp.Experiment("dp_fedavg_mnist", {"dp.noise_multiplier": 1.3, "dp.calibrate_epsilon": 0.0})
+    assert ("dp.noise_multiplier=1.3 is not read while dp.calibrate_epsilon=8.0 (only with dp.calibrate_epsilon "
+            "0.0): change dp.calibrate_epsilon or drop dp.noise_multiplier") in str(error.value)
+    with pytest.raises(ValueError, match=r"dp.noise_multiplier=0.5 is not read while dp.noise_schedule='1:1.0,50:0.8'"):
+        fedjax_dp.Experiment("fedavg_mnist", {"algorithm": "dp_fedavg", "dp.noise_schedule": "1:1.0,50:0.8",
+                                              "dp.noise_multiplier": 0.5})
+    ran = fedjax_dp.Experiment("dp_fedavg_mnist", {"dp.noise_multiplier": 1.3, "dp.calibrate_epsilon": 0.0})
+    assert ran.config.dp.noise_multiplier == 1.3
 
 
 def test_13_pld_discretisation_is_a_parameter_checked_against_dp_accounting():

@@ -42,11 +42,6 @@ def check_dp(cfg, need) -> None:
          "client noises itself) with local noise")
     need(not (dp.calibrate_epsilon and dp.noise_schedule),
          f"dp.calibrate_epsilon={dp.calibrate_epsilon} and dp.noise_schedule={dp.noise_schedule!r} both choose z; set one")
-    if dp.noise_multiplier != DP_DEFAULTS["noise_multiplier"]:  # a z set by hand that another key would replace
-        for key, off in (("calibrate_epsilon", "0"), ("noise_schedule", "''")):
-            need(not dp[key], f"dp.noise_multiplier={dp.noise_multiplier} would not be used: dp.{key}={dp[key]!r} "
-                              f"chooses z; set dp.{key}={off} to run z = {dp.noise_multiplier}, or leave "
-                              "dp.noise_multiplier at its default")
     if dp.calibrate_epsilon > 0 and 0 < dp.delta < 1 and cfg.rounds >= 1 and cfg.data.num_clients >= 1:
         try:  # cached: the build calibrates with the same arguments
             calibrated_noise_multiplier(cfg, cfg.data.num_clients)
@@ -101,7 +96,7 @@ def first_round_spends(cfg, z: float):
     return "dp.max_delta", accountant.delta(dp.target_epsilon), dp.max_delta
 
 
-DP_DEFAULTS = {
+registry.register_section("dp", {
     "noise_multiplier": 1.0,  # z: noise std on the clipped sum / S
     "noise_schedule": "",  # piecewise-constant z_t, e.g. "1:1.2,100:1.0"
     "calibrate_epsilon": 0.0,  # > 0: choose z so that `rounds` rounds spend this epsilon at `delta`
@@ -115,5 +110,4 @@ DP_DEFAULTS = {
     "delta": 1e-5,
     "target_epsilon": 0.0, "max_delta": 0.0,  # Geyer's stop: delta(target_epsilon) would exceed Q
     "max_epsilon": 0.0,  # stop when epsilon(delta) would exceed this
-    "client_epsilon_budget": 0.0}  # per-client budget (ledger); 0 = none
-registry.register_section("dp", DP_DEFAULTS)
+    "client_epsilon_budget": 0.0})  # per-client budget (ledger); 0 = none

@@ -17,6 +17,7 @@ from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES, PENULTIMATE_MODELS
 from fedjax_dp.models.conv import CONV_IMPLS
 from fedjax_dp.models.pfl_cnn import check_input_shape
 from fedjax_dp.training.default_config import default_config
+from fedjax_dp.training.unread_keys import check_unread_keys
 
 
 KNOWN_INPUT_SHAPES = {"mnist_5k": (28, 28, 1), "mnist": (28, 28, 1), "femnist": (28, 28, 1),
@@ -24,8 +25,9 @@ KNOWN_INPUT_SHAPES = {"mnist_5k": (28, 28, 1), "mnist": (28, 28, 1), "femnist": 
 """Example shapes known from a source's name alone, so a model that cannot take them is refused before loading."""
 
 
-def validate_config(cfg) -> None:
-    """Raises ``ValueError`` listing each invalid value of ``cfg`` (not only the first)."""
+def validate_config(cfg, overridden=()) -> None:
+    """Raises ``ValueError`` listing each invalid value of ``cfg`` (not only the first); ``overridden``:
+    the dotted keys a user set over the config (refused where ``cfg`` does not read them)."""
     errors = []
 
     def need(ok: bool, message: str):
@@ -109,25 +111,21 @@ def validate_config(cfg) -> None:
          f"engine.max_replicated_gb must be a number >= 0 (0 = never copy: one device), got {e.max_replicated_gb!r}")
     need(e.deferred_dense in DEFERRED_DENSE, f"engine.deferred_dense {e.deferred_dense!r} unknown; available: {DEFERRED_DENSE}")
     _refuse_unknown_keys(cfg, default_config(), "", need)
+    check_unread_keys(cfg, overridden, need)  # an override where the chosen value of another key does not read it
     registry.validate(cfg, need)  # the algorithm's own section, and sections it does not read left alone
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
 
 
 def _validate_sampling(cfg, need) -> None:
-    """Uniform sampling reads ``cohort_size`` m, Poisson sampling ``rate`` q; the other key, set away
-    from its default, would be ignored, so it is refused."""
-    s, defaults = cfg.sampling, default_config().sampling
+    """Uniform sampling's ``cohort_size`` m, Poisson sampling's ``rate`` q (the other key: ``unread_keys``)."""
+    s = cfg.sampling
     need(s.method in ("uniform", "poisson"), f"sampling.method {s.method!r} unknown; use uniform or poisson")
     if s.method == "uniform":
         need(1 <= s.cohort_size <= cfg.data.num_clients,
              f"sampling.cohort_size must lie in [1, data.num_clients={cfg.data.num_clients}], got {s.cohort_size}")
     elif s.method == "poisson":
         need(0 < s.rate <= 1, f"sampling.rate q must lie in (0, 1], got {s.rate}")
-    for method, unread, reader in (("uniform", "rate", "poisson"), ("poisson", "cohort_size", "uniform")):
-        need(s.method != method or s[unread] == defaults[unread],
-             f"sampling.{unread}={s[unread]} is not read by sampling.method={method!r}: set "
-             f"sampling.method={reader!r} to use it, or sampling.{unread}={defaults[unread]} (its default)")
 
 
 def _refuse_unknown_keys(cfg, defaults, prefix: str, need, root=None) -> None:

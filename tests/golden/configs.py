@@ -41,7 +41,7 @@ def configs() -> dict:
     """name -> config; each one a configuration that existed before the refactor."""
     out = {
         "fedavg": _base(),
-        "fedavg_poisson": _with(_base(), sampling__method="poisson", sampling__rate=0.3, sampling__cohort_size=10),
+        "fedavg_poisson": _with(_base(), sampling__method="poisson", sampling__rate=0.3),
         "fedavg_server_momentum": _with(_base(), server__momentum=0.9, server__learning_rate=0.5,
                                         client__lr_decay=0.9),
         "fedprox": _with(_base(), algorithm="fedprox", fedprox__mu=0.5),
@@ -60,12 +60,11 @@ def configs() -> dict:
         "dp_central_median": _dp("median"),
         "dp_local_fixed": _dp(noise_mode="local"),
         "dp_local_per_layer": _dp("per_layer", noise_mode="local"),
-        "dp_poisson_pld": _with(_dp(accountant="pld"), sampling__method="poisson", sampling__rate=0.3,
-                                sampling__cohort_size=10),  # the default: Poisson reads the rate
-        "dp_schedule_budget": _dp(noise_schedule="1:0.8,2:1.2", max_epsilon=30.0, noise_multiplier=1.0),  # z: schedule
+        "dp_poisson_pld": _with(_dp(accountant="pld"), sampling__method="poisson", sampling__rate=0.3),
+        "dp_schedule_budget": _dp(noise_schedule="1:0.8,2:1.2", max_epsilon=30.0),
         "dp_geyer_stop": _with(_dp(target_epsilon=6.0, max_delta=1e-5, noise_multiplier=2.5), rounds=8),
         "dp_client_budget": _with(_dp(client_epsilon_budget=6.0, noise_multiplier=2.0), rounds=6),
-        "dp_calibrated": _dp(calibrate_epsilon=5.0, noise_multiplier=1.0),  # z: calibrated
+        "dp_calibrated": _dp(calibrate_epsilon=5.0),
         "dp_uga": _with(_dp(), algorithm="dp_uga", client__epochs=2),
         "dp_fedmeta": _with(_dp(), fedmeta__enabled=True, fedmeta__learning_rate=0.05, server_data__fraction=0.02),
         "compression_dynamic": _with(_base(), compression__enabled=True),

@@ -1,0 +1,76 @@
+"""Overrides of keys that are read only under another key's value. Such an override, where nothing
+reads it, would be ignored without a word (``sampling.cohort_size=50`` under Poisson sampling ran q K
+clients a round; ``dp.noise_multiplier=1.3`` beside ``dp.calibrate_epsilon=8`` ran the calibrated z),
+so the configuration check refuses it, naming the key, its value and what would read it.
+
+Only overrides are checked (``Experiment(config, overrides)``, ``--config.KEY=VALUE``): a shipped
+config may hold values for an option it leaves off (``uga_fedmeta_*``: FedMeta's rates, for
+``fedmeta.enabled=True``). Sections the chosen algorithm does not read at all are the registry's to
+refuse (``algorithms.registry.validate``); an on/off section (``compression``, the wrappers such as
+``fedmeta``) is read only with ``enabled=True``.
+"""
+
+from __future__ import annotations
+
+from fedjax_dp.algorithms import registry
+
+ADAPTIVE_CLIPS = ("adaptive", "per_layer_adaptive")
+
+READ_ONLY_WHEN = (
+    # (key, the key that decides, the values under which the first key is read)
+    ("sampling.cohort_size", "sampling.method", ("uniform",)),
+    ("sampling.rate", "sampling.method", ("poisson",)),
+    ("data.alpha", "data.partition", ("dirichlet",)),
+    ("data.shards_per_client", "data.partition", ("shards",)),
+    ("data.classes_per_client", "data.partition", ("acid", "alid")),
+    ("client.momentum", "client.optimizer", ("sgd",)),
+    ("server.momentum", "server.optimizer", ("sgd",)),
+    ("engine.chunk_size", "engine.strategy", ("chunked",)),
+    ("dp.noise_multiplier", "dp.calibrate_epsilon", (0.0,)),  # calibration chooses z
+    ("dp.noise_multiplier", "dp.noise_schedule", ("",)),  # the schedule gives z_t
+    ("dp.target_quantile", "dp.clip", ADAPTIVE_CLIPS),  # Andrew et al. 2021's gamma and eta
+    ("dp.clip_learning_rate", "dp.clip", ADAPTIVE_CLIPS),
+    ("cuag.clip_norm", "cuag.mode", ("sound",)),  # paper mode clips each layer at its own norm (Alg. 4)
+    ("cuag.participations", "cuag.mode", ("sound",)),
+    ("cuag.target_quantile", "cuag.adaptive_clip", (True,)),
+    ("cuag.clip_learning_rate", "cuag.adaptive_clip", (True,)),
+    ("cuag.count_noise_std", "cuag.adaptive_clip", (True,)),
+)
+"""The generic sections' and the algorithm sections' conditional keys (checked against the source:
+each is read nowhere else)."""
+
+
+def _value(cfg, dotted: str):
+    section, key = dotted.split(".")
+    return cfg[section][key]
+
+
+def _expand(cfg, overridden) -> list[str]:
+    """Dotted leaf keys of ``overridden`` (a whole section stands for each of its keys)."""
+    keys = []
+    for key in overridden:
+        node = cfg.get(key) if "." not in key else None
+        keys += [f"{key}.{leaf}" for leaf in node.keys()] if hasattr(node, "keys") else [key]
+    return keys
+
+
+def check_unread_keys(cfg, overridden, need) -> None:
+    """``need(False, message)`` for each overridden key that ``cfg`` does not read: one of
+    ``READ_ONLY_WHEN`` while its deciding key holds a value that does not read it, or a key of an
+    on/off section that is off."""
+    entry = registry.get(cfg.algorithm) if cfg.algorithm in registry.names() else None
+    owned, switched = set(registry.sections()), ("compression", *(w.name for w in registry.wrappers()))
+    conditions = {}
+    for key, decider, reading in READ_ONLY_WHEN:
+        conditions.setdefault(key, []).append((decider, reading))
+    for key in _expand(cfg, overridden):
+        section, _, leaf = key.partition(".")
+        if section in owned and section not in switched and (entry is None or section not in entry.sections):
+            continue
+        for decider, reading in conditions.get(key, ()):
+            decided = _value(cfg, decider)
+            need(decided in reading, f"{key}={_value(cfg, key)!r} is not read while {decider}={decided!r} (only with "
+                                     f"{decider} {' or '.join(map(repr, reading))}): change {decider} or drop {key}")
+        if section in switched and leaf != "enabled" and not cfg[section].enabled:
+            need(False, f"{key}={_value(cfg, key)!r} is not read while {section}.enabled=False: set "
+                        f"{section}.enabled=True to use it, or drop {key}")

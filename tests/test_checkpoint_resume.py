@@ -95,6 +95,18 @@ def test_resume_needs_a_checkpoint_and_the_same_config(tmp_path):
         run_experiment(c, str(tmp_path / "d"), progress=False, resume=True)
 
 
+def test_a_resume_with_another_config_is_refused_before_data_or_checkpoint_is_read(tmp_path, monkeypatch):
+    """Bug (found 2026-11-29 by a new-user trial): ``--resume`` of a FedAvg workdir with a DP-FedAvg config
+    failed inside orbax's restore (a page of "Source: <class 'list'> / Target: ...ValueMetadataEntry"),
+    because the config was compared only after the data was loaded and the checkpoint read."""
+    c = _config("fedavg")
+    c.rounds = 2
+    run_experiment(c, str(tmp_path / "d"), progress=False)
+    monkeypatch.setattr(loop_module, "build_dataset", lambda *a: pytest.fail("data was loaded"))
+    with pytest.raises(ValueError, match="config.json differs .*algorithm: saved 'fedavg', now 'dp_fedavg'"):
+        run_experiment(_config("dp_fedavg"), str(tmp_path / "d"), progress=False, resume=True)
+
+
 def test_a_run_from_before_a_config_key_existed_resumes_while_the_key_keeps_its_default(tmp_path):
     """Bug: a Table 7 run checkpointed before ``compression.refresh`` and ``error_feedback`` were added could
     not be resumed after (its config.json lacked them: "config.json differs"). A key the saved config lacks

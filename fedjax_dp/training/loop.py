@@ -60,6 +60,9 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     ``tensorboard`` also writes every round's scalars under ``<workdir>/tensorboard`` (tensorboardX).
     """
     validate_config(cfg)
+    if resume:  # before the data and the checkpoint are read: another config cannot restore into this one
+        results.check_resumable(workdir, cfg.copy_and_resolve_references().to_json_best_effort(indent=2),
+                                default_config().to_json_best_effort())
     scalars = TensorBoardScalars(os.path.join(workdir, "tensorboard")) if tensorboard else None
     start = time.perf_counter()
     dataset = build_dataset(cfg.data, cfg.seed)

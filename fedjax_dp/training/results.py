@@ -30,6 +30,22 @@ def config_differences(saved: dict, current: dict, defaults: dict) -> list[str]:
     return differences
 
 
+def check_resumable(workdir: str, config_json: str, defaults_json: str | None = None) -> None:
+    """Raises ``ValueError`` naming the differences if ``workdir``'s ``config.json`` is not this run's
+    config (up to keys added to the library since, left at their defaults in ``defaults_json``); nothing
+    if ``workdir`` holds no ``config.json``."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return  # no run there: the checkpoint's absence is reported where it is read
+    with open(path) as f:
+        saved = json.loads(f.read())
+    defaults = json.loads(defaults_json) if defaults_json else {}
+    differences = config_differences(saved, json.loads(config_json), defaults)
+    if differences:
+        raise ValueError(f"cannot resume {workdir}: its config.json differs from this run's config: "
+                         + "; ".join(differences[:8]) + (" ..." if len(differences) > 8 else ""))
+
+
 class ResultsWriter:
     """Appends one JSON line per round; refuses to overwrite a previous run unless told to."""
 
@@ -41,13 +57,7 @@ class ResultsWriter:
         self.workdir, self.scalars = workdir, scalars
         self.metrics_path = os.path.join(workdir, "metrics.jsonl")
         if append:
-            with open(os.path.join(workdir, "config.json")) as f:
-                saved = json.loads(f.read())
-            defaults = json.loads(defaults_json) if defaults_json else {}
-            differences = config_differences(saved, json.loads(config_json), defaults)
-            if differences:
-                raise ValueError(f"cannot resume {workdir}: its config.json differs from this run's config: "
-                                 + "; ".join(differences[:8]) + (" ..." if len(differences) > 8 else ""))
+            check_resumable(workdir, config_json, defaults_json)
             self._file = open(self.metrics_path, "a")
             return
         if os.path.exists(self.metrics_path) and not overwrite:

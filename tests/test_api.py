@@ -38,8 +38,8 @@ def test_experiment_refuses_a_typo_naming_the_closest_key_before_loading(monkeyp
 def test_an_override_that_the_chosen_value_of_another_key_does_not_read_is_refused(monkeypatch):
     """Bug (found 2026-11-29 by a new-user trial): ``sampling.cohort_size=50`` under Poisson sampling
     (``dp_fedavg_mnist``), ``sampling.rate=0.5`` under uniform sampling, ``data.alpha`` without the
-    Dirichlet partition and ``compression.rates`` with compression off all ran without a word and without
-    effect. Now each override is refused, before any data is loaded, naming the key and what would read it."""
+    Dirichlet partition, ``compression.rates`` with compression off and ``client.epochs`` for CUAG-PFL
+    (P sampled steps) all ran without a word and without effect. Now each override is refused, before any data is loaded, naming the key and what would read it."""
     import fedjax_dp.training.loop as loop
 
     monkeypatch.setattr(loop, "build_dataset", lambda *a: pytest.fail("data was loaded"))
@@ -53,7 +53,11 @@ def test_an_override_that_the_chosen_value_of_another_key_does_not_read_is_refus
              "client.momentum=0.9 is not read while client.optimizer='adam'"),
             ("fedavg_mnist", {"compression.rates": "0.3"},
              "compression.rates='0.3' is not read while compression.enabled=False: set compression.enabled=True"),
-            ("cuag_pfl_cifar10", {"cuag.clip_norm": 2.0}, "cuag.clip_norm=2.0 is not read while cuag.mode='paper'")):
+            ("cuag_pfl_cifar10", {"cuag.clip_norm": 2.0}, "cuag.clip_norm=2.0 is not read while cuag.mode='paper'"),
+            ("cuag_pfl_cifar10", {"client.epochs": 5},
+             "client.epochs=5 is not read by algorithm 'cuag_pfl': its clients run a fixed number of sampled steps"),
+            ("ldp_minibatch_mnist", {"server.learning_rate": 0.5},
+             "server.learning_rate=0.5 is not read by algorithm 'ldp_minibatch': its server step is its own")):
         with pytest.raises(ValueError) as error:
             fedjax_dp.Experiment(name, overrides)
         assert message in str(error.value)

@@ -294,4 +294,5 @@ registry.register_section("cuag", {
     "count_noise_std": 0.0,  # adaptive_clip: sigma_b of each client's local per-layer counts (> 0 required)
     "delta": 1e-5})
 registry.register("cuag_pfl", build=build_cuag, sections=("pfldyn", "cuag"), validate=check_cuag, tracker=make_tracker,
+                  unread=registry.SAMPLED_STEPS + registry.OWN_SERVER_STEP,
                   summary="CUAG-PFL (seed 004): PFLDyn(Proto) + compressed-sensing uploads + adaptive Gaussian DP")

@@ -103,6 +103,6 @@ registry.register_section("dp_scaffold", {
     "delta": 1e-5,
     "accountant": "rdp"})  # rdp | pld: the per-client ledgers
 registry.register("dp_scaffold", build=build_dp_scaffold, sections=("dp_scaffold",), validate=check_dp_scaffold,
-                  tracker=make_tracker,
+                  tracker=make_tracker, unread=registry.SAMPLED_STEPS,
                   summary="DP-SCAFFOLD (Noble et al. 2022): SCAFFOLD with DP-SGD local steps, per-client "
                           "example-level ledgers")

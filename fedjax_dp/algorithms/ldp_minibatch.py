@@ -179,5 +179,6 @@ registry.register_section("ldp", {
     "accountant": "rdp"})  # rdp | pld: the per-client ledger that decides the schedule and stops, and reports
 registry.register("ldp_minibatch", build=build_ldp_minibatch, sections=("ldp",), validate=check_ldp,
                   server_validation=True, tracker=make_tracker,
+                  unread=registry.SAMPLED_STEPS + registry.OWN_SERVER_STEP,
                   summary="Local mini-batch gradient DP with per-client thresholds and history/correlation-weighted "
                           "aggregation (seed 003)")

@@ -195,5 +195,5 @@ registry.register_section("pfldyn", {
     "representation": "output",  # r_W: output (the model's last layer) | penultimate (the authors' code)
     "evaluated_model": "server"})  # server: w^{t+1} (Alg. 1) | client_mean: mean of the clients' latest models
 registry.register("pfldyn_proto", build=lambda ctx: (build_pfldyn_algorithm(ctx), ()), sections=("pfldyn",),
-                  validate=check_pfldyn,
+                  validate=check_pfldyn, unread=registry.SAMPLED_STEPS + registry.OWN_SERVER_STEP,
                   summary="PFLDyn(Proto) (Acar et al. 2021, seed 004): dynamic regularisation + prototype personalisation")

@@ -90,6 +90,6 @@ registry.register_section("prifedsync", {
     "sigma": 0.45,  # the fixed sigma of the noise N(0, (2 C sigma / B)^2) per entry (seed 004: 0.45)
     "delta": 1e-5})
 registry.register("prifedsync", build=build_prifedsync, sections=("pfldyn", "prifedsync"), validate=check_prifedsync,
-                  tracker=make_tracker,
+                  tracker=make_tracker, unread=registry.SAMPLED_STEPS + registry.OWN_SERVER_STEP,
                   summary="PriFedSync (Zheng et al. 2021) as seed 004 runs it: PFLDyn(Proto) + fixed per-layer clip + "
                           "fixed local Gaussian noise 2 C sigma / B")

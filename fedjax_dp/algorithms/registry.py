@@ -80,6 +80,8 @@ class Entry:
     server_validation: bool = False  # the server validates each evaluated model on a held-out server set
     tracker: Callable | None = None  # ``tracker(cfg, dataset, uploads, algorithm)``: the algorithm's own privacy
     # tracker, built from the mechanisms that run (the built upload chain and algorithm), not re-read from cfg
+    unread: tuple[str, ...] = ()  # generic keys it never reads (``SAMPLED_STEPS``, ``OWN_SERVER_STEP``): an
+    # override of one is refused (``training.unread_keys``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +104,14 @@ _SECTIONS: dict[str, dict] = {}
 _WRAPPERS: dict[str, Wrapper] = {}
 
 
+SAMPLED_STEPS = ("client.epochs",)
+"""Unread where local training runs a fixed number of sampled steps (its section's ``local_steps``), not epochs."""
+OWN_SERVER_STEP = ("server.optimizer", "server.learning_rate", "server.momentum", "server.lr_decay")
+"""Unread where the server update is the algorithm's own (PFLDyn's w + Delta - g / alpha; the patent's alpha step)."""
+
+
 def register(name: str, *, build, sections=(), validate=None, shares_server_set=False, summary="",
-             server_validation=False, tracker=None) -> Entry:
+             server_validation=False, tracker=None, unread=()) -> Entry:
     if name in _ENTRIES:
         raise ValueError(f"algorithm {name!r} is already registered")
     for section in sections:
@@ -111,7 +119,7 @@ def register(name: str, *, build, sections=(), validate=None, shares_server_set=
             raise ValueError(f"algorithm {name!r} reads config section {section!r}, which is not registered "
                              "(register_section first)")
     _ENTRIES[name] = Entry(name, build, tuple(sections), validate, shares_server_set, summary, server_validation,
-                           tracker)
+                           tracker, tuple(unread))
     return _ENTRIES[name]
 
 

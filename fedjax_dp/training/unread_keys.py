@@ -3,9 +3,11 @@ reads it, would be ignored without a word (``sampling.cohort_size=50`` under Poi
 clients a round; ``dp.noise_multiplier=1.3`` beside ``dp.calibrate_epsilon=8`` ran the calibrated z),
 so the configuration check refuses it, naming the key, its value and what would read it.
 
-Only overrides are checked (``Experiment(config, overrides)``, ``--config.KEY=VALUE``): a shipped
-config may hold values for an option it leaves off (``uga_fedmeta_*``: FedMeta's rates, for
-``fedmeta.enabled=True``). Sections the chosen algorithm does not read at all are the registry's to
+Keys an algorithm never reads are declared where it is registered (``registry.register(unread=...)``:
+``client.epochs`` where local training runs sampled steps, the server optimizer where the server step
+is the algorithm's own). Only overrides are checked (``Experiment(config, overrides)``,
+``--config.KEY=VALUE``): a shipped config may hold values for an option it leaves off
+(``uga_fedmeta_*``: FedMeta's rates, for ``fedmeta.enabled=True``). Sections the chosen algorithm does not read at all are the registry's to
 refuse (``algorithms.registry.validate``); an on/off section (``compression``, the wrappers such as
 ``fedmeta``) is read only with ``enabled=True``.
 """
@@ -67,6 +69,11 @@ def check_unread_keys(cfg, overridden, need) -> None:
         section, _, leaf = key.partition(".")
         if section in owned and section not in switched and (entry is None or section not in entry.sections):
             continue
+        if entry is not None and key in entry.unread:
+            why = ("its clients run a fixed number of sampled steps, `local_steps`" if key in registry.SAMPLED_STEPS
+                   else "its server step is its own")
+            need(False, f"{key}={_value(cfg, key)!r} is not read by algorithm {entry.name!r}: {why} (section "
+                        f"{' / '.join(entry.sections)}); drop it")
         for decider, reading in conditions.get(key, ()):
             decided = _value(cfg, decider)
             need(decided in reading, f"{key}={_value(cfg, key)!r} is not read while {decider}={decided!r} (only with "

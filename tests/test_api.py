@@ -49,6 +49,7 @@ def test_an_override_that_the_chosen_value_of_another_key_does_not_read_is_refus
              "'uniform')"),
             ("fedavg_mnist", {"sampling.rate": 0.5}, "sampling.rate=0.5 is not read while sampling.method='uniform'"),
             ("fedavg_mnist", {"data.alpha": 0.1}, "data.alpha=0.1 is not read while data.partition='shards'"),
+            ("fedavg_mnist", {"data.invert": True}, "data.invert=True is not read while data.source='mnist_5k'"),
             ("fedavg_mnist", {"client.optimizer": "adam", "client.momentum": 0.9},
              "client.momentum=0.9 is not read while client.optimizer='adam'"),
             ("fedavg_mnist", {"compression.rates": "0.3"},

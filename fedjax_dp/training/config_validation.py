@@ -97,7 +97,12 @@ def validate_config(cfg, overridden=()) -> None:
     sd = cfg.server_data
     need(0 < sd.fraction <= 1, f"server_data.fraction must lie in (0, 1], got {sd.fraction}")
     need(sd.overlap < 0 or sd.overlap <= 1, f"server_data.overlap must be < 0 (IID) or in [0, 1], got {sd.overlap}")
-    _validate_sampling(cfg, need)
+    need(cfg.sampling.method in ("uniform", "poisson"), f"sampling.method {cfg.sampling.method!r} unknown; use uniform or poisson")
+    if cfg.sampling.method == "uniform":
+        need(1 <= cfg.sampling.cohort_size <= cfg.data.num_clients,
+             f"sampling.cohort_size must lie in [1, data.num_clients={cfg.data.num_clients}], got {cfg.sampling.cohort_size}")
+    else:
+        need(0 < cfg.sampling.rate <= 1, f"sampling.rate q must lie in (0, 1], got {cfg.sampling.rate}")
     e = cfg.engine
     need(e.strategy in STRATEGIES + ("auto",), f"engine.strategy {e.strategy!r} unknown; available: {STRATEGIES + ('auto',)}")
     need(e.strategy != "chunked" or e.chunk_size >= 1, f"engine.chunk_size must be >= 1 for 'chunked', got {e.chunk_size}")
@@ -115,17 +120,6 @@ def validate_config(cfg, overridden=()) -> None:
     registry.validate(cfg, need)  # the algorithm's own section, and sections it does not read left alone
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
-
-
-def _validate_sampling(cfg, need) -> None:
-    """Uniform sampling's ``cohort_size`` m, Poisson sampling's ``rate`` q (the other key: ``unread_keys``)."""
-    s = cfg.sampling
-    need(s.method in ("uniform", "poisson"), f"sampling.method {s.method!r} unknown; use uniform or poisson")
-    if s.method == "uniform":
-        need(1 <= s.cohort_size <= cfg.data.num_clients,
-             f"sampling.cohort_size must lie in [1, data.num_clients={cfg.data.num_clients}], got {s.cohort_size}")
-    elif s.method == "poisson":
-        need(0 < s.rate <= 1, f"sampling.rate q must lie in (0, 1], got {s.rate}")
 
 
 def _refuse_unknown_keys(cfg, defaults, prefix: str, need, root=None) -> None:

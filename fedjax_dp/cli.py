@@ -114,7 +114,7 @@ def _shipped_name(text: str) -> str:
     """``--config``'s value as the user wrote it: a shipped file's path back to its name."""
     flag = re.search(r"flag --config=(\S+?): ", text)
     spec = flag.group(1) if flag else "?"
-    file, _, argument = spec.partition(".py")
+    file, _, argument = spec.rpartition(".py")
     if os.path.dirname(file) == configs.PACKAGE_DIR:
         return os.path.basename(file) + argument
     return spec

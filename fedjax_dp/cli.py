@@ -87,9 +87,15 @@ def _one_line(error: BaseException) -> str:
         from fedjax_dp.training.default_config import default_config
 
         return configs.unknown_key_message(unknown.group(1).removeprefix("config."), default_config())
+    missing = re.search(r"Failed loading config file.*No such file or directory: '([^']+)'", text, re.S)
+    if missing:
+        return f"--config: no such config file {missing.group(1)!r}"
     raised = _raised_by_get_config(error)
     if raised is not None:
         return f"--config={_shipped_name(text)}: {raised}"
+    if "Error whilst parsing config file" in text:  # raised calling get_config, e.g. with an argument it does not take
+        inner = _innermost(error)
+        return f"--config={_shipped_name(text)}: {type(inner).__name__}: {inner}"
     locked = re.search(r'Key "(\w+)" does not exist', text)
     if locked:
         where = [f"{frame.filename}:{frame.lineno}" for frame in traceback.extract_tb(error.__traceback__)
@@ -103,11 +109,16 @@ def _one_line(error: BaseException) -> str:
 def _raised_by_get_config(error: BaseException) -> str | None:
     """The message a config file's ``get_config`` raised, which ml_collections and absl wrap in a
     traceback's text; None when the error came from elsewhere."""
-    inner = error
-    while inner.__cause__ or inner.__context__:
-        inner = inner.__cause__ or inner.__context__
+    inner = _innermost(error)
     frames = traceback.extract_tb(inner.__traceback__)
     return str(inner) if inner is not error and any(f.name == "get_config" for f in frames) else None
+
+
+def _innermost(error: BaseException) -> BaseException:
+    """The first exception of ``error``'s chain (what ml_collections and absl wrapped)."""
+    while error.__cause__ or error.__context__:
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def _shipped_name(text: str) -> str:
@@ -153,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         FLAGS(_resolve_config_argv(argv))
         cfg = _CONFIG.value
+        _ = cfg.algorithm  # a config file that failed to load raises only when first read
         seeds = [int(s) for s in _SEEDS.value.split(",") if s.strip()]
     except Exception as error:  # noqa: BLE001  (any failure to read the command or config: one line)
         print(f"error: {_one_line(error)}", file=sys.stderr)

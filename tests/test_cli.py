@@ -95,6 +95,21 @@ def test_an_override_on_the_command_line_that_nothing_reads_is_refused(tmp_path)
     assert not os.path.exists(tmp_path / "c")
 
 
+def test_a_missing_or_uncallable_config_file_is_one_line(tmp_path):
+    """Found 2026-11-29: ``--config=missing.py`` ended in two chained tracebacks (the config flag's value
+    raises OSError only when first read, outside the CLI's error handling), and a file whose
+    ``get_config`` takes no argument, given one, in ml_collections' flattened traceback."""
+    out = run_cli(f"--workdir={tmp_path}/m", cwd=tmp_path, config="missing.py")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == "error: --config: no such config file 'missing.py'"
+    (tmp_path / "mine.py").write_text("import fedjax_dp\n\n\ndef get_config():\n    return fedjax_dp.default_config()\n")
+    out = run_cli(f"--workdir={tmp_path}/m", cwd=tmp_path, config="mine.py:3")
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("error: --config=mine.py:3: TypeError: get_config() takes 0 positional arguments "
+                                  "but 1 was given")
+    assert not os.path.exists(tmp_path / "m")
+
+
 def test_invalid_config_lists_every_error_before_loading(tmp_path):
     out = run_cli("--config.rounds=0", "--config.client.batch_size=0", "--config.sampling.cohort_size=500",
                   "--config.data.partition=bogus", "--config.engine.stream_clients=-1", "--config.engine.max_replicated_gb=-2",

@@ -33,6 +33,20 @@ def test_tfds_without_prepared_data_says_how_to_get_it(tmp_path):
         load_tfds("imagenet2012")
 
 
+def test_tfds_in_its_default_folder_without_a_prepared_split_says_how_to_get_it(tmp_path, monkeypatch):
+    """Found 2026-11-29: ``data.source=tfds:mnist`` with no data.data_dir (TFDS's default folder) and no
+    download ended in TFDS's own ``KeyError: Trying to access splits['train'] but splits is empty``."""
+    import tensorflow_datasets as tfds
+
+    def empty(*args, **kwargs):
+        raise KeyError("Trying to access `splits['train']` but `splits` is empty. This likely indicates the dataset "
+                       "has not been generated yet.")
+
+    monkeypatch.setattr(tfds, "data_source", empty)
+    with pytest.raises(FileNotFoundError, match="not prepared .* data.download=True"):
+        load_tfds("mnist", data_dir=str(tmp_path))
+
+
 def test_tfds_source_through_the_config(tmp_path):
     cfg = default_config().data
     cfg.update(source="tfds:mnist", data_dir=str(tmp_path), partition="iid", num_clients=3)

@@ -60,8 +60,9 @@ def load_tfds(name: str, data_dir: str = "", download: bool = False, manual_dir:
     for split in ("train", "test"):
         try:
             source = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
-        # tfds raises NotImplementedError when the split exists only as TFRecord (no random access)
-        except (NotImplementedError, FileNotFoundError, AssertionError) as e:
+        # tfds raises NotImplementedError when the split exists only as TFRecord (no random access), KeyError
+        # when its folder (the default one too) holds no generated split
+        except (NotImplementedError, FileNotFoundError, AssertionError, KeyError) as e:
             raise FileNotFoundError(
                 f"TFDS dataset {name!r} split {split!r} is not prepared in ArrayRecord format under "
                 f"{builder.data_dir!r}; set data.download=True on a machine with internet (or prepare it with "

@@ -1,4 +1,4 @@
-"""Geyer et al. 2017 Table 1: DP-FedAvg on real MNIST with K = 100 / 1000 / 10000 clients.
+"""Geyer et al. 2017 Table 1: DP-FedAvg on real MNIST with K = 100 / 1000 / 10000 clients (geyer_mnist:K[:poisson]).
 
 Geyer et al. 2017, Table 1: DP-FedAvg on real MNIST, non-IID (2 label-sorted shards per client).
 

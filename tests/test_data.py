@@ -136,3 +136,12 @@ def test_negative_seeds_and_per_client_limits_are_refused_by_name(overrides, mes
         (cfg[sections[0]] if sections else cfg)[key] = value
     with pytest.raises(ValueError, match=message):
         validate_config(cfg)
+
+
+def test_shards_that_outnumber_the_examples_name_both_keys_and_the_product():
+    """Found 2026-12-01 (a new-user trial): ``data.num_clients=100000`` on the shards split said
+    "num_clients=200000 exceeds the 5000 examples": a number the user never wrote (the shard count)."""
+    with pytest.raises(ValueError, match=r"num_clients x shards_per_client = 301 x 2 = 602 shards exceed the 600 "
+                                         r"examples available"):
+        partition.shards(LABELS, 301, 2, np.random.default_rng(0))
+

@@ -32,7 +32,10 @@ def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np
     if shards_per_client < 1:
         raise ValueError(f"shards_per_client must be >= 1, got {shards_per_client}")
     num_shards = num_clients * shards_per_client
-    _check_clients(num_shards, len(labels))
+    _check_clients(num_clients, len(labels))
+    if num_shards > len(labels):
+        raise ValueError(f"num_clients x shards_per_client = {num_clients} x {shards_per_client} = {num_shards} shards "
+                         f"exceed the {len(labels)} examples available")
     order = np.argsort(labels, kind="stable")
     shard_list = np.array_split(order, num_shards)
     assignment = rng.permutation(num_shards).reshape(num_clients, shards_per_client)

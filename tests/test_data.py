@@ -145,3 +145,45 @@ def test_shards_that_outnumber_the_examples_name_both_keys_and_the_product():
                                          r"examples available"):
         partition.shards(LABELS, 301, 2, np.random.default_rng(0))
 
+
+def _mnist_5k_dataset(**client):
+    from fedjax_dp.data.builders import build_dataset
+    from fedjax_dp.training.default_config import default_config
+
+    cfg = default_config()
+    cfg.client.update(**client)
+    return cfg, build_dataset(cfg.data, cfg.seed)
+
+
+def test_a_batch_larger_than_every_client_packs_each_epoch_as_one_full_batch_of_the_largest_clients_size():
+    """Bug (found 2026-12-01, a new-user trial): ``client.batch_size=100000`` on ``fedavg_mnist`` packed every round's
+    cohort at a width of 100,000 examples (10 clients x 5 epochs x 100,000 x 3 KB = 16 GB) and the OOM killer ended
+    the run without a word. A batch of B >= n_k is the client's whole data (B = infinity, McMahan et al. 2017), so
+    the packed width is the largest client's size: the same steps, examples and masked means."""
+    from fedjax_dp.core.algorithm import Requirements
+    from fedjax_dp.training.cohorts import make_packer
+
+    cfg, dataset = _mnist_5k_dataset(batch_size=100_000, epochs=2)
+    largest = int(dataset.train_sizes().max())
+    huge = make_packer(cfg, dataset, Requirements())([0, 1, 2], np.random.default_rng(0), None)
+    cfg.client.batch_size = largest
+    exact = make_packer(cfg, dataset, Requirements())([0, 1, 2], np.random.default_rng(0), None)
+    assert huge["mask"].shape == (3, 2, largest)
+    for key in ("mask", "example_index", "num_examples"):
+        np.testing.assert_array_equal(huge[key], exact[key])
+    np.testing.assert_array_equal(huge["batches"]["x"], exact["batches"]["x"])
+    cfg.client.batch_size = 100_000  # UGA's packer: its keep-trace batches and its evaluation pass alike
+    uga = make_packer(cfg, dataset, Requirements(evaluation_pass=True))([0], np.random.default_rng(0), None)
+    assert uga["mask"].shape[-1] == uga["eval_mask"].shape[-1] == largest
+
+
+def test_a_cohort_that_cannot_fit_in_memory_is_refused_naming_the_keys_before_training():
+    """A typo such as ``client.epochs=500000`` packed a cohort of many times the machine's memory and was
+    killed; now the packer is refused at build time, naming the keys that size it and the bytes needed."""
+    from fedjax_dp.core.algorithm import Requirements
+    from fedjax_dp.training.cohorts import make_packer
+
+    cfg, dataset = _mnist_5k_dataset(epochs=5_000_000)
+    with pytest.raises(ValueError, match=r"one round's packed cohort needs .* GB .*more than this machine's .* GB of "
+                                         r"memory.*client.epochs=5000000.*client.batch_size=10.*sampling.cohort_size=10"):
+        make_packer(cfg, dataset, Requirements())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -52,15 +53,25 @@ def make_packer(cfg, dataset, requirements):
 
 
 def _packer(cfg, dataset, requirements):
-    largest, batch, epochs = int(dataset.train_sizes().max()), cfg.client.batch_size, cfg.client.epochs
+    """The packing function of ``make_packer``, after checking that one round's cohort fits in memory.
+
+    Epoch-based packing (FedAvg's ClientUpdate, UGA) packs batches ``min(B, largest client)`` wide: a batch of
+    B >= n_k is the client's whole data (McMahan et al. 2017's B = infinity), the same steps and masked means
+    whatever B above that (``client.batch_size=100000`` had packed 100,000-wide batches and was OOM-killed)."""
+    largest, epochs = int(dataset.train_sizes().max()), cfg.client.epochs
+    batch = min(cfg.client.batch_size, largest)
     indices = lambda ids: [dataset.client_train[i] for i in ids]  # noqa: E731
     if requirements.sampled_steps:
-        drawn = batch * requirements.batches_per_step
+        drawn = cfg.client.batch_size * requirements.batches_per_step
         small = np.flatnonzero(dataset.train_sizes() < drawn)
         if len(small):
-            raise ValueError(f"client.batch_size={batch}: each local step draws {drawn} examples without replacement "
-                             f"({requirements.batches_per_step} batches of B), more than the training data of "
-                             f"{len(small)} clients (e.g. client {int(small[0])} holds {int(dataset.train_sizes()[small[0]])})")
+            raise ValueError(f"client.batch_size={cfg.client.batch_size}: each local step draws {drawn} examples "
+                             f"without replacement ({requirements.batches_per_step} batches of B), more than the "
+                             f"training data of {len(small)} clients (e.g. client {int(small[0])} holds "
+                             f"{int(dataset.train_sizes()[small[0]])})")
+        width = requirements.poisson_batch_cap or drawn
+        _check_fits(cfg, dataset, [(requirements.sampled_steps, width)],
+                    f"the algorithm's {requirements.sampled_steps} local steps and client.batch_size={cfg.client.batch_size}")
         if requirements.poisson_batch_cap:
             return lambda ids, rng, slots: pack_poisson_cohort(dataset.x, dataset.y, indices(ids), drawn,
                                                                requirements.sampled_steps,
@@ -69,9 +80,36 @@ def _packer(cfg, dataset, requirements):
                                                            requirements.sampled_steps, rng, slots)
     if not requirements.evaluation_pass:
         max_steps = num_steps(largest, batch, epochs)
+        _check_fits(cfg, dataset, [(max_steps, batch)], _epoch_keys(cfg))
         return lambda ids, rng, slots: pack_cohort(dataset.x, dataset.y, indices(ids), batch, epochs, rng,
                                                    max_steps, slots)
-    eval_batch = requirements.evaluation_batch_size or batch
+    eval_batch = min(requirements.evaluation_batch_size or batch, largest)
     max_steps, max_eval = max(1, num_steps(largest, batch, epochs - 1)), num_steps(largest, eval_batch, 1)
+    _check_fits(cfg, dataset, [(max_steps, batch), (max_eval, eval_batch)], _epoch_keys(cfg))
     return lambda ids, rng, slots: pack_uga_cohort(dataset.x, dataset.y, indices(ids), batch, epochs, rng,
                                                    max_steps, slots, eval_batch, max_eval)
+
+
+def _epoch_keys(cfg) -> str:
+    return f"client.epochs={cfg.client.epochs}, client.batch_size={cfg.client.batch_size}"
+
+
+def _check_fits(cfg, dataset, passes, sized_by: str) -> None:
+    """Refuse, naming the keys, a configuration whose packed cohort alone (``passes``: (steps, batch width) of
+    each packed pass, for the most clients a round can hold) exceeds this machine's physical memory: it could
+    only end in the OOM killer's silent kill, rounds or hours into the run."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): nothing to compare with
+        return
+    slots = (poisson_slots(cfg.sampling.rate, dataset.num_clients, 0) if cfg.sampling.method == "poisson"
+             else cfg.sampling.cohort_size)
+    example = dataset.x[:1].nbytes + 4 + 1 + 2 * 8  # input, label, mask, gather and example index (int64)
+    needed = slots * example * sum(steps * width for steps, width in passes)
+    if needed > memory:
+        sampling = (f"sampling.rate={cfg.sampling.rate} (up to {slots} clients)" if cfg.sampling.method == "poisson"
+                    else f"sampling.cohort_size={slots}")
+        raise ValueError(f"one round's packed cohort needs {needed / 1e9:.1f} GB ({slots} clients x "
+                         f"{' + '.join(f'{steps} steps x {width}' for steps, width in passes)} examples of "
+                         f"{example} B), more than this machine's {memory / 1e9:.1f} GB of memory; sized by "
+                         f"{sized_by} and {sampling}: lower one of them")

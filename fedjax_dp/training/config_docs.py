@@ -41,7 +41,7 @@ KEY_DOCS = {
     "client.optimizer": "local optimizer: sgd (with client.momentum) | adam",
     "client.learning_rate": "local learning rate eta",
     "client.momentum": "local momentum (sgd with momentum > 0)",
-    "client.batch_size": "local batch size B",
+    "client.batch_size": "local batch size B (with client.epochs, B at or above a client's data size is its whole data: one step an epoch)",
     "client.epochs": "local epochs E",
     "client.lr_decay": "local learning rate x lr_decay**t in round t",
     "client.weight_decay": "local L2 weight decay: weight_decay * w added to every local step's gradient (0 = off)",

@@ -32,6 +32,7 @@ PAIRS = [  # (label, ours, peer script args)
 
 
 def run_ours(case: str, rounds: int) -> dict:
+    """cohort_throughput.py's row for ``case``, with the float32 matmul peaks (GFLOP/s) it measured beside it."""
     path = os.path.join(HERE, "out", "compare_ours_last.json")
     if os.path.exists(path):
         os.remove(path)  # never read a previous run's numbers
@@ -40,7 +41,8 @@ def run_ours(case: str, rounds: int) -> dict:
     if out.returncode:
         raise RuntimeError(f"cohort_throughput.py --cases {case} failed ({out.returncode}):\n{out.stderr[-2000:]}")
     with open(path) as f:
-        return json.load(f)["rows"][0]
+        report = json.load(f)
+    return {**report["rows"][0], "matmul_peak_gflops": report["matmul_peak_gflops"]}
 
 
 def run_peer(peers: str, venv: str, script: str, extra: list, model: str, cohort: int, rounds: int) -> dict | None:
@@ -78,6 +80,8 @@ def main():
                 row["peers"][name] = result["client_updates_per_s"]
         again = run_ours(ours_case, args.rounds)  # before and after the peers: drift shows up here
         row["fedjax_dp_auto_repeat"] = again["client_updates_per_s"]
+        row["matmul_peak_gflops"] = {lib: max(ours["matmul_peak_gflops"][lib], again["matmul_peak_gflops"][lib])
+                                     for lib in ours["matmul_peak_gflops"]}  # this machine, in the same run
         best_peer = max(row["peers"].values()) if row["peers"] else float("nan")
         row["ratio_to_best_peer"] = min(row["fedjax_dp_auto"], again["client_updates_per_s"]) / best_peer
         table.append(row)

@@ -52,7 +52,7 @@ class CuagPaperNoise(UploadTransform):
             raise ValueError(f"a fixed Alg. 4 sigma must be a finite number >= 0, got {self.fixed_sigma!r}")
         for mu, size in self._clients():
             adaptive_gdp.noise_scale(1, mu, **self._setting(size))  # validates every field by name
-        warnings.warn(adaptive_gdp.PAPER_MODE_NOTE, stacklevel=3)  # past the dataclass's generated __init__ ("<string>:11" at 2): its builder
+        warnings.warn(adaptive_gdp.PAPER_MODE_NOTE, stacklevel=3)  # the builder's line, past the generated __init__
 
     @property
     def per_client(self) -> bool:

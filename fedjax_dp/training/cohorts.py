@@ -102,8 +102,7 @@ def _check_fits(cfg, dataset, passes, sized_by: str) -> None:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # no sysconf (Windows): nothing to compare with
         return
-    slots = (poisson_slots(cfg.sampling.rate, dataset.num_clients, 0) if cfg.sampling.method == "poisson"
-             else cfg.sampling.cohort_size)
+    slots = cohort_slots(cfg, dataset.num_clients, 0) or cfg.sampling.cohort_size  # the most a round packs
     example = dataset.x[:1].nbytes + 4 + 1 + 2 * 8  # input, label, mask, gather and example index (int64)
     needed = slots * example * sum(steps * width for steps, width in passes)
     if needed > memory:

@@ -151,3 +151,16 @@ def test_space_to_depth_falls_back_to_xla_where_it_does_not_apply():
         assert [e.invars[0].aval.shape for e in convs] == [shape]  # the image itself, not its 2x2 blocks
         assert jaxpr.jaxpr.outvars[0].aval.shape == shape[:3] + (features,)
         assert params["params"]["kernel"].shape == kernel_size + (shape[-1], features)
+
+
+@pytest.mark.parametrize("name, shape", [("logistic", (28, 28, 1)), ("mlp_2nn", (28, 28, 1)),
+                                         ("cnn_fedavg", (28, 28, 1)), ("cnn_pfl", (32, 32, 3))])
+def test_compiled_initialisation_gives_flax_eager_parameters_bit_for_bit(name, shape):
+    """``Model.init`` compiles the whole initialisation once (``base.init_params``); the parameters are flax's
+    eager ``module.init``'s exactly, so seeded runs keep their numbers."""
+    model = get_model(name, shape, 10)
+    for seed in (0, 1):
+        compiled = model.init(jax.random.key(seed))
+        eager = model.module.init(jax.random.key(seed), jnp.zeros((1,) + shape))["params"]
+        for a, b in zip(jax.tree_util.tree_leaves(compiled), jax.tree_util.tree_leaves(eager), strict=True):
+            np.testing.assert_array_equal(a, b)

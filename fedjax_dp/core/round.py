@@ -85,7 +85,8 @@ class FederatedRound:
 
     def init(self, params, key: jax.Array | None = None):
         state = self.algorithm.init(params, key)
-        return state.replace(uploads=self.uploads.init(self.algorithm.upload_template(params)))
+        state = state.replace(uploads=self.uploads.init(self.algorithm.upload_template(params)))
+        return jax.device_put(state, jax.local_devices()[0])
 
     def specialized(self, state) -> Chain:
         """The chain with its static choices made for this round (compression rates, on the host)."""

@@ -12,6 +12,7 @@ def l2_norm(tree) -> jax.Array:
     return optax.tree_utils.tree_norm(tree)
 
 
+@jax.jit  # one program for the whole tree, not an eager pair of operations per leaf
 def is_finite(tree) -> jax.Array:
     """True iff every entry of every leaf is finite (no NaN, no Inf)."""
     leaves = jax.tree_util.tree_leaves(tree)

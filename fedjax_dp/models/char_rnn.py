@@ -39,6 +39,7 @@ class SequenceModel(Model):
     pad_id: int = 0
 
     def init(self, key: jax.Array):
+        # eager, not ``base.init_params``: compiled whole, the embedding's initializer differs in the last bit
         return self.module.init(key, jnp.zeros((1,) + self.input_shape, jnp.int32))["params"]
 
     def _mask(self, y):

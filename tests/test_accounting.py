@@ -64,9 +64,22 @@ def test_schedule_composes_each_round():
 def test_calibration_round_trip(kind, sampling):
     z = A.calibrate_noise_multiplier(3.0, 1e-5, 200, sampling, sampling_rate=0.05, population=1000, cohort_size=50, kind=kind)
     event = A.RoundEvent(sampling, z, 0.05, 1000, 50)
-    assert A.epsilon_of([(event, 200)], 1e-5, kind) == pytest.approx(3.0, abs=5e-3)
-    slightly_less = A.RoundEvent(sampling, z * 0.98, 0.05, 1000, 50)
+    assert 3.0 - 5e-3 < A.epsilon_of([(event, 200)], 1e-5, kind) <= 3.0  # never over the target
+    slightly_less = A.RoundEvent(sampling, z - 2e-4, 0.05, 1000, 50)  # the root lies within 1e-4 of z
     assert A.epsilon_of([(slightly_less, 200)], 1e-5, kind) > 3.0
+
+
+def test_the_pld_bracket_steps_down_from_the_rdp_answer_and_refuses_a_root_it_cannot_reach():
+    """``_pld_bracket``: the first lower end (0.9, 0.75, ... x z_rdp) that overspends, with the step above it (or
+    1.001 z_rdp) as the upper end; none of them: a clear error, not Brent's 'did not bracket'."""
+    tried = []
+    root = lambda r: lambda z: tried.append(z) or z < r  # noqa: E731  (overspends below the root r)
+    assert (A._pld_bracket(root(1.9), 2.0).endpoint_1, A._pld_bracket(root(1.9), 2.0).endpoint_2) == (1.8, 2.002)
+    tried.clear()
+    bracket = A._pld_bracket(root(1.2), 2.0)
+    assert (bracket.endpoint_1, bracket.endpoint_2) == (1.0, 1.5) and tried == [1.8, 1.5, 1.0]
+    with pytest.raises(ValueError, match="below 0.25 x the RDP calibration's z = 2"):
+        A._pld_bracket(root(0.4), 2.0)
 
 
 def test_gdp_conversions():

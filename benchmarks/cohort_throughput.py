@@ -25,8 +25,9 @@ sys.path.insert(1, os.path.dirname(HERE))  # the repository, so a machine withou
 
 from fedjax_dp.training.results import write_json  # noqa: E402
 
-# model:cohort:strategy[:chunk:unroll:conv[:dtype]][@stream][~plain|~deferred]  ('-' = none, unroll 'full' = every step
-# unrolled, dtype 'bf16' = bfloat16 compute with float32 parameters, @stream = the cohort sent to the device that
+# model:cohort:strategy[:chunk:unroll:conv[:dtype]][^devices][@stream][~plain|~deferred]  ('-' = none, unroll 'full' =
+# every step unrolled, dtype 'bf16' = bfloat16 compute with float32 parameters, ^devices = an explicit strategy spread
+# over that many devices as ``auto`` spreads (loop: round-robin; else a mesh), @stream = the cohort sent to the device that
 # many clients at a time, ``CohortEngine(stream_size=)``, ~plain = local training without deferred dense kernels,
 # ``engine.deferred_dense='off'``, ~deferred = with them, ``'on'``, whatever the backend)
 DEFAULT_CASES = [
@@ -45,6 +46,7 @@ DEFAULT_CASES = [
 def parse_case(text: str) -> dict:
     text, _, plain = text.partition("~")
     text, _, stream = text.partition("@")
+    text, _, devices = text.partition("^")
     parts = text.split(":")
     case = {"model": parts[0], "cohort": int(parts[1]), "strategy": parts[2],
             "stream_size": int(stream) if stream else None, "deferred_dense": {"plain": False, "deferred": True}.get(plain)}
@@ -52,7 +54,7 @@ def parse_case(text: str) -> dict:
         chunk, unroll, conv, dtype = (parts[3:] + ["-", "1", "xla", "f32"][len(parts) - 3:])[:4]
         case.update(chunk_size=None if chunk == "-" else int(chunk),
                     unroll=True if unroll == "full" else int(unroll), conv_impl=conv,
-                    compute_dtype={"f32": None, "bf16": "bfloat16"}[dtype])
+                    compute_dtype={"f32": None, "bf16": "bfloat16"}[dtype], devices=int(devices or 1))
     return case
 
 

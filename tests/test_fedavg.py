@@ -102,7 +102,7 @@ def test_final_model_is_evaluated_once_and_its_per_client_accuracies_are_written
 def test_a_run_compiles_its_round_and_evaluation_programs_once(tmp_path, caplog):
     """Round 2 reuses round 1's programs: the initial server state is committed to its device like every later
     state, so the cohort program, the server step and the evaluation are not compiled a second time for the
-    committed inputs (each was: 2 x 2.4 s + 2 x 2 s of a 16 s three-round DP run on a 2-core CPU)."""
+    committed inputs (each was: 2 x 2.4 s + 2 x 2 s of a 21 s three-round DP run on a 2-core CPU)."""
     import collections
     import re
 
@@ -110,7 +110,7 @@ def test_a_run_compiles_its_round_and_evaluation_programs_once(tmp_path, caplog)
     from fedjax_dp.training.loop import run_experiment
 
     cfg = configs.get("dp_fedavg_mnist")
-    cfg.update(rounds=3, eval_every=1)
+    cfg.update(rounds=2, eval_every=1)
     cfg.data.num_clients, cfg.sampling.rate = 50, 0.2
     cfg.dp.calibrate_epsilon, cfg.dp.noise_multiplier = 0.0, 1.0
     with jax.log_compiles(True), caplog.at_level("WARNING"):
@@ -118,4 +118,7 @@ def test_a_run_compiles_its_round_and_evaluation_programs_once(tmp_path, caplog)
     compiled = collections.Counter(m.group(1) for r in caplog.records
                                    for m in [re.match(r"Compiling jit\((\w+)\)", r.getMessage())] if m)
     programs = {name: compiled[name] for name in ("trace", "server_fn", "_batch_stats", "init_params")}
-    assert programs == {"trace": 1, "server_fn": 1, "_batch_stats": 1, "init_params": 1}, programs
+    # the round's programs are the run's own; the evaluation and the initialisation are module-wide jits that an
+    # earlier test in this process may have compiled already (then 0)
+    assert programs["trace"] == programs["server_fn"] == 1, programs
+    assert programs["_batch_stats"] <= 1 and programs["init_params"] <= 1, programs

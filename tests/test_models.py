@@ -51,18 +51,22 @@ def test_reshape_max_pool_equals_flax_max_pool_in_values_and_gradients(shape):
     np.testing.assert_array_equal(jax.grad(loss(max_pool_2x2))(x), jax.grad(loss(flax_pool))(x))
 
 
-@pytest.mark.parametrize("name, shape", [("mlp_2nn", (28, 28, 1)), ("cnn_fedavg", (12, 12, 1)), ("cnn_pfl", (32, 32, 3)),
-                                         ("vgg16", (32, 32, 3)), ("vgg16_gn", (32, 32, 3))])
-def test_the_penultimate_representation_is_the_input_of_the_output_layer(name, shape):
+def assert_penultimate_feeds_the_output_layer(model, params, x):
     """``apply(..., penultimate=True)``: the last hidden layer after its ReLU, which the output layer maps to
     the logits (PFLDyn's authors build prototypes on it)."""
-    model = get_model(name, shape, 7)
-    params = model.init(jax.random.key(0))
-    x = jax.random.normal(jax.random.key(1), (3,) + shape)
     hidden = model.apply(params, x, penultimate=True)
     last = params[sorted(k for k in params if k.startswith("Dense_"))[-1]]
-    assert hidden.shape == (3, last["kernel"].shape[0]) and float(jnp.min(hidden)) >= 0
+    assert hidden.shape == (x.shape[0], last["kernel"].shape[0]) and float(jnp.min(hidden)) >= 0
     np.testing.assert_allclose(hidden @ last["kernel"] + last["bias"], model.apply(params, x), rtol=1e-4, atol=1e-5)
+    return hidden
+
+
+@pytest.mark.parametrize("name, shape", [("mlp_2nn", (28, 28, 1)), ("cnn_fedavg", (12, 12, 1)), ("cnn_pfl", (32, 32, 3))])
+def test_the_penultimate_representation_is_the_input_of_the_output_layer(name, shape):
+    """The VGG16 models are checked in their own tests below, on the parameters those initialise."""
+    model = get_model(name, shape, 7)
+    assert_penultimate_feeds_the_output_layer(model, model.init(jax.random.key(0)),
+                                              jax.random.normal(jax.random.key(1), (3,) + shape))
 
 
 def test_a_model_without_a_hidden_layer_has_no_penultimate_representation():
@@ -79,8 +83,7 @@ def test_vgg16_passes_the_input_signal_through_its_15_relu_layers_at_initialisat
     params = model.init(jax.random.key(0))
     x = jax.random.uniform(jax.random.key(1), (16, 32, 32, 3))  # image-like: [0, 1]
     assert float(jnp.std(model.apply(params, x))) > 0.02
-    hidden = model.apply(params, x, penultimate=True)
-    assert float(jnp.std(hidden)) > 0.05
+    assert float(jnp.std(assert_penultimate_feeds_the_output_layer(model, params, x))) > 0.05
 
 
 def test_vgg16_gn_adds_a_groupnorm_per_conv_that_normalises_each_example_on_its_own():
@@ -96,7 +99,7 @@ def test_vgg16_gn_adds_a_groupnorm_per_conv_that_normalises_each_example_on_its_
     other = x.at[1:].set(jax.random.uniform(jax.random.key(2), (3, 32, 32, 3)))
     out = grouped.apply(params, x)
     np.testing.assert_allclose(grouped.apply(params, other)[0], out[0], rtol=1e-5, atol=1e-6)
-    assert float(jnp.std(grouped.apply(params, x, penultimate=True))) > 0.05
+    assert float(jnp.std(assert_penultimate_feeds_the_output_layer(grouped, params, x))) > 0.05
 
 
 @pytest.mark.parametrize("name, shape, xla_layers", [("cnn_fedavg", (28, 28, 1), 1), ("cnn_pfl", (32, 32, 3), 2)])
@@ -153,14 +156,13 @@ def test_space_to_depth_falls_back_to_xla_where_it_does_not_apply():
         assert params["params"]["kernel"].shape == kernel_size + (shape[-1], features)
 
 
-@pytest.mark.parametrize("name, shape", [("logistic", (28, 28, 1)), ("mlp_2nn", (28, 28, 1)),
-                                         ("cnn_fedavg", (28, 28, 1)), ("cnn_pfl", (32, 32, 3))])
+@pytest.mark.parametrize("name, shape", [("mlp_2nn", (28, 28, 1)), ("cnn_fedavg", (28, 28, 1))])
 def test_compiled_initialisation_gives_flax_eager_parameters_bit_for_bit(name, shape):
     """``Model.init`` compiles the whole initialisation once (``base.init_params``); the parameters are flax's
-    eager ``module.init``'s exactly, so seeded runs keep their numbers."""
+    eager ``module.init``'s exactly, so seeded runs keep their numbers (checked here for a dense and a conv
+    model; every model of the golden runs is checked through their numbers)."""
     model = get_model(name, shape, 10)
-    for seed in (0, 1):
-        compiled = model.init(jax.random.key(seed))
-        eager = model.module.init(jax.random.key(seed), jnp.zeros((1,) + shape))["params"]
-        for a, b in zip(jax.tree_util.tree_leaves(compiled), jax.tree_util.tree_leaves(eager), strict=True):
-            np.testing.assert_array_equal(a, b)
+    compiled = model.init(jax.random.key(1))
+    eager = model.module.init(jax.random.key(1), jnp.zeros((1,) + shape))["params"]
+    for a, b in zip(jax.tree_util.tree_leaves(compiled), jax.tree_util.tree_leaves(eager), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -3,6 +3,7 @@
 import math
 
 import dp_accounting
+import numpy as np
 from scipy.stats import norm
 import pytest
 from dp_accounting import pld, rdp
@@ -188,3 +189,27 @@ def test_the_cached_pld_accountant_is_dp_accountings_to_the_bit_and_builds_each_
         reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
         reference.compose(event.dp_event("pld"), 5)
         assert A.epsilon_of([(event, 5)], 1e-5, "pld", 1e-3) == reference.get_epsilon(1e-5)
+
+
+def test_self_composition_bounds_from_cached_moments_are_dp_accountings_to_the_bit():
+    """``cached_pld.ChernoffBounds``: dp_accounting's truncation bounds for any number of compositions, with the
+    PMF's log moment generating functions computed once (40 log-sum-exps, not 40 per query)."""
+    from unittest import mock
+
+    from dp_accounting.pld import common
+
+    from fedjax_dp.privacy import cached_pld
+
+    rng = np.random.default_rng(0)
+    bounds = cached_pld.ChernoffBounds(common.compute_self_convolve_bounds)
+    for size in (5, 301, 4000):
+        pmf = rng.dirichlet(np.full(size, 0.3))
+        cases = [(num_times, tail) for num_times in (1, 2, 40, 1000) for tail in (1e-15, 1e-6)]
+        want = [common.compute_self_convolve_bounds(pmf, num_times, tail) for num_times, tail in cases]
+        with mock.patch.object(cached_pld.special, "logsumexp", wraps=cached_pld.special.logsumexp) as logsumexp:
+            assert [bounds(pmf, num_times, tail) for num_times, tail in cases] == want
+        assert logsumexp.call_count == 40  # once per order for this PMF, whatever the count and the tail
+    pmf = rng.dirichlet(np.ones(50))
+    assert bounds(pmf, 3, 0) == common.compute_self_convolve_bounds(pmf, 3, 0)  # no truncation: the original's path
+    assert bounds(list(pmf), 3, 1e-15) == common.compute_self_convolve_bounds(list(pmf), 3, 1e-15)
+    assert common.compute_self_convolve_bounds is not cached_pld.chernoff_bounds  # stands in only while composing

@@ -25,6 +25,7 @@ from fedjax_dp.privacy.accounting import Accountant, RoundEvent  # noqa: E402
 from fedjax_dp.training import results  # noqa: E402
 from fedjax_dp.training.default_config import default_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
+from fedjax_dp.training.compilation_cache import use_persistent_cache  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 from preflight import checked_runs  # noqa: E402
 
@@ -87,6 +88,7 @@ def plot(curves: dict, path: str, key: str, ylabel: str):
 
 
 def main():
+    use_persistent_cache()  # the cells' programs, compiled once across cells and runs
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--out", default="results/geyer_table1")

@@ -22,6 +22,7 @@ import os
 from fedjax_dp import configs
 from fedjax_dp.training import results
 from fedjax_dp.training.loop import run_experiment
+from fedjax_dp.training.compilation_cache import use_persistent_cache
 from fedjax_dp.training.results import dumps as strict_json
 from preflight import apply_overrides, checked_runs
 
@@ -120,6 +121,7 @@ def _agrees(stored, current) -> bool:
 
 
 def main():
+    use_persistent_cache()  # the cells' programs, compiled once across cells and runs
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=sorted(THRESHOLDS), default="femnist")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))

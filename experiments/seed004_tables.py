@@ -46,6 +46,7 @@ from fedjax_dp.configs import cuag_pfl_cifar10  # noqa: E402
 
 from fedjax_dp.training.checkpointing import Checkpointer  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
+from fedjax_dp.training.compilation_cache import use_persistent_cache  # noqa: E402
 from fedjax_dp.training.results import dropped_updates  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 from preflight import apply_overrides, checked_runs  # noqa: E402
@@ -226,6 +227,7 @@ def table1_markdown(rows: list[dict]) -> str:
 
 
 def main():
+    use_persistent_cache()  # the cells' programs, compiled once across cells and runs
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", type=int, default=2)
     p.add_argument("--splits", nargs="+", default=["acid3"])

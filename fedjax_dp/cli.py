@@ -9,6 +9,10 @@
 Exit status: 0 when the run trained at least one round, 1 when it could not (the reason is printed),
 2 for an invalid command or config (one line naming the key and the closest valid one, before any
 data is loaded).
+
+Compiled programs are kept in a persistent XLA cache (``training/compilation_cache.py``: folder
+``FEDJAX_DP_COMPILATION_CACHE``, default ``~/.cache/fedjax_dp/xla``, ``off`` to disable), so a second run of
+the same programs loads them instead of compiling.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from fedjax_dp import configs
+from fedjax_dp.training.compilation_cache import ENV, default_folder, use_persistent_cache
 from fedjax_dp.training.config_docs import describe_keys
 
 FLAGS = flags.FlagValues()
@@ -53,7 +58,9 @@ def help_text() -> str:
     """What ``--help`` prints: usage, options, the shipped configs, and every key with its default and meaning."""
     holders = (_CONFIG, _WORKDIR, _OVERWRITE, _RESUME, _SEEDS, _TENSORBOARD, _PROGRESS, _VERBOSE)
     options = "\n".join(f"  --{h.name:<12} {FLAGS[h.name].help}" for h in holders)
-    return "\n\n".join([USAGE, "options:\n" + options, configs_text(),
+    environment = (f"environment:\n  {ENV:<29} folder of the persistent compilation cache (default "
+                   f"{default_folder()}; 'off' disables it)")
+    return "\n\n".join([USAGE, "options:\n" + options, environment, configs_text(),
                         "config keys (--config.KEY=VALUE; defaults of training/default_config.py):\n" + describe_keys()])
 
 
@@ -171,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from fedjax_dp.experiment import Experiment, SeedsSummary
     from fedjax_dp.training.config_validation import validate_config
+
+    use_persistent_cache()  # before anything compiles: a later run of the same programs loads them
 
     workdir = _WORKDIR.value or f"results/{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 
 import dp_accounting  # noqa: E402
@@ -77,10 +77,8 @@ def main():
                      "both_meet_the_target": all(e <= case[0] for e in epsilons.values()),
                      "z_agree_to_tolerance": abs(zs["wide_bracket"] - zs["library"]) <= 2e-4})
         print(json.dumps(rows[-1]), flush=True)
-    result = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "rows": rows}
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    from xla_cost import write_result
+    write_result(args.out, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -61,8 +61,31 @@ def test_the_poisson_ledger_is_dp_accountings_poisson_gaussian_at_the_delta_left
     assert ledgers["rdp"].epsilons()[0] == pytest.approx(direct.get_epsilon(delta), rel=1e-9)
     pld = pld_privacy_accountant.PLDAccountant(value_discretization_interval=LEDGER_PLD_DISCRETIZATION)
     pld.compose(event(1.3), 5).compose(event(2.6), 5)
-    assert ledgers["pld"].pld_epsilons()[0] == pytest.approx(pld.get_epsilon(delta), rel=1e-9)
+    assert ledgers["pld"].pld_epsilons()[0] == pld.get_epsilon(delta)  # to the bit: the cached PLDs are its own
     assert ledgers["pld"].epsilons()[0] < ledgers["rdp"].epsilons()[0]
+
+
+@pytest.mark.parametrize("z,q,count", [(1.3, 0.05, 5), (0.8, 0.2, 40), (4.0, 0.01, 300)])
+def test_the_ledgers_cached_step_plds_compose_to_dp_accountings_own_to_the_bit(z, q, count):
+    """The ledger builds a step's PLD once per (n_k, z) and self-composes it with truncation bounds from
+    moments cached per PMF: each count's PMF and epsilons are those of dp_accounting's uncached
+    ``from_gaussian_mechanism(...).self_compose(count)``, the second count from the cached step PLD."""
+    from dp_accounting.pld import privacy_loss_distribution
+
+    from fedjax_dp.privacy.accounting import RoundEvent
+    from fedjax_dp.privacy.example_ledger import LEDGER_PLD_DISCRETIZATION, _steps_pld
+
+    event = RoundEvent("poisson", z, sampling_rate=q)
+    for steps in (count, 3 * count):
+        want = privacy_loss_distribution.from_gaussian_mechanism(
+            standard_deviation=z, sampling_prob=q, value_discretization_interval=LEDGER_PLD_DISCRETIZATION,
+            neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE).self_compose(steps)
+        got = _steps_pld(event, steps)
+        for a, b in ((got._pmf_add, want._pmf_add), (got._pmf_remove, want._pmf_remove)):
+            np.testing.assert_array_equal(a._probs, b._probs)
+            assert (a._lower_loss, a._infinity_mass) == (b._lower_loss, b._infinity_mass)
+        for delta in (1e-5, 1e-8):
+            assert got.get_epsilon_for_delta(delta) == want.get_epsilon_for_delta(delta)
 
 
 def test_a_pld_ledger_decides_on_pld_so_a_client_spends_its_threshold_by_pld():

@@ -15,7 +15,7 @@ over the whole single-round PMF (about 0.14 s per direction at discretisation 1e
 round's 0.34 s query), although those log moment generating functions depend on the PMF alone, not on the number of
 rounds. ``ChernoffBounds`` computes them once per PMF and the bounds from them exactly as dp_accounting does; it
 stands in for dp_accounting's function only while this accountant self-composes a cached mechanism
-(``_self_compose``), so nothing else in the process is touched.
+(``self_compose``), so nothing else in the process is touched.
 """
 
 from __future__ import annotations
@@ -31,14 +31,16 @@ from dp_accounting.pld import common, pld_privacy_accountant, privacy_loss_distr
 from scipy import special
 
 
-@functools.lru_cache(maxsize=8)  # a few MB each at discretisation 1e-4
-def subsampled_gaussian_pld(noise_multiplier: float, sampling_probability: float,
-                            neighboring_relation: dp_accounting.NeighboringRelation,
-                            discretization: float) -> privacy_loss_distribution.PrivacyLossDistribution:
+def build_subsampled_gaussian_pld(noise_multiplier: float, sampling_probability: float,
+                                  neighboring_relation: dp_accounting.NeighboringRelation,
+                                  discretization: float) -> privacy_loss_distribution.PrivacyLossDistribution:
     """The PLD of one Poisson-subsampled Gaussian round, as ``PLDAccountant`` builds it."""
     return privacy_loss_distribution.from_gaussian_mechanism(
         standard_deviation=noise_multiplier, value_discretization_interval=discretization,
         sampling_prob=sampling_probability, neighboring_relation=neighboring_relation)
+
+
+subsampled_gaussian_pld = functools.lru_cache(maxsize=8)(build_subsampled_gaussian_pld)  # MBs each at 1e-4
 
 
 class CachedPldAccountant(pld_privacy_accountant.PLDAccountant):
@@ -50,7 +52,7 @@ class CachedPldAccountant(pld_privacy_accountant.PLDAccountant):
                 and event.sampling_probability > 0 and event.event.noise_multiplier > 0):
             mechanism = subsampled_gaussian_pld(float(event.event.noise_multiplier), float(event.sampling_probability),
                                                 self.neighboring_relation, self._value_discretization_interval)
-            self._pld = self._pld.compose(_self_compose(mechanism, count))
+            self._pld = self._pld.compose(self_compose(mechanism, count))
             return None
         return super()._maybe_compose(event, count, do_compose)
 
@@ -107,7 +109,7 @@ def _bounds_from_cached_moments():
         common.compute_self_convolve_bounds = original
 
 
-def _self_compose(mechanism, count: int):
+def self_compose(mechanism, count: int):
     """``mechanism.self_compose(count)`` (dp_accounting's) with the truncation bounds from cached moments."""
     with _bounds_from_cached_moments():
         return mechanism.self_compose(count)

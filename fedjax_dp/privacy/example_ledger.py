@@ -59,6 +59,7 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import stats
 
+from fedjax_dp.privacy import cached_pld
 from fedjax_dp.privacy.accounting import RoundEvent, event_rdp, check_delta, check_rdp_orders
 
 STEP_SAMPLINGS = ("fixed", "poisson")
@@ -86,16 +87,23 @@ def poisson_batch_cap(sizes, batch_size: int, max_steps: int, delta: float) -> i
     return int(min(max(caps), int(sizes.max())))
 
 
+@functools.lru_cache(maxsize=2048)  # tens of kB each at discretisation 1e-3
+def _step_pld(event: RoundEvent) -> PrivacyLossDistribution:
+    """dp_accounting's PLD of one step of ``event`` (a Poisson-subsampled Gaussian, add/remove; pessimistic,
+    discretisation ``LEDGER_PLD_DISCRETIZATION``), built once per (n_k, z): a ledger asks for the same
+    (n_k, z) with many step counts, and building it (the connect-the-dots bounds, in Python) is the slow part."""
+    poisson = event.dp_event("pld")
+    return cached_pld.build_subsampled_gaussian_pld(poisson.event.noise_multiplier, poisson.sampling_probability,
+                                                    NeighboringRelation.ADD_OR_REMOVE_ONE, LEDGER_PLD_DISCRETIZATION)
+
+
 @functools.lru_cache(maxsize=2048)
 def _steps_pld(event: RoundEvent, count: int) -> PrivacyLossDistribution:
-    """dp_accounting's PLD of ``count`` steps of ``event`` (a Poisson-subsampled Gaussian, add/remove;
-    pessimistic, discretisation ``LEDGER_PLD_DISCRETIZATION``): what ``PLDAccountant.compose(event,
-    count)`` composes, cached because the ledgers compose the same few (n_k, z) over and over."""
-    poisson = event.dp_event("pld")
-    return privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=poisson.event.noise_multiplier, sampling_prob=poisson.sampling_probability,
-        value_discretization_interval=LEDGER_PLD_DISCRETIZATION,
-        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE).self_compose(count)
+    """The PLD of ``count`` steps of ``event``, what ``PLDAccountant.compose(event, count)`` composes:
+    dp_accounting's self-composition of ``_step_pld(event)``, its truncation bounds from moments computed
+    once per step PLD (``cached_pld.self_compose``: the same bounds to the bit); cached because the ledgers
+    compose the same few (n_k, z, count) over and over."""
+    return cached_pld.self_compose(_step_pld(event), count)
 
 
 GRID_POINTS = 32

@@ -24,6 +24,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp.core.unrolled_threefry import unrolled
+
 
 class NoiseMode(str, enum.Enum):
     CENTRAL = "central"
@@ -42,10 +44,19 @@ def standard_normal(key: jax.Array, shape, dtype=jnp.float32) -> jax.Array:
     """N(0, 1) as the mean-preserving sum of ``NOISE_DRAWS`` draws (module docstring). The draws are made
     as one flat vector and reshaped: the same values as drawing the shape directly (JAX's threefry counts
     over the flat index), but XLA:CPU compiles the flat draw several times faster (a 4 x 5 x 5 x 32 x 64
-    draw: 2.7 s against 0.4 s on the 2-core VM), and every DP program draws its noise this way."""
+    draw: 2.7 s against 0.4 s on the 2-core VM), and every DP program draws its noise this way. The key's
+    threefry runs unrolled (``core.unrolled_threefry``: the same draws to the bit), and the draws are summed
+    by three additions that XLA fuses with them instead of a reduce over their axis: the FedAvg CNN's noise
+    (1.66M numbers) 241 -> 25 ms on a 2-core CPU (``benchmarks/noise_draws.py``). The sum is in the same
+    order, but XLA:CPU may contract a draw's last multiply (sqrt(2) erfinv(u)) and the addition into one
+    fused multiply-add, one rounding instead of two: an entry can differ from the reduce's by a rounding of
+    the summands (at most 4.8e-7 in 6.4M draws); the distribution is the same."""
     shape = (NOISE_DRAWS,) + tuple(shape)
-    draws = jax.random.normal(key, (math.prod(shape),), noise_dtype(dtype)).reshape(shape)
-    return jnp.sum(draws, axis=0) / jnp.sqrt(jnp.asarray(NOISE_DRAWS, draws.dtype))
+    draws = jax.random.normal(unrolled(key), (math.prod(shape),), noise_dtype(dtype)).reshape(shape)
+    total = draws[0]
+    for draw in draws[1:]:  # added in sequence, as XLA:CPU's reduce over the axis does, fused with the draws
+        total = total + draw
+    return total / jnp.sqrt(jnp.asarray(NOISE_DRAWS, draws.dtype))
 
 
 def gaussian_noise_like(tree, std: float | jax.Array, key: jax.Array):

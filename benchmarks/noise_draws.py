@@ -8,6 +8,10 @@ For each model's parameter tree, timed both ways in this one run:
   dp_sgd     one DP-SGD local step, ``privacy.step_dp.ClippedNoisyGradient`` at B = 16 (per-example gradients,
              clipping, noise)
 
+  matrices   one compressed-sensing measurement Phi x with a matrix-free random Phi (``compression.operators
+             .RandomMatrix``, Gaussian and Bernoulli, CUAG-PFL's CNN size 73,882 at rate 0.3): its entries are
+             drawn tile by tile from the shared seed at every product
+
 ``before``: threefry's rolled loop (JAX's CPU lowering) and ``jnp.sum`` over the NOISE_DRAWS axis, as the code
 was; ``now``: the unrolled threefry and the fused additions. Each: the best mean of back-to-back calls, and
 the first call's seconds (compilation). The ratios are measured in this one run; the seconds depend on the
@@ -33,6 +37,7 @@ sys.path.insert(1, HERE)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from fedjax_dp.compression import operators  # noqa: E402
 from fedjax_dp.models import get_model  # noqa: E402
 from fedjax_dp.privacy import mechanisms  # noqa: E402
 from fedjax_dp.privacy.step_dp import ClippedNoisyGradient  # noqa: E402
@@ -87,10 +92,37 @@ def measure(model_name: str, calls: int) -> dict:
     return row
 
 
+def measure_matrices(calls: int, size: int = 73_882, rate: float = 0.3) -> list[dict]:
+    """Phi x for matrix-free Gaussian and Bernoulli matrices, the tiles' key as shipped (``now``) and as JAX's own
+    threefry key (``before``); the products are equal to the bit (checked here)."""
+    rows = []
+    x = jax.random.normal(jax.random.key(0), (size,))
+    for kind in ("gaussian", "bernoulli"):
+        row = {"matrix": kind, "size": size, "rate": rate}
+        outputs = {}
+        for name in ("before", "now"):
+            shipped = operators.unrolled
+            if name == "before":
+                operators.unrolled = lambda key: key
+            try:
+                start = time.perf_counter()
+                measure = jax.jit(operators.RandomMatrix(size=size, rate=rate, seed=3, kind=kind).measure).lower(x).compile()
+                row[f"measure_{name}_compile_s"] = time.perf_counter() - start
+                row[f"measure_{name}_ms"] = best_ms(measure, x, calls=calls, repeats=2)
+                outputs[name] = measure(x)
+            finally:
+                operators.unrolled = shipped
+        row["equal"] = bool(jnp.array_equal(outputs["before"], outputs["now"]))
+        row["measure_speedup"] = row["measure_before_ms"] / row["measure_now_ms"]
+        rows.append(row)
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--calls", type=int, default=20, help="back-to-back calls per timing (fewer for the DP-SGD step)")
+    p.add_argument("--no-matrices", action="store_true", help="skip the measurement matrices (about a minute)")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     result = {"benchmark": "noise_draws", "processor": platform.processor() or platform.machine(),
@@ -99,6 +131,10 @@ def main(argv=None):
         row = measure(name, args.calls)
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
         result["rows"].append(row)
+    if not args.no_matrices:
+        for row in measure_matrices(calls=1):
+            print(row, flush=True)
+            result["rows"].append(row)
     if args.out:
         write_result(args.out, result)
 

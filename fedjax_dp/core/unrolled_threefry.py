@@ -2,11 +2,11 @@
 
 On CPU, JAX lowers ``threefry2x32`` as a rolled loop of five iterations (``use_rolled_loops=True`` in
 ``jax/_src/random/threefry2x32.py``, chosen for compile time), and every iteration passes over the whole
-counter array in memory, so a draw larger than the caches runs at memory speed: the 6.4M float32
-normals of one DP noise draw for the FedAvg CNN (1.66M parameters x ``mechanisms.NOISE_DRAWS``) took 147 ms
-on a 2-core AMD EPYC VM, 22 ns a number. Unrolled, XLA fuses the rounds into one elementwise loop over the
-counters: 25 ms (5.8x); a 200k draw 3.2 -> 1.2 ms; compiling no slower (a 1000-number program 0.26 s
-against 0.32 s). ``benchmarks/noise_draws.py`` measures it.
+counter array in memory, so a draw larger than the caches runs at memory speed (on a 2-core AMD EPYC VM,
+6.4M float32 normals, the FedAvg CNN's 1.66M parameters x ``mechanisms.NOISE_DRAWS``: 147 ms, 22 ns a
+number). Unrolled, XLA fuses the rounds into one elementwise loop over the counters (25 ms), and compiles
+no slower. ``benchmarks/noise_draws.py`` measures what it does for whole DP noise draws (4.1-9.9x with
+the fused sum of ``mechanisms.standard_normal``) and for random measurement matrices (4.1-9.0x).
 
 ``unrolled(key)`` rewraps a threefry key in a PRNG implementation (``jax.extend.random.define_prng_impl``)
 that is threefry's in everything (seed, split, fold_in) except ``random_bits``, which computes the bits of

@@ -47,7 +47,7 @@ def standard_normal(key: jax.Array, shape, dtype=jnp.float32) -> jax.Array:
     draw: 2.7 s against 0.4 s on the 2-core VM), and every DP program draws its noise this way. The key's
     threefry runs unrolled (``core.unrolled_threefry``: the same draws to the bit), and the draws are summed
     by three additions that XLA fuses with them instead of a reduce over their axis: the FedAvg CNN's noise
-    (1.66M numbers) 241 -> 25 ms on a 2-core CPU (``benchmarks/noise_draws.py``). The sum is in the same
+    (1.66M numbers) 227 -> 23 ms on a 2-core CPU (``benchmarks/noise_draws.py``). The sum is in the same
     order, but XLA:CPU may contract a draw's last multiply (sqrt(2) erfinv(u)) and the addition into one
     fused multiply-add, one rounding instead of two: an entry can differ from the reduce's by a rounding of
     the summands (at most 4.8e-7 in 6.4M draws); the distribution is the same."""

@@ -14,7 +14,7 @@ For each model's parameter tree, timed both ways in this one run:
 
 ``before``: threefry's rolled loop (JAX's CPU lowering) and ``jnp.sum`` over the NOISE_DRAWS axis, as the code
 was; ``now``: the unrolled threefry and the fused additions. Each: the best mean of back-to-back calls, and
-the first call's seconds (compilation). The ratios are measured in this one run; the seconds depend on the
+the first call's seconds (noise, DP-SGD: compilation included) or the compile seconds (matrices). The ratios are measured in this one run; the seconds depend on the
 machine (say which). JSON out.
 
     python benchmarks/noise_draws.py --out benchmarks/out/noise_draws.json
@@ -41,7 +41,7 @@ from fedjax_dp.compression import operators  # noqa: E402
 from fedjax_dp.models import get_model  # noqa: E402
 from fedjax_dp.privacy import mechanisms  # noqa: E402
 from fedjax_dp.privacy.step_dp import ClippedNoisyGradient  # noqa: E402
-from timing import best_ms  # noqa: E402
+from timing import best_ms, timed  # noqa: E402
 from xla_cost import write_result  # noqa: E402
 
 MODELS = {"mlp_2nn": (28, 28, 1), "cnn_fedavg": (28, 28, 1), "cnn_pfl": (32, 32, 3)}
@@ -66,12 +66,6 @@ def formulation(name: str):
         mechanisms.standard_normal = shipped
 
 
-def first_call_s(fn, *args) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start
-
-
 def measure(model_name: str, calls: int) -> dict:
     shape = MODELS[model_name]
     model = get_model(model_name, shape, 10)
@@ -83,9 +77,9 @@ def measure(model_name: str, calls: int) -> dict:
         with formulation(name):  # fresh jitted functions: each formulation traced and compiled on its own
             noise = jax.jit(lambda p, k: mechanisms.add_gaussian_noise(p, 1.0, k))
             step = jax.jit(lambda p, b: ClippedNoisyGradient(1.0, 1.0)(model.per_example_loss, p, b, mask, key))
-            row[f"noise_{name}_first_call_s"] = first_call_s(noise, params, key)
+            row[f"noise_{name}_first_call_s"], _ = timed(lambda: noise(params, key), repeats=1)
             row[f"noise_{name}_ms"] = best_ms(noise, params, key, calls=calls)
-            row[f"dp_sgd_{name}_first_call_s"] = first_call_s(step, params, batch)
+            row[f"dp_sgd_{name}_first_call_s"], _ = timed(lambda: step(params, batch), repeats=1)
             row[f"dp_sgd_{name}_ms"] = best_ms(step, params, batch, calls=max(3, calls // 5))
     row["noise_speedup"] = row["noise_before_ms"] / row["noise_now_ms"]
     row["dp_sgd_speedup"] = row["dp_sgd_before_ms"] / row["dp_sgd_now_ms"]

@@ -16,7 +16,7 @@ as easy as 1, 2, 3", Sec. 3-4) of the counter (hi(i), lo(i)) of its row-major fl
 the two output words xor-ed for a 32-bit draw. jax.random's samplers (normal, uniform, rademacher...) turn
 those bits into numbers with their own code, so every sample equals jax.random's on the original key to the
 bit (``tests/test_unrolled_threefry.py``). A key of another implementation, or the non-partitionable scheme,
-is returned unchanged; draws of 2^32 numbers or more go to JAX's own bits.
+is returned unchanged; 64-bit draws and draws of 2^32 numbers or more use JAX's own bits.
 """
 
 from __future__ import annotations
@@ -50,14 +50,11 @@ def threefry2x32(k1, k2, x1, x2):
 def _random_bits(key_data, bit_width: int, shape):
     """``bit_width``-bit random bits of ``shape``, those of JAX's partitionable threefry."""
     size = math.prod(shape)
-    if size >= 2 ** 32:  # the counters' high words are not all zero: JAX's own code
+    if size >= 2 ** 32 or bit_width == 64:  # counters past 32 bits, or 64-bit draws (x64 only): JAX's own code
         return THREEFRY.random_bits(key_data, bit_width, shape)
     low = jax.lax.iota(np.uint32, size).reshape(shape)  # the row-major flat index
     bits1, bits2 = threefry2x32(key_data[..., 0], key_data[..., 1], jnp.zeros_like(low), low)
-    dtype = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}[bit_width]
-    if bit_width == 64:
-        return (bits1.astype(dtype) << dtype(32)) | bits2.astype(dtype)
-    return (bits1 ^ bits2).astype(dtype)
+    return (bits1 ^ bits2).astype({8: np.uint8, 16: np.uint16, 32: np.uint32}[bit_width])
 
 
 UNROLLED_THREEFRY = jex_random.define_prng_impl(

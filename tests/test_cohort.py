@@ -61,7 +61,7 @@ def test_strategies_equal_python_loop(strategy, chunk):
 
 @pytest.mark.parametrize("conv_impl", ["xla", "im2col"])
 def test_cnn_strategies_agree(conv_impl):
-    client_fn, params, clients = make_problem("cnn_fedavg", sizes=(5, 3, 8), shape=(28, 28, 1), conv_impl=conv_impl)
+    client_fn, params, clients = make_problem("cnn_fedavg", sizes=(5, 3, 8), shape=(12, 12, 1), conv_impl=conv_impl)
     want_sum, _ = python_loop(client_fn, params, clients)
     for strategy, chunk in (("vmap", None), ("chunked", 2), ("loop", None)):
         got_sum, _ = CohortEngine(client_fn, strategy, chunk)(params, clients)

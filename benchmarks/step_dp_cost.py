@@ -3,13 +3,16 @@
 For each model, one step on a batch of B examples is timed three ways in this one process:
 
   batch        the plain mean gradient of the batch (no privacy): the floor
-  dp_sgd       ``privacy.step_dp.ClippedNoisyGradient`` as shipped: per-example gradients, each clipped
-               to C, summed by a contraction with the clip weights, Gaussian noise
-  reduce_sum   the same with the clipped per-example gradients summed by ``jnp.sum(axis=0)`` (the code
-               before the fix): XLA:CPU fused the per-example gradient into that reduce
+  dp_sgd       ``privacy.step_dp.ClippedNoisyGradient`` as shipped: dense layers by book-keeping (their
+               per-example norms and clipped sum from inputs and output gradients, ``privacy.ghost_clipping``),
+               per-example gradients of the other parameters, Gaussian noise
+  per_example  the same hook with ``dense_bookkeeping=False``: every parameter's per-example gradient, each
+               example clipped to C, summed by a contraction with the clip weights (the code before book-keeping)
+  reduce_sum   per-example gradients summed by ``jnp.sum(axis=0)`` (the code before the contraction):
+               XLA:CPU fused the per-example gradient into that reduce
 
-Ratios (``dp_sgd / batch``, ``reduce_sum / dp_sgd``) are measured in one run; the seconds depend on the
-machine (say which). JSON out.
+Ratios (``dp_sgd / batch``, ``per_example / dp_sgd``, ``reduce_sum / per_example``) are measured in one run; the
+seconds depend on the machine (say which). JSON out.
 
     python benchmarks/step_dp_cost.py --out benchmarks/out/step_dp_cost.json
 """
@@ -59,9 +62,11 @@ def measure(name, batch_size, conv_impl, repeats):
     mask = jnp.ones(batch_size, bool)
     key = jax.random.key(2)
     hook = ClippedNoisyGradient(1.0, 1.0)
+    per_example_hook = ClippedNoisyGradient(1.0, 1.0, dense_bookkeeping=False)
     variants = {
         "batch": jax.jit(lambda p: jax.grad(lambda q: model.per_example_loss(q, batch, key).mean())(p)),
         "dp_sgd": jax.jit(lambda p: hook(model.per_example_loss, p, batch, mask, key)),
+        "per_example": jax.jit(lambda p: per_example_hook(model.per_example_loss, p, batch, mask, key)),
         "reduce_sum": jax.jit(lambda p: reduce_sum_step(model, p, batch, mask, key)),
     }
     row = {"model": name, "batch_size": batch_size, "conv_impl": conv_impl}
@@ -69,7 +74,8 @@ def measure(name, batch_size, conv_impl, repeats):
         first, median = timed(lambda: fn(params), repeats)
         row[f"{label}_s"], row[f"{label}_first_call_s"] = median, first
     row["dp_sgd_over_batch"] = row["dp_sgd_s"] / row["batch_s"]
-    row["reduce_sum_over_dp_sgd"] = row["reduce_sum_s"] / row["dp_sgd_s"]
+    row["per_example_over_dp_sgd"] = row["per_example_s"] / row["dp_sgd_s"]
+    row["reduce_sum_over_per_example"] = row["reduce_sum_s"] / row["per_example_s"]
     print(json.dumps(row), flush=True)
     return row
 

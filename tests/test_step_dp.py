@@ -115,7 +115,8 @@ def _equations(jaxpr):
                     yield from _equations(sub)
 
 
-def test_clipped_sum_contracts_the_examples_instead_of_reducing_the_gradient_stack():
+@pytest.mark.parametrize("bookkeeping", [True, False], ids=["bookkeeping", "per_example"])
+def test_clipped_sum_contracts_the_examples_instead_of_reducing_the_gradient_stack(bookkeeping):
     """Performance bug (issue 18): summing the stacked clipped per-example gradients with a reduce let
     XLA:CPU fuse the per-example gradient into the reduction: one DP-SGD step of the FedAvg CNN at
     B = 16 took 6.9 s instead of 0.14 s (``benchmarks/step_dp_cost.py``). The hook contracts the example
@@ -123,7 +124,7 @@ def test_clipped_sum_contracts_the_examples_instead_of_reducing_the_gradient_sta
     matrix's gradients."""
     model, params, batches, mask = problem(steps=1, batch=5)  # 5: not the noise's NOISE_DRAWS stack of 4
     batch = {k: v[0] for k, v in batches.items()}
-    hook = ClippedNoisyGradient(C, Z)
+    hook = ClippedNoisyGradient(C, Z, dense_bookkeeping=bookkeeping)
     jaxpr = jax.make_jaxpr(lambda p: hook(model.per_example_loss, p, batch, mask[0], jax.random.key(0)))(params)
     stacked = {(5,) + leaf.shape for leaf in jax.tree_util.tree_leaves(params) if leaf.ndim >= 2}
     reduced = [eqn.invars[0].aval.shape for eqn in _equations(jaxpr.jaxpr)

@@ -1,7 +1,8 @@
 """Example-level DP inside local training: a clipped, noised gradient at every local step, plugged into
 ``core.local_training.make_local_trainer(gradient_hook=...)``.
 
-* ``per_example=True``: DP-SGD (Abadi et al. 2016, Alg. 1): each example's gradient is clipped to C,
+* ``per_example=True``: DP-SGD (Abadi et al. 2016, Alg. 1): each example's gradient is clipped to C
+  (dense layers by book-keeping, without per-example gradients: ``privacy.ghost_clipping``),
   the clipped gradients of the real examples are summed, N(0, (z C)^2 I) is added, and the sum is
   divided by the FIXED batch size B (the real count would leak; padded slots count as absent; with
   Poisson batches padded beyond B, ``normalizer`` = the expected size B). One step is the Gaussian
@@ -26,6 +27,7 @@ from fedjax_dp.core import tree
 from fedjax_dp.core.local_training import masked_mean
 from fedjax_dp.core.uploads import Release
 from fedjax_dp.privacy.clipping import clip_by_global_norm, clip_scale
+from fedjax_dp.privacy.ghost_clipping import clipped_gradient_sum
 from fedjax_dp.privacy.mechanisms import add_gaussian_noise
 
 
@@ -59,6 +61,7 @@ class ClippedNoisyGradient:
     per_example: bool = True
     normalizer: int = 0  # what the noised sum is divided by (0: the padded batch length, = B for fixed batches)
     median_clip: bool = False
+    dense_bookkeeping: bool = True  # dense layers without per-example gradients (ghost_clipping.py); same numbers
 
     def __post_init__(self):
         if self.median_clip and not self.per_example:
@@ -79,12 +82,16 @@ class ClippedNoisyGradient:
             return loss, add_gaussian_noise(clip_by_global_norm(grads, self.clip_norm).clipped, z * self.clip_norm,
                                             noise_key)
 
-        def one_example(p, example):
-            single = jax.tree_util.tree_map(lambda x: x[None], example)
-            return per_example_loss(p, single, loss_key)[0]
+        if self.dense_bookkeeping:
+            losses, summed, clip_norm = clipped_gradient_sum(per_example_loss, params, batch, mask, loss_key,
+                                                             self.clip_norm, self.median_clip)
+        else:
+            def one_example(p, example):
+                single = jax.tree_util.tree_map(lambda x: x[None], example)
+                return per_example_loss(p, single, loss_key)[0]
 
-        losses, grads = jax.vmap(jax.value_and_grad(one_example), in_axes=(None, 0))(params, batch)
-        summed, clip_norm = clipped_sum(grads, mask, self.clip_norm, self.median_clip)
+            losses, grads = jax.vmap(jax.value_and_grad(one_example), in_axes=(None, 0))(params, batch)
+            summed, clip_norm = clipped_sum(grads, mask, self.clip_norm, self.median_clip)
         noised = add_gaussian_noise(summed, z * clip_norm, noise_key)
         batch_size = self.normalizer or mask.shape[0]
         return masked_mean(losses, mask), jax.tree_util.tree_map(lambda g: g / batch_size, noised)

@@ -39,6 +39,14 @@ def clip_scale(norm, clip_norm):
     return 1.0 / jnp.maximum(1.0, norm / clip_norm)
 
 
+def example_clip_weights(norms, mask, clip_norm, median: bool = False):
+    """``(weights, C)``: each example's clip factor 1 / max(1, ||g_i|| / C), 0 on padded slots, and the C used:
+    ``clip_norm``, or with ``median`` the median of the real examples' norms (data-dependent: no guarantee)."""
+    if median:
+        clip_norm = jnp.maximum(jnp.nanmedian(jnp.where(mask, norms, jnp.nan)), 1e-12)
+    return jnp.where(mask, clip_scale(norms, clip_norm), 0.0), clip_norm
+
+
 def clip_by_global_norm(update, clip_norm: float | jax.Array) -> ClipResult:
     """Scales ``update`` so its global L2 norm is at most ``clip_norm``."""
     _check_positive(clip_norm)

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from fedjax_dp.privacy.clipping import clip_scale
+from fedjax_dp.privacy.clipping import example_clip_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,10 +104,7 @@ def clipped_gradient_sum(per_example_loss, params, batch, mask, key, clip_norm, 
         squared = squared + _kernel_norm_squared(a, g)
         if call.path + ("bias",) in dense_keys:
             squared = squared + jnp.sum(jnp.square(jnp.sum(g, axis=1)), axis=1)
-    norms = jnp.sqrt(squared)
-    if median:
-        clip_norm = jnp.maximum(jnp.nanmedian(jnp.where(mask, norms, jnp.nan)), 1e-12)
-    weights = jnp.where(mask, clip_scale(norms, clip_norm), 0.0)
+    weights, clip_norm = example_clip_weights(jnp.sqrt(squared), mask, clip_norm, median)
 
     summed = {k: jnp.tensordot(weights.astype(g.dtype), g, axes=1) for k, g in other_grads.items()}
     for call, a, g in zip(calls, dense_inputs, output_grads):

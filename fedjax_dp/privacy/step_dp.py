@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from fedjax_dp.core import tree
 from fedjax_dp.core.local_training import masked_mean
 from fedjax_dp.core.uploads import Release
-from fedjax_dp.privacy.clipping import clip_by_global_norm, clip_scale
+from fedjax_dp.privacy.clipping import clip_by_global_norm, example_clip_weights
 from fedjax_dp.privacy.ghost_clipping import clipped_gradient_sum
 from fedjax_dp.privacy.mechanisms import add_gaussian_noise
 
@@ -41,10 +41,7 @@ def clipped_sum(grads, mask, clip_norm, median: bool = False):
     (``benchmarks/step_dp_cost.py``). Padded slots get weight 0; their gradients are those of real or
     zero inputs under the same parameters, so finite whenever the real ones are.
     """
-    norms = jax.vmap(tree.l2_norm)(grads)
-    if median:
-        clip_norm = jnp.maximum(jnp.nanmedian(jnp.where(mask, norms, jnp.nan)), 1e-12)
-    weights = jnp.where(mask, clip_scale(norms, clip_norm), 0.0)
+    weights, clip_norm = example_clip_weights(jax.vmap(tree.l2_norm)(grads), mask, clip_norm, median)
     return jax.tree_util.tree_map(lambda g: jnp.tensordot(weights.astype(g.dtype), g, axes=1), grads), clip_norm
 
 

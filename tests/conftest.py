@@ -14,8 +14,8 @@ import pytest
 jax.config.update("jax_default_matmul_precision", "highest")
 
 # The suite compiles hundreds of small programs and runs most of them for milliseconds, so LLVM's optimisation of
-# XLA:CPU's generated code costs more than it saves: without it the suite ran ~15 % faster on a 2-core CPU (golden
-# runs and test_uga: 136 s against 115 s, three passes each, 2026-12-02). The HLO passes (fusion, layout) still run,
+# XLA:CPU's generated code costs more than it saves: without it the whole suite took 15.9 min instead of 20.9 on a
+# 2-core CPU (2026-12-02, nothing else running; golden runs + test_uga alternated: 136 s against 115 s). The HLO passes (fusion, layout) still run,
 # so the programs are the same; only their machine code is less optimised. Numbers the tests compare against one
 # another come from one setting; golden values hold to their tolerance under both. FEDJAX_DP_TEST_OPTIMIZED=1 keeps
 # XLA's defaults (the subprocess tests that set their own XLA_FLAGS do so too).

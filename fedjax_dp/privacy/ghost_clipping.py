@@ -35,10 +35,9 @@ from fedjax_dp.privacy.clipping import example_clip_weights
 
 @dataclasses.dataclass(frozen=True)
 class DenseCall:
-    """A dense layer found by the abstract trace: its parameter path and per-example input / output shapes."""
+    """A dense layer found by the abstract trace: its parameter path and its output's shape on one example."""
 
     path: tuple[str, ...]
-    input_shape: tuple[int, ...]
     output_shape: tuple[int, ...]
 
 
@@ -50,14 +49,14 @@ def find_dense_calls(per_example_loss, params, example, key) -> tuple[DenseCall,
     def record(next_fun, args, kwargs, context):
         out = next_fun(*args, **kwargs)
         if isinstance(context.module, nn.Dense) and context.method_name == "__call__" and len(context.module.path) == 1:
-            seen.append(DenseCall(tuple(context.module.path), tuple(args[0].shape), tuple(out.shape)))
+            seen.append(DenseCall(tuple(context.module.path), tuple(out.shape)))
         return out
 
     with nn.intercept_methods(record):
         jax.eval_shape(lambda p: per_example_loss(p, example, key), params)
     paths = [call.path for call in seen]
-    kernels = traverse_util.flatten_dict(params)
-    return tuple(call for call in seen if paths.count(call.path) == 1 and call.path + ("kernel",) in kernels)
+    flat = traverse_util.flatten_dict(params)
+    return tuple(call for call in seen if paths.count(call.path) == 1 and call.path + ("kernel",) in flat)
 
 
 def clipped_gradient_sum(per_example_loss, params, batch, mask, key, clip_norm, median: bool = False):

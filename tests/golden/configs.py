@@ -1,9 +1,12 @@
 """Short seeded runs of every configuration the library had before the algorithm-protocol refactor
-(issue 15), whose ``metrics.jsonl`` and ``privacy.json`` are committed beside this file.
+(issue 15), and of the algorithms added after it (``later_configs``: recorded at 4877358, 2026-12-02,
+so that the next refactor has them too), whose ``metrics.jsonl`` and ``privacy.json`` are committed
+beside this file.
 
 ``test_golden.py`` re-runs each and compares; ``python -m tests.golden.record`` rewrites the files
 (only when a change of numbers is intended, and then say why in the commit). Every run is tiny: the
-embedded MNIST subset, 12 clients, logistic regression, 3 rounds of 4 clients.
+embedded MNIST subset, 12 clients, logistic regression, 3 rounds of 4 clients (the later ones: 10
+clients, a quarter of each one's examples its test set, 2-3 local steps).
 """
 
 from __future__ import annotations
@@ -74,3 +77,50 @@ def configs() -> dict:
                                       compression__rates="0.5", compression__method="ista_dct"),
     }
     return out
+
+
+def _later(algorithm, **fields):
+    """The algorithms registered after the refactor, as their tests run them (tests/test_pfldyn_cuag.py,
+    tests/test_dp_baselines.py, tests/test_ldp_minibatch.py): 10 clients, 4 a round, 3 rounds."""
+    c = _base()
+    c.algorithm, c.eval_every = algorithm, 3
+    c.data.update(num_clients=10, test_fraction=0.25)
+    c.client.update(batch_size=8)
+    if algorithm in ("pfldyn_proto", "cuag_pfl", "prifedsync"):
+        c.pfldyn.local_steps = 2
+    if algorithm == "dp_scaffold":
+        c.dp_scaffold.local_steps = 3
+    return _with(c, **fields)
+
+
+def later_configs() -> dict:
+    """name -> config; the algorithms and DP modes added after the refactor (seed 003 and seed 004)."""
+    return {
+        "pfldyn_proto": _later("pfldyn_proto"),
+        "pfldyn_proto_population_penultimate": _later("pfldyn_proto", pfldyn__server_mean="population",
+                                                      pfldyn__representation="penultimate", model__name="mlp_2nn"),
+        "cuag_pfl_paper": _later("cuag_pfl", compression__enabled=True),
+        "cuag_pfl_sound": _later("cuag_pfl", compression__enabled=True, cuag__mode="sound", cuag__participations=2),
+        "cuag_pfl_sound_client_mu": _later("cuag_pfl", compression__enabled=True, cuag__mode="sound",
+                                           cuag__client_mu="0.5,4", cuag__participations=2),
+        "cuag_pfl_sound_adaptive_clip": _later("cuag_pfl", compression__enabled=True, cuag__mode="sound",
+                                               cuag__participations=2, cuag__adaptive_clip=True,
+                                               cuag__count_noise_std=12.0),
+        "udp_paper": _later("udp"),
+        "udp_sound": _later("udp", udp__mode="sound", udp__participations=2),
+        "prifedsync": _later("prifedsync"),
+        "dp_scaffold_median": _later("dp_scaffold"),
+        "dp_scaffold_fixed_pld": _later("dp_scaffold", dp_scaffold__clip="fixed", dp_scaffold__accountant="pld"),
+        "ldp_minibatch": _with(_later("ldp_minibatch", server_data__overlap=0.0), ldp__local_steps=3,
+                               ldp__thresholds="1,3"),
+        "ldp_minibatch_mlp_poisson": _with(_later("ldp_minibatch", server_data__overlap=0.0, model__name="mlp_2nn"),
+                                           ldp__local_steps=3, ldp__thresholds="2", ldp__step_sampling="poisson"),
+        "ldp_minibatch_cnn_pfl": _with(_later("ldp_minibatch", server_data__overlap=0.0, model__name="cnn_pfl"),
+                                       ldp__local_steps=2, ldp__thresholds="3"),
+        "dp_scaffold_cnn_pfl": _later("dp_scaffold", model__name="cnn_pfl", dp_scaffold__clip="fixed"),
+    }
+
+
+def all_configs() -> dict:
+    """Both sets: what ``test_golden.py`` runs and ``record.py`` writes."""
+    return {**configs(), **later_configs()}

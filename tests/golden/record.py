@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 from fedjax_dp.training.loop import run_experiment
-from tests.golden.configs import configs
+from tests.golden.configs import all_configs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FILES = ("metrics.jsonl", "privacy.json")
@@ -26,7 +26,7 @@ def run(name: str, cfg, workdir: str) -> dict:
 
 
 def main(names: list[str]) -> None:
-    table = configs()
+    table = all_configs()
     for name in names or sorted(table):
         with tempfile.TemporaryDirectory() as tmp:
             run(name, table[name], os.path.join(tmp, name))

@@ -53,6 +53,33 @@ def test_a_loop_free_conv_client_runs_unrolled_with_each_layers_fastest_conv_on_
     assert choose_strategy(True, 10, "gpu", loop_free_steps=5).strategy == "chunked"  # GPU: unchanged
 
 
+def test_a_dp_sgd_conv_client_keeps_the_scan_with_im2col_on_cpu_and_the_dp_sgd_algorithms_say_so():
+    """Per-example gradients (DP-SGD) of a conv model: a vmapped XLA convolution's per-example weight gradient is
+    slow on XLA:CPU, im2col's is a batched matmul, so ``auto`` keeps the scan with im2col even for a loop-free
+    client (measured, ``benchmarks/dp_sgd_engine.py``); dense models, the GPU and plain clients are unchanged."""
+    from fedjax_dp.training.build import build_model_and_round
+    from fedjax_dp.data.builders import build_dataset
+
+    dp_sgd = choose_strategy(True, 10, "cpu", loop_free_steps=10, per_example=True)
+    assert (dp_sgd.strategy, dp_sgd.unroll, dp_sgd.conv_impl) == ("sequential", 1, "im2col")
+    assert choose_strategy(True, 10, "cpu", loop_free_steps=10).strategy == "loop"
+    assert choose_strategy(False, 10, "cpu", loop_free_steps=10, per_example=True).conv_impl == "xla"
+    assert choose_strategy(True, 10, "gpu", loop_free_steps=10, per_example=True).strategy == "chunked"
+    cfg = default_config()
+    cfg.data.num_clients, cfg.model.name, cfg.sampling.cohort_size = 6, "cnn_pfl", 2
+    dataset = build_dataset(cfg.data, cfg.seed)
+    for algorithm, per_example, engine in [("ldp_minibatch", True, ("sequential", 1, "im2col")),
+                                           ("dp_scaffold", True, ("sequential", 1, "im2col")),
+                                           ("ldp_minibatch", False, ("loop", True, "xla"))]:  # clipped batch means
+        cfg.algorithm, cfg.ldp.per_example = algorithm, per_example
+        if algorithm == "dp_scaffold":
+            cfg.ldp.per_example = True  # ldp's default: the section is not read
+        choice, _, runner = build_model_and_round(cfg, dataset)
+        assert runner.algorithm.requirements.per_example_gradients is per_example, algorithm
+        if len(jax.devices("cpu")) > 1:  # one device: the unrolled loop's convolutions are per layer
+            assert (choice.strategy, choice.unroll, choice.conv_impl) == engine, (algorithm, per_example)
+
+
 def test_the_cpu_loop_spreads_over_every_cpu_device_and_explicit_num_devices_wins():
     """``auto``'s loop goes round-robin over the CPU devices (``core.host_devices``: one per core); an explicit
     ``engine.num_devices`` is kept; ``spread`` turns the count into the engine's ``devices`` (loop) or a mesh."""

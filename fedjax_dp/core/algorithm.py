@@ -83,6 +83,9 @@ class Requirements:
       model's steps on a CPU, where XLA runs convolution gradients 10-60x slower inside loops
       (``core.strategy``). False where it has one, or has not said: UGA's evaluation pass, FedMeta's steps on
       D_meta.
+    per_example_gradients: local steps take each example's gradient (DP-SGD's clipping): on a CPU ``auto``
+      then runs conv models' steps in a scan with im2col convolutions (``core.strategy``), where a vmapped
+      XLA convolution's per-example weight gradient is the slow part.
     """
 
     server_set: bool = False
@@ -95,6 +98,7 @@ class Requirements:
     global_classifier: bool = True
     poisson_batch_cap: int = 0
     loop_free: bool = False
+    per_example_gradients: bool = False
 
 
 @flax.struct.dataclass

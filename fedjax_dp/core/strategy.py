@@ -50,6 +50,16 @@ core all-XLA 52.7-52.9 against per-layer 55.0-56.5 ms, and spread over two devic
 updates/s. So the spread loop uses XLA's convolution in every layer (``cnn_pfl``'s layers already were). The scans run as a mesh
 (``shard_map``, sums combined by ``psum``: float order changes): workload W's MLP at C = 1000 1059 against 503
 updates/s (2.1x), the CNN's im2col scan 23.2-23.7 against 19.6-20.0 (1.18x).
+
+CPU, conv model whose local steps take per-example gradients (``per_example``: DP-SGD's clipping, seed 003's local
+DP and DP-SCAFFOLD; 2026-12-02): the scan with im2col, loop-free or not. Vmapped over the batch, XLA's convolution
+weight gradient becomes a grouped convolution, slow on XLA:CPU; im2col's is a batched matmul of patches and output
+gradients, about as fast as the plain batch gradient. One DP-SGD step of the FedAvg CNN at B = 16: 44 ms im2col,
+59 ms XLA. A round, the engines alternated (``benchmarks/dp_sgd_engine.py``, 2-core VM): ``ldp_minibatch_mnist``
+3.58-3.73 s against 4.03-4.11 s unrolled with XLA convolutions (1.12x), compiled in 8.9-9.3 s against 22.6-23.2 s
+(2.5x); DP-SCAFFOLD on ``cuag_pfl_cifar10`` 5.33-5.72 s against 5.37-5.98 s (1.01x), compiled in 12.9-13.7 s
+against 50.8-63.4 s (3.9x). ``ldp_minibatch_mnist`` for 10 rounds: 56.7-58.0 s against 67.3-71.1 s, the same
+accuracy and epsilon.
 """
 
 from __future__ import annotations
@@ -74,12 +84,15 @@ MAX_UNROLLED_CONV_STEPS = 32
 
 
 def choose_strategy(has_conv: bool, cohort_size: int, backend: str | None = None,
-                    loop_free_steps: int | None = None) -> StrategyChoice:
+                    loop_free_steps: int | None = None, per_example: bool = False) -> StrategyChoice:
     """The fastest measured formulation for this backend and model family. ``loop_free_steps``: the number
-    of local steps when the client program has no other loop over the model (None: unknown, or it has one)."""
+    of local steps when the client program has no other loop over the model (None: unknown, or it has one);
+    ``per_example``: the local steps take per-example gradients (DP-SGD)."""
     backend = backend or jax.default_backend()
     if backend == "cpu":
         cores = len(cpu_devices())  # one device per core (core.host_devices): the cohort spreads over them
+        if has_conv and per_example:
+            return StrategyChoice("sequential", None, 1, "im2col", devices=cores)
         if has_conv and loop_free_steps is not None and loop_free_steps <= MAX_UNROLLED_CONV_STEPS:
             return StrategyChoice("loop", None, True, "xla" if cores > 1 else "per_layer", devices=cores)
         if has_conv:

@@ -18,9 +18,10 @@ from fedjax_dp.privacy.tracker import PrivacyTracker
 from fedjax_dp.training.cohorts import expected_cohort
 
 
-def resolve_engine(cfg, has_conv: bool, cohort_size: int, loop_free_steps: int | None = None) -> StrategyChoice:
+def resolve_engine(cfg, has_conv: bool, cohort_size: int, loop_free_steps: int | None = None,
+                   per_example: bool = False) -> StrategyChoice:
     """``auto`` fields replaced by the measured choice (``core.strategy``); explicit values kept."""
-    auto = choose_strategy(has_conv, cohort_size, loop_free_steps=loop_free_steps)
+    auto = choose_strategy(has_conv, cohort_size, loop_free_steps=loop_free_steps, per_example=per_example)
     e = cfg.engine
     return StrategyChoice(
         strategy=auto.strategy if e.strategy == "auto" else e.strategy,
@@ -43,8 +44,8 @@ def loop_free_steps(cfg, requirements, train_sizes) -> int | None:
 
 def build_model_and_round(cfg, dataset, server_set=None):
     """``(choice, model, round)`` for ``dataset``. On a CPU the engine's choice for a conv model depends on
-    whether the client program can be loop-free (``loop_free_steps``), which the built algorithm's
-    requirements tell: the round is built with the default choice, and again when its requirements change
+    whether the client program can be loop-free (``loop_free_steps``) and takes per-example gradients, which
+    the built algorithm's requirements tell: the round is built with the default choice, and again when its requirements change
     the choice (building traces shapes only)."""
     has_conv = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes).has_conv  # probed with the data's shape
     cohort = int(expected_cohort(cfg, dataset.num_clients))
@@ -56,8 +57,9 @@ def build_model_and_round(cfg, dataset, server_set=None):
 
     first = resolve_engine(cfg, has_conv, cohort)
     model, runner = build(first)
-    choice = resolve_engine(cfg, has_conv, cohort,
-                            loop_free_steps(cfg, runner.algorithm.requirements, dataset.train_sizes()))
+    requirements = runner.algorithm.requirements
+    choice = resolve_engine(cfg, has_conv, cohort, loop_free_steps(cfg, requirements, dataset.train_sizes()),
+                            requirements.per_example_gradients)
     if choice != first:
         model, runner = build(choice)
     return choice, model, runner

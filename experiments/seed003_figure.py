@@ -23,16 +23,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from seed003_ldp import plot_panel, plt  # noqa: E402
 
 
-def load_rows(path: str, seed: int) -> list[dict]:
-    """The rows of one committed file, of one seed (a run's seed is in its args, or in the row)."""
+def seeded_rows(path: str) -> list[dict]:
+    """Every row of one committed file (a ``rows.json`` of ``seed003_ldp.py``, or ``runs`` of them), each with its
+    ``seed``: the row's own, else its run's ``args.seed``, else 0 (the grids' default)."""
     with open(path) as f:
         data = json.load(f)
     runs = list(data["runs"].values()) if "runs" in data else [data]
     rows = []
     for run in runs:
         run_seed = run.get("args", {}).get("seed", 0)
-        rows += [r for r in run["rows"] if r.get("seed", run_seed) == seed]
+        rows += [{**r, "seed": r.get("seed", run_seed)} for r in run["rows"]]
     return rows
+
+
+def load_rows(path: str, seed: int) -> list[dict]:
+    """The rows of one committed file, of one seed."""
+    return [r for r in seeded_rows(path) if r["seed"] == seed]
 
 
 def main():

@@ -87,3 +87,26 @@ def test_the_rows_of_finished_runs_are_kept_when_a_later_run_fails(ldp_script, m
     with pytest.raises(RuntimeError):
         ldp_script.main()
     assert [r["run"] for r in json.loads((tmp_path / "rows.json").read_text())["rows"]] == ["ldp-eps1"]
+
+
+def test_the_seeds_summary_pairs_each_difference_by_seed_with_a_t_interval(tmp_path):
+    """experiments/seed003_seeds.py: a method's mean and 95 % t half-width over seeds, and each claim's paired
+    difference taken within a seed (the interval of the differences, not of the two means)."""
+    seeds = load_experiment("seed003_seeds")
+    rows = {"runs": {"a": {"args": {"seed": 0}, "rows": [row("ldp", 1, 0.30), row("ldp_fixed", 1, 0.50)]},
+                     "b": {"args": {"seed": 1}, "rows": [row("ldp", 1, 0.40), row("ldp_fixed", 1, 0.58),
+                                                           row("ldp_mean", 1, 0.45)]},
+                     "c": {"args": {"seed": 2}, "rows": [row("ldp", 1, 0.20), row("ldp_fixed", 1, 0.42)]}}}
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    summary = seeds.main([str(path)])[1.0]
+    mean, half, n = summary["ldp"]
+    assert n == 3 and mean == pytest.approx(0.30) and half == pytest.approx(4.302653 * 0.1 / 3 ** 0.5, rel=1e-5)
+    mean, half, n, differences = summary["ldp_fixed - ldp"]
+    assert differences == pytest.approx([0.20, 0.18, 0.22]) and mean == pytest.approx(0.20)
+    assert half == pytest.approx(4.302653 * 0.02 / 3 ** 0.5, rel=1e-5)  # far narrower than either method's spread
+    assert summary["ldp_mean - ldp"][2] == 1  # only seed 1 ran the plain mean
+    rows["runs"]["c"]["rows"].append(row("ldp", 1, 0.25))
+    path.write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match="two rows for ldp at epsilon 1, seed 2"):
+        seeds.main([str(path)])

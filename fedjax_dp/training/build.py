@@ -45,8 +45,8 @@ def loop_free_steps(cfg, requirements, train_sizes) -> int | None:
 def build_model_and_round(cfg, dataset, server_set=None):
     """``(choice, model, round)`` for ``dataset``. On a CPU the engine's choice for a conv model depends on
     whether the client program can be loop-free (``loop_free_steps``) and takes per-example gradients, which
-    the built algorithm's requirements tell: the round is built with the default choice, and again when its requirements change
-    the choice (building traces shapes only)."""
+    the built algorithm's requirements tell: the round is built with the default choice, and again when its
+    requirements change the choice (building traces shapes only)."""
     has_conv = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes).has_conv  # probed with the data's shape
     cohort = int(expected_cohort(cfg, dataset.num_clients))
 

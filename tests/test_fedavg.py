@@ -122,3 +122,22 @@ def test_a_run_compiles_its_round_and_evaluation_programs_once(tmp_path, caplog)
     # earlier test in this process may have compiled already (then 0)
     assert programs["trace"] == programs["server_fn"] == 1, programs
     assert programs["_batch_stats"] <= 1 and programs["init_params"] <= 1, programs
+
+
+def test_evaluation_runs_an_im2col_model_with_xla_convolutions_and_the_same_numbers(monkeypatch):
+    """Training on a CPU picks im2col convolutions (``core.strategy``); the forward-only evaluation must not:
+    im2col's patches made the FedAvg CNN's pass over 10,000 MNIST test images 9x slower (7.9 s against 0.87 s on the
+    2-core VM, ``benchmarks/evaluation_pass.py``), 16 s of every evaluation of a seed-003 run. The same function."""
+    from fedjax_dp.training import evaluation
+
+    model = get_model("cnn_fedavg", (28, 28, 1), 10, conv_impl="im2col")
+    params = model.init(jax.random.key(0))
+    rng = np.random.default_rng(0)
+    x, y = rng.random((37, 28, 28, 1), np.float32), rng.integers(0, 10, 37).astype(np.int32)
+    impls, real = [], evaluation._batch_stats
+    monkeypatch.setattr(evaluation, "_batch_stats", lambda m, *a: impls.append(m.module.conv_impl) or real(m, *a))
+    losses, correct = evaluation.per_example_stats(model, params, x, y, batch_size=16)
+    assert impls == ["xla"] * 3
+    batch = {"x": jnp.asarray(x), "y": jnp.asarray(y)}
+    np.testing.assert_allclose(losses, model.per_example_loss(params, batch), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(correct, model.per_example_correct(params, batch))

@@ -11,8 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.data.federated_dataset import FederatedDataset
+from fedjax_dp.models import evaluation_model
 from fedjax_dp.models.base import Model
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
+
+
+EVAL_BATCH = 250
+"""Examples per evaluation batch: on the 2-core CPU VM a pass over 10,000 images took 0.87 s (FedAvg CNN) and 0.90 s
+(``cnn_pfl``) at 250 against 1.44 and 1.49 s at 1000 (``benchmarks/evaluation_pass.py``, 2026-12-02; 100-2000
+tried before it, 250 the fastest), and compiles faster; the MLP and the character GRU ran the same either way."""
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -23,8 +30,13 @@ def _batch_stats(model: Model, params, x, y, mask):
     return loss, correct
 
 
-def per_example_stats(model: Model, params, x: np.ndarray, y: np.ndarray, batch_size: int = 1000):
-    """Loss and correctness of every example, in fixed-size padded batches (one compilation)."""
+def per_example_stats(model: Model, params, x: np.ndarray, y: np.ndarray, batch_size: int = EVAL_BATCH):
+    """Loss and correctness of every example, in fixed-size padded batches (one compilation), with the
+    forward-only pass's convolutions (``models.evaluation_model``: XLA's, whatever form training chose; on
+    XLA:CPU im2col's patches of a batch of images are memory-bound: the FedAvg CNN's pass over 10,000 MNIST-shaped
+    images took 7.9 s with them at batch 1000 against 0.87 s now, ``cnn_pfl``'s 5.0 s against 0.90 s,
+    ``benchmarks/evaluation_pass.py``)."""
+    model = evaluation_model(model)
     n = len(y)
     losses, corrects = np.zeros(n, np.float32), np.zeros(n, np.float32)
     for start in range(0, n, batch_size):
@@ -47,7 +59,7 @@ class Evaluation(NamedTuple):
     per_client_label: str
 
 
-def _global_evaluation(model: Model, params, dataset: FederatedDataset, batch_size: int = 1000):
+def _global_evaluation(model: Model, params, dataset: FederatedDataset, batch_size: int = EVAL_BATCH):
     """(metrics, per-client accuracies) of the global model, from ONE pass over the examples needed."""
     central = dataset.central_test
     client_idx = [i for i in dataset.client_test if len(i)]
@@ -65,7 +77,7 @@ def _global_evaluation(model: Model, params, dataset: FederatedDataset, batch_si
     return metrics, per_client
 
 
-def evaluate(model: Model, params, dataset: FederatedDataset, batch_size: int = 1000) -> dict:
+def evaluate(model: Model, params, dataset: FederatedDataset, batch_size: int = EVAL_BATCH) -> dict:
     """``test_accuracy``/``test_loss`` on the central test set and the unweighted mean over clients
     of each client's accuracy on its own test data (``client_accuracy``)."""
     return _global_evaluation(model, params, dataset, batch_size)[0]

@@ -28,7 +28,7 @@ from ml_collections import config_flags
 
 from fedjax_dp import configs
 from fedjax_dp.training.compilation_cache import ENV, default_folder, use_persistent_cache
-from fedjax_dp.training.config_docs import describe_keys
+from fedjax_dp.training.config_docs import KEY_DOCS, describe_keys
 
 FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file("config", configs.path(configs.DEFAULT),
@@ -94,6 +94,10 @@ def _one_line(error: BaseException) -> str:
         from fedjax_dp.training.default_config import default_config
 
         return configs.unknown_key_message(unknown.group(1).removeprefix("config."), default_config())
+    bad_value = re.match(r"flag --config\.([\w.]+)=(.*?): (.+)", text, re.S)
+    if bad_value and bad_value.group(1) in KEY_DOCS:  # a value of the wrong type: say what the key takes
+        key, value, reason = bad_value.groups()
+        return f"--config.{key}={value}: {' '.join(reason.split())} ({key}: {KEY_DOCS[key]})"
     missing = re.search(r"Failed loading config file.*No such file or directory: '([^']+)'", text, re.S)
     if missing:
         return f"--config: no such config file {missing.group(1)!r}"

@@ -151,3 +151,17 @@ def test_several_seeds_report_mean_and_interval(tmp_path, flag):
     assert per_seed[0] != per_seed[1]  # the seed reached the run
     assert os.path.getsize(tmp_path / "s" / "seeds.png") > 1000
     assert "95 % CI" in out.stdout
+
+
+def test_a_value_of_the_wrong_type_is_one_line_saying_what_the_key_takes():
+    """``--config.dp.calibrate_epsilon=None`` (a new user turning calibration off) said only "could not convert
+    string to float: 'None'"; the line now adds the key's meaning, which says that 0 turns it off."""
+    from absl import flags
+
+    from fedjax_dp.cli import _one_line
+
+    error = flags.IllegalFlagValueError("flag --config.dp.calibrate_epsilon=None: could not convert string to "
+                                        "float: 'None'")
+    line = _one_line(error)
+    assert line.startswith("--config.dp.calibrate_epsilon=None: could not convert string to float: 'None' (")
+    assert "0: off" in line and "\n" not in line

@@ -92,7 +92,7 @@ KEY_DOCS = {
                              "rounding) | auto: on CPU and GPU backends (where it was measured) | off",
     "dp.noise_multiplier": "z: Gaussian noise std on the clipped sum / S",
     "dp.noise_schedule": "piecewise-constant z_t, e.g. '1:1.2,100:1.0' ('' = constant z)",
-    "dp.calibrate_epsilon": "> 0: choose z so that `rounds` rounds spend this epsilon at dp.delta",
+    "dp.calibrate_epsilon": "> 0: choose z so that `rounds` rounds spend this epsilon at dp.delta; 0: off (dp.noise_multiplier is z)",
     "dp.clip": "fixed | per_layer | adaptive (private quantile, Andrew et al. 2021) | per_layer_adaptive (the same per "
                "layer from S / sqrt(L) each; counts noised by the server, or by each client under local noise) | "
                "median (NOT private, labelled)",

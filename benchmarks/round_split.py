@@ -85,7 +85,8 @@ def split_round(cfg, dataset, repeats: int) -> dict:
     shared = (algorithm.broadcast(state), state.uploads, inputs)
     stages["clients"] = timed(lambda: engine(shared, clients), repeats)
     sums, per_client = engine(shared, clients)
-    stages["server"] = timed(lambda: server_step(state, sums, per_client, key, key, inputs, clients["noise_key"])[0],
+    client_noise_keys = (clients["noise_key"], clients["count_key"])
+    stages["server"] = timed(lambda: server_step(state, sums, per_client, key, key, inputs, client_noise_keys)[0],
                              repeats)
     tracker = privacy_tracker(cfg, runner, dataset)
     if tracker is not None:

@@ -12,6 +12,7 @@ from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.data.packing import pack_cohort
 from fedjax_dp.models import get_model
+from fedjax_dp.privacy import mechanisms
 from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, FlatClip
 from fedjax_dp.privacy.upload_noise import GaussianNoise
 from fedjax_dp.training.config_validation import validate_config
@@ -114,6 +115,45 @@ def test_adaptive_clipping_moves_toward_the_quantile():
     assert norms[-1] > 1e-4 * math.exp(0.2 * 0.5 * 8) * 0.3
     noise = [t for t in runner.uploads if isinstance(t, GaussianNoise)][0]
     assert noise.update_multiplier(1.0) > 1.0  # the count's privacy is paid by more update noise
+
+
+def _tf_privacy_quantile_step(estimate, norms, noise, denominator, target, learning_rate):
+    """TF Privacy's ``QuantileEstimatorQuery`` (geometric update), transcribed from
+    tensorflow_privacy/privacy/dp_query/quantile_estimator_query.py: each record contributes
+    (norm <= estimate) - 0.5 to a Gaussian sum query normalised by ``denominator``; then
+    below = clip(result + 0.5, 0, 1) and estimate * exp(-lr (below - target))."""
+    result = (sum(float(n <= estimate) - 0.5 for n in norms) + noise) / denominator
+    below = min(1.0, max(0.0, result + 0.5))
+    return estimate * math.exp(-learning_rate * (below - target))
+
+
+def test_the_adaptive_clip_follows_tf_privacys_quantile_estimator_clamp_included():
+    """A seeded sequence of cohorts (sizes 1-12 around D = 4, so the unclipped fraction often leaves [0, 1]
+    before the clamp) through the transform's own client and server sides; the count noise is what the
+    transform drew (read back from a zero-count call with the same key)."""
+    from fedjax_dp.core import rng as rng_lib
+    from fedjax_dp.core.uploads import ClientContext, ServerContext
+
+    clip = AdaptiveQuantileClip(initial_clip_norm=1.0, target_quantile=0.3, learning_rate=0.5, count_noise_std=1.5,
+                                denominator=4.0)
+    generator = np.random.default_rng(7)
+    state, reference, clamped = clip.init(None), 1.0, 0
+    for t in range(40):
+        norms = generator.lognormal(0.0, 1.0, size=generator.integers(1, 13)).astype(np.float32)
+        key = jax.random.key(t)
+        count = sum(clip.client({"w": np.array([n], np.float32)}, ClientContext(
+            state, {}, np.inf, None, np.bool_(True), np.bool_(True))).extras["count"] for n in norms)
+        everyone = np.ones(len(norms), bool)
+        ctx = lambda extras: ServerContext(state, {}, state, None, extras,  # noqa: E731
+                                           {"norm": norms, "clipped": norms > 0}, everyone, everyone, key)
+        noise = float(clip.count_noise_std * mechanisms.standard_normal(
+            rng_lib.purpose_key(key, rng_lib.Purpose.CLIP_ADAPTATION), ()))
+        unclamped = (float(count) + noise) / 4.0 + 0.5
+        clamped += not 0 <= unclamped <= 1
+        _, state, _ = clip.server(None, ctx({"count": count}))
+        reference = _tf_privacy_quantile_step(reference, norms, noise, 4.0, 0.3, 0.5)
+        assert float(state) == pytest.approx(reference, rel=1e-5), t
+    assert clamped >= 5  # the sequence exercises the clamp
 
 
 def test_variance_metrics_match_definition():

@@ -19,7 +19,8 @@ from test_pfldyn_cuag import _pfl_config
 
 
 def _client(clip, upload, state, key=0, present=True):
-    ctx = ClientContext(state, {}, jnp.inf, jax.random.key(key), jnp.asarray(present), jnp.asarray(present), 0)
+    ctx = ClientContext(state, {}, jnp.inf, jax.random.key(key), jnp.asarray(present), jnp.asarray(present), 0,
+                        count_key=jax.random.key(10_000 + key))
     return clip.client(upload, ctx)
 
 

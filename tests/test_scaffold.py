@@ -90,6 +90,31 @@ def test_scaffold_matches_a_hand_written_reference_of_algorithm_1():
         np.testing.assert_allclose(store.get(k)["w"], ci[k], rtol=2e-5, atol=1e-5)
 
 
+def test_scaffold_in_float64_matches_the_reference_to_float64_precision():
+    """Under float64 the control step c_i+ = c_i - c + (x - y) / (K eta_l) is computed in the parameters'
+    dtype: K eta_l in float32 (eta_l = 0.1 rounds to 0.10000000149) put it 6e-7 off a float64 transcription."""
+    with jax.enable_x64(True):
+        x, y, indices = _heterogeneous_clients()
+        x = x.astype(np.float64)
+        lr = 0.1
+        scaffold = Scaffold(_quadratic_loss, optax.sgd(lr), local_learning_rate=lr, num_clients=len(indices))
+        params = {"w": jnp.zeros(2, jnp.float64)}
+        store = ClientStateStore(scaffold.client_state_init(params))
+        runner = FederatedRound(scaffold, ())
+        state = runner.init(params)
+        for t in range(3):
+            cohort = pack_cohort(x, y, indices, 4, 3, np.random.default_rng(t))
+            result = runner(state, cohort, jax.random.key(t), client_states=store.gather(range(len(indices))))
+            state = result.state
+            store.scatter(range(len(indices)), result.client_states, ~result.dropped)
+        w, c, ci = _reference(x, indices, 3, lr)
+        assert state.params["w"].dtype == jnp.float64
+        np.testing.assert_allclose(state.params["w"], w, rtol=1e-12)
+        np.testing.assert_allclose(state.extra["w"], c, rtol=1e-11)
+        for k in range(len(indices)):
+            np.testing.assert_allclose(store.get(k)["w"], ci[k], rtol=1e-11)
+
+
 def test_first_round_with_zero_controls_is_fedavg_on_equal_clients():
     x, y, indices = _heterogeneous_clients()
     scaffold = Scaffold(_quadratic_loss, optax.sgd(0.1), local_learning_rate=0.1, num_clients=4)

@@ -31,6 +31,7 @@ def _tiny_problem(n=21, batch_size=8, epochs=3, seed=0, dtype=np.float64):
     packed = pack_uga_cohort(x, y, [np.arange(n)], batch_size, epochs, rng)
     client = jax.tree_util.tree_map(lambda a: jnp.asarray(a[0]), packed)
     client["key"] = jax.random.key(3)
+    client["eval_key"] = jax.random.key(4)
     return params, client
 
 

@@ -50,7 +50,7 @@ class DpScaffold(Scaffold):
     @property
     def requirements(self) -> Requirements:
         return Requirements(client_state=True, sampled_steps=self.local_steps, loop_free=True,
-                            per_example_gradients=True)
+                            per_example_gradients=True, step_noise=True)
 
     def local_training(self, params, client, correction, key, scale):
         hook = ClippedNoisyGradient(self.clip_norm, 1.0, per_example=True, median_clip=self.median_clip)

@@ -78,9 +78,13 @@ class Scaffold:
         scale = lr_scale(self.client_lr_decay, round_index)
         trained, stats = self.local_training(params, client, correction, key, scale)
         delta = _subtract(trained, params)
-        steps_times_lr = jnp.maximum(stats.num_steps, 1).astype(jnp.float32) * self.local_learning_rate * scale
-        new_control = jax.tree_util.tree_map(
-            lambda ci, c, d: jnp.where(stats.num_steps > 0, ci - c - d / steps_times_lr, ci), own_control, control, delta)
+        def control_step(ci, c, d):  # c_i+ = c_i - c + (x - y) / (K eta_l), K eta_l in the parameters' dtype
+            steps = jnp.maximum(stats.num_steps, 1).astype(d.dtype)
+            steps_times_lr = steps * jnp.asarray(self.local_learning_rate, d.dtype) * lr_scale(
+                self.client_lr_decay, round_index, d.dtype)
+            return jnp.where(stats.num_steps > 0, ci - c - d / steps_times_lr, ci)
+
+        new_control = jax.tree_util.tree_map(control_step, own_control, control, delta)
         ok = tree.is_finite(delta) & tree.is_finite(new_control) & jnp.isfinite(stats.loss)
         upload = {"model": delta, "control": _subtract(new_control, own_control)}
         return ClientOut(upload, jnp.float32(1.0), new_control, stats.loss, ok, stats.data_loss)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.fedavg import FedAvg
-from fedjax_dp.core import rng, tree
+from fedjax_dp.core import tree
 from fedjax_dp.core.algorithm import Requirements
 from fedjax_dp.core.local_training import DATA_GRADIENT_REDUCTIONS, make_data_value_and_grad, make_local_trainer
 
@@ -47,7 +47,7 @@ def make_uga_gradient(per_example_loss, client_optimizer, *, unroll=1, remat=Fal
             if name not in client:
                 raise ValueError(f"UGA needs each client's whole data as {name!r}: pack the cohort with "
                                  "data.packing.pack_uga_cohort")
-        eval_key = rng.purpose_key(client["key"], rng.Purpose.EVALUATION)
+        eval_key = client["eval_key"]  # its own key: client["key"] is split into the local steps (core.rng)
 
         def trajectory(initial):  # h_k: w_t -> the weights after the E-1 keep-trace epochs
             return train(initial, client["batches"], client["mask"], client["key"], lr_scale)

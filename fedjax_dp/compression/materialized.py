@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.compression.operators import RandomMatrix
+from fedjax_dp.core import rng
 
 
 def matrix_bytes(operator: RandomMatrix) -> int:
@@ -64,7 +65,7 @@ class MaterializedRandomMatrix:
     def lipschitz(self) -> jax.Array:
         """``source.lipschitz``'s estimate (30 power iterations from the same start, enlarged 5 %), with
         the held matrix: 60 products over memory instead of 60 regenerations of Phi."""
-        v = jax.random.normal(jax.random.key(self.source.seed + 1), (self.source.size,))
+        v = jax.random.normal(rng.public_key(self.source.seed, rng.Stream.MEASUREMENT_START), (self.source.size,))
         for _ in range(30):
             v = self.adjoint(self.measure(v))
             v = v / jnp.linalg.norm(v)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.core import rng
 from fedjax_dp.core.unrolled_threefry import unrolled
 from fedjax_dp.compression.rates import validate_rate
 
@@ -186,7 +187,7 @@ class RandomMatrix:
         """Columns [index * tile, (index + 1) * tile) of Phi (b x tile), from the shared seed (threefry
         unrolled: ``core.unrolled_threefry``, the same entries, generated faster on a CPU)."""
         b, tile, _ = self._layout
-        key = unrolled(jax.random.fold_in(jax.random.key(self.seed), index))
+        key = unrolled(jax.random.fold_in(rng.public_key(self.seed, rng.Stream.MEASUREMENT), index))
         if self.kind == "gaussian":
             return jax.random.normal(key, (b, tile)) / math.sqrt(b)
         return jax.random.rademacher(key, (b, tile), jnp.float32) / math.sqrt(b)
@@ -225,7 +226,7 @@ class RandomMatrix:
     def lipschitz(self) -> float:
         """||Phi||_2^2 by 30 power iterations (an estimate, enlarged 5 % for ISTA's step safety);
         computed once per operator, not at every reconstruction."""
-        v = jax.random.normal(jax.random.key(self.seed + 1), (self.size,))
+        v = jax.random.normal(rng.public_key(self.seed, rng.Stream.MEASUREMENT_START), (self.size,))
         for _ in range(30):
             v = self.adjoint(self.measure(v))
             v = v / jnp.linalg.norm(v)

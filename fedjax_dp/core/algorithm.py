@@ -83,6 +83,8 @@ class Requirements:
       model's steps on a CPU, where XLA runs convolution gradients 10-60x slower inside loops
       (``core.strategy``). False where it has one, or has not said: UGA's evaluation pass, FedMeta's steps on
       D_meta.
+    step_noise: local steps draw DP-SGD noise from each client's noise key (``client["noise_key"]``, its one
+      consumer: ``core.rng``), so the upload chain may not draw from it too.
     per_example_gradients: local steps take each example's gradient (DP-SGD's clipping): on a CPU ``auto``
       then runs conv models' steps in a scan with im2col convolutions (``core.strategy``), where a vmapped
       XLA convolution's per-example weight gradient is the slow part.
@@ -99,6 +101,7 @@ class Requirements:
     poisson_batch_cap: int = 0
     loop_free: bool = False
     per_example_gradients: bool = False
+    step_noise: bool = False
 
 
 @flax.struct.dataclass
@@ -165,9 +168,9 @@ def apply_mean_upload(state: ServerState, mean_upload, applies, server_optimizer
                            opt_state=tree.where(applies, stepped.opt_state, state.opt_state))
 
 
-def lr_scale(decay: float, round_index: jax.Array) -> jax.Array:
-    """Client learning-rate factor ``decay ** t`` in round t (seed 002 decays 0.992 per round)."""
-    return jnp.power(jnp.float32(decay), round_index.astype(jnp.float32))
+def lr_scale(decay: float, round_index: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """Client learning-rate factor ``decay ** t`` in round t (seed 002 decays 0.992 per round), in ``dtype``."""
+    return jnp.power(jnp.asarray(decay, dtype), round_index.astype(dtype))
 
 
 def check_decay(decay: float, name: str = "client learning-rate decay") -> None:

@@ -37,13 +37,17 @@ UPLOAD_CLIENT_STATE = "upload_client_state"  # the chain's per-client states (``
 
 
 def client_inputs(cohort, key: jax.Array, noise_key: jax.Array | None = None) -> dict:
-    """The per-client arrays the engine maps over, with one training key (from ``key``) and one noise
-    key (from ``noise_key``, default ``key``) per client."""
+    """The per-client arrays the engine maps over, with one key per client for each client-side purpose
+    (``core.rng``'s tree): training and evaluation from ``key``; upload noise and count noise from
+    ``noise_key`` (default ``key``)."""
     n = cohort["mask"].shape[0]
     noise_key = key if noise_key is None else noise_key
+    per_client = lambda parent, purpose: rng.client_keys(rng.purpose_key(parent, purpose), n)  # noqa: E731
     inputs = {"batches": cohort["batches"], "mask": cohort["mask"], "num_examples": cohort["num_examples"],
-              "key": rng.client_keys(rng.purpose_key(key, rng.Purpose.CLIENT_TRAINING), n),
-              "noise_key": rng.client_keys(rng.purpose_key(noise_key, rng.Purpose.CLIENT_NOISE), n)}
+              "key": per_client(key, rng.Purpose.CLIENT_TRAINING),
+              "eval_key": per_client(key, rng.Purpose.EVALUATION),
+              "noise_key": per_client(noise_key, rng.Purpose.CLIENT_NOISE),
+              "count_key": per_client(noise_key, rng.Purpose.CLIENT_COUNT_NOISE)}
     inputs.update({k: cohort[k] for k in EVALUATION_PASS_KEYS if k in cohort})
     inputs["client_id"] = cohort.get("client_id", np.zeros(n, np.int32))
     inputs.update(cohort.get("per_client", {}))  # per-slot values a privacy tracker chose (step noise)
@@ -68,6 +72,10 @@ class FederatedRound:
                  max_replicated_bytes: int = MAX_REPLICATED_BYTES):
         self.algorithm = algorithm
         self.uploads = uploads if isinstance(uploads, Chain) else chain(*uploads)
+        if algorithm.requirements.step_noise and rng.Purpose.CLIENT_NOISE in self.uploads.key_uses():
+            raise ValueError(f"{type(algorithm).__name__} draws its local steps' noise from each client's noise key, "
+                             "and the upload chain draws local upload noise from it too: a key has one consumer "
+                             "(core.rng)")
         self._engine_options = dict(strategy=strategy, chunk_size=chunk_size, mesh=mesh, stream_size=stream_size,
                                     devices=devices, max_replicated_bytes=max_replicated_bytes)
         CohortEngine(lambda s, c: (s, c), **self._engine_options)  # refuses a bad strategy now, not in round 1
@@ -121,7 +129,8 @@ class FederatedRound:
         if self.uploads.keeps_client_state:
             clients[UPLOAD_CLIENT_STATE] = upload_client_states
         sums, per_client = engine((self.algorithm.broadcast(state), state.uploads, inputs), clients)
-        new_state, metrics = server_step(state, sums, per_client, key, noise_key, inputs, clients["noise_key"])
+        new_state, metrics = server_step(state, sums, per_client, key, noise_key, inputs,
+                                         (clients["noise_key"], clients["count_key"]))
         present = np.asarray(cohort["num_examples"]) > 0
         dropped = present & ~np.asarray(per_client["finite"])
         metrics = {**metrics, "dropped_clients": int(dropped.sum())}
@@ -223,7 +232,7 @@ def _send(uploads: Chain, states, inputs, client, out, ok):
     for i, t in enumerate(uploads[:split]):
         own = client_states[i] if client_states is not None else None
         flow = t.client(upload, ClientContext(states[i], inputs[i], bound, client["noise_key"], present, keep,
-                                             client["client_id"], own))
+                                             client["client_id"], own, client["count_key"]))
         upload, bound = flow.upload, flow.bound
         extras.append(flow.extras)
         stats.append(flow.stats)
@@ -262,11 +271,12 @@ def _cohort_level(uploads: Chain, split: int, states, inputs, bound, key, noise_
     for i in range(split + 1, len(uploads)):
         bounds.append(bound)
 
-        def one(upload, noise_key, keep, i=i, bound=bound):
-            flow = uploads[i].client(upload, ClientContext(states[i], inputs[i], bound, noise_key, keep, keep))
+        def one(upload, noise_key, count_key, keep, i=i, bound=bound):
+            flow = uploads[i].client(upload, ClientContext(states[i], inputs[i], bound, noise_key, keep, keep,
+                                                           count_key=count_key))
             return flow.upload, flow.stats
 
-        stacked, transform_stats = jax.vmap(one)(stacked, noise_keys, kept)
+        stacked, transform_stats = jax.vmap(one)(stacked, *noise_keys, kept)
         bound = uploads[i].bound_after(bound, states[i], inputs[i])
         stats.append(transform_stats)
     total = jax.tree_util.tree_map(lambda u: jnp.sum(jnp.where(_rows(kept, u), u, 0.0), axis=0), stacked)

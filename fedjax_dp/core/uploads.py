@@ -66,11 +66,12 @@ class ClientContext(NamedTuple):
     state: Any  # this transform's state (broadcast)
     inputs: dict  # this transform's per-round values (e.g. z_t)
     bound: Any  # the per-client L2 bound of the incoming upload (a traced scalar; inf = unbounded)
-    noise_key: Any  # this client's noise key
+    noise_key: Any  # this client's noise key (upload noise: its one consumer, ``core.rng``)
     present: Any  # a real client (not a padding slot)
     keep: Any  # present and finite: its upload enters the sum
     client_id: Any = 0  # the client's population index (0 in padding slots): per-client mechanisms
     client_state: Any = None  # this transform's state for this client (``client_state_init``; None: none)
+    count_key: Any = None  # this client's count-noise key (a local adaptive clip's counts: ``core.rng``)
 
 
 class ServerContext(NamedTuple):
@@ -146,6 +147,13 @@ class UploadTransform:
     def releases(self, inputs: dict) -> tuple[Release, ...]:
         return ()
 
+    def key_uses(self) -> tuple:
+        """The round keys this transform draws from (``core.rng.Purpose``: ``CLIENT_NOISE`` is
+        ``ClientContext.noise_key``, ``CLIENT_COUNT_NOISE`` its ``count_key``, ``SERVER_NOISE`` and
+        ``CLIP_ADAPTATION`` purposes of ``ServerContext.noise_key``). Each key has one consumer, so a chain
+        refuses two transforms that name the same one."""
+        return ()
+
     def upload_bytes(self, template_bytes: int) -> int:
         """Bytes one client sends, given the bytes of the upload this transform receives."""
         return template_bytes
@@ -216,6 +224,10 @@ class Chain(tuple):
     def releases(self, round_index: int) -> list[Release]:
         return [r for t in self for r in t.releases(t.inputs(round_index))]
 
+    def key_uses(self) -> tuple:
+        """Every round key the chain's transforms draw from (``UploadTransform.key_uses``)."""
+        return tuple(use for t in self for use in t.key_uses())
+
     def upload_bytes(self, template_bytes: int) -> int:
         for t in self:
             template_bytes = t.upload_bytes(template_bytes)
@@ -264,6 +276,11 @@ def chain(*transforms: UploadTransform) -> Chain:
                              "(fixed_denominator(D)): dividing by the realised count would release it un-noised")
         if getattr(transforms[noise], "local", False) and any(t.cohort_level for t in transforms[:noise]):
             raise ValueError(f"upload chain {_names(transforms)}: local noise after a server-side clip cannot be local")
+    uses = [use for t in transforms for use in t.key_uses()]
+    shared = sorted({use.name for use in uses if uses.count(use) > 1})
+    if shared:
+        raise ValueError(f"upload chain {_names(transforms)}: more than one transform draws from the {shared} key; "
+                         "a key has one consumer (core.rng), so two such transforms would share their noise")
     split = next((i for i, t in enumerate(transforms) if t.cohort_level), len(transforms))
     stateful = [t for t in transforms[split:] if t.keeps_client_state]
     if stateful:

@@ -5,8 +5,10 @@
 * ``AdaptiveQuantileClip``: Andrew et al. 2021, Alg. 1: S_t follows the target quantile gamma through a
   noised count of unclipped clients. As in TF Privacy's quantile estimator, each participating client
   contributes b - 1/2 (b = 1 if unclipped), so one client moves the count by at most 1/2 under
-  add/remove neighbours; the server adds 1/2 back after dividing by the fixed denominator. The count is a
-  central Gaussian release (std sigma_b, bound 1/2) the tracker composes with the update noise.
+  add/remove neighbours; the server adds 1/2 back after dividing by the fixed denominator and clamps the
+  estimate to [0, 1] as TF Privacy's ``QuantileEstimatorQuery`` does (the noise, or a realised cohort larger
+  than D, can push it outside; post-processing, so no privacy cost). The count is a central Gaussian release
+  (std sigma_b, bound 1/2) the tracker composes with the update noise.
 * ``MedianClip``: Geyer et al.'s S = median of the round's norms, a cohort-level (server-side) clip on
   raw norms: NOT private, released with ``formal=False``.
 """
@@ -32,6 +34,13 @@ def clip_metrics(ctx: ServerContext, clip_norm) -> dict:
     norms = jnp.where(ctx.kept, ctx.stats["norm"], jnp.nan)
     return {"clip_norm": clip_norm, "clipped_fraction": jnp.sum(ctx.stats["clipped"]) / present,
             "median_update_norm": jnp.nanmedian(norms)}
+
+
+def unclipped_fraction(shifted_count, denominator):
+    """b_bar = clamp(shifted noised count / D + 1/2, 0, 1): Andrew et al.'s estimate of the unclipped fraction,
+    clamped as TF Privacy's ``QuantileEstimatorQuery.get_noised_result`` ("protect against out-of-range
+    estimates"), so one round moves the threshold by at most exp(eta max(gamma, 1 - gamma))."""
+    return jnp.clip(shifted_count / denominator + AdaptiveQuantileClip.COUNT_BOUND, 0.0, 1.0)
 
 
 def _flow(result: clipping.ClipResult, bound, keep) -> Flow:
@@ -94,7 +103,7 @@ class PerLayerClip(UploadTransform):
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: no float can take another's place
 class AdaptiveQuantileClip(UploadTransform):
     """Andrew et al. 2021: S_{t+1} = S_t exp(-eta_C (b_bar - gamma)),
-    b_bar = (sum_k (b_k - 1/2) + N(0, sigma_b^2)) / D + 1/2."""
+    b_bar = clamp((sum_k (b_k - 1/2) + N(0, sigma_b^2)) / D + 1/2, 0, 1) (the clamp: TF Privacy's)."""
 
     kind: ClassVar[str] = "clip"
     initial_clip_norm: float = 1.0
@@ -126,9 +135,12 @@ class AdaptiveQuantileClip(UploadTransform):
 
     def server(self, total, ctx: ServerContext):
         noise = self.count_noise_std * standard_normal(rng.purpose_key(ctx.noise_key, rng.Purpose.CLIP_ADAPTATION), ())
-        fraction = (ctx.extras["count"] + noise) / self.denominator + self.COUNT_BOUND
+        fraction = unclipped_fraction(ctx.extras["count"] + noise, self.denominator)
         next_clip = ctx.state * jnp.exp(-self.learning_rate * (fraction - self.target_quantile))
         return total, next_clip, clip_metrics(ctx, ctx.state)
+
+    def key_uses(self) -> tuple:
+        return (rng.Purpose.CLIP_ADAPTATION,)
 
     def releases(self, inputs: dict) -> tuple[Release, ...]:
         return (Release("adaptive-clip count of unclipped clients (Andrew et al. 2021)", "central",

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.core import tree
+from fedjax_dp.core import rng, tree
 from fedjax_dp.core.uploads import UNBOUNDED, ClientContext, Flow, Release, UploadTransform
 from fedjax_dp.privacy import adaptive_gdp
 from fedjax_dp.privacy.upload_clipping import PerLayerClip
@@ -91,6 +91,9 @@ class CuagPaperNoise(UploadTransform):
         noised = adaptive_gdp.paper_perturb(upload, ctx.noise_key, sigma, self.batch_size)
         zeros = jax.tree_util.tree_map(jnp.zeros_like, upload)
         return Flow(tree.where(ctx.present, noised, zeros), jnp.float32(UNBOUNDED))
+
+    def key_uses(self) -> tuple:
+        return (rng.Purpose.CLIENT_NOISE,)
 
     def releases(self, inputs: dict) -> tuple[Release, ...]:
         sigmas = np.atleast_1d(np.asarray(inputs["sigma"], float))

@@ -3,7 +3,7 @@
 Each layer l has a threshold C_l^t (the transform's state). A client clips every layer of its upload to
 C_l^t (joint bound sqrt(sum_l (C_l^t)^2)) and reports, per layer, b_l - 1/2 with b_l = 1 when that layer
 was not clipped. The server updates every threshold as ``AdaptiveQuantileClip`` does one:
-C_l^{t+1} = C_l^t exp(-eta (b_bar_l - gamma)), b_bar_l = (sum_k (b_kl - 1/2) + noise_l) / D + 1/2.
+C_l^{t+1} = C_l^t exp(-eta (b_bar_l - gamma)), b_bar_l = clamp((sum_k (b_kl - 1/2) + noise_l) / D + 1/2, 0, 1).
 
 The L counts are one Gaussian release: a client moves each by at most 1/2 (add/remove; 1 under
 replace-one), so its count vector has L2 bound sqrt(L) / 2 and the release's multiplier is
@@ -32,7 +32,7 @@ from fedjax_dp.core import rng
 from fedjax_dp.core.uploads import ClientContext, Flow, Release, ServerContext, UploadTransform
 from fedjax_dp.privacy import clipping
 from fedjax_dp.privacy.mechanisms import standard_normal
-from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, clip_metrics
+from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, clip_metrics, unclipped_fraction
 
 COUNT_BOUND = AdaptiveQuantileClip.COUNT_BOUND  # |b - 1/2|: one client's contribution to one layer's count
 
@@ -85,7 +85,7 @@ class PerLayerQuantileClip(UploadTransform):
         unclipped = (ctx.keep & (norms <= ctx.state)).astype(jnp.float32)
         count = jnp.where(ctx.present, unclipped - COUNT_BOUND, 0.0)
         if self.local:
-            noise = standard_normal(rng.purpose_key(ctx.noise_key, rng.Purpose.CLIP_ADAPTATION), (self.layers,))
+            noise = standard_normal(ctx.count_key, (self.layers,))  # its own key: ctx.noise_key is the upload noise's
             count = count + jnp.where(ctx.present, self.count_noise_std * noise, 0.0)
         bound = self.bound_after(None, ctx.state, None)
         return Flow(result.clipped, bound, {"layer_counts": count},
@@ -96,11 +96,14 @@ class PerLayerQuantileClip(UploadTransform):
         if not self.local:
             key = rng.purpose_key(ctx.noise_key, rng.Purpose.CLIP_ADAPTATION)
             count = count + self.count_noise_std * standard_normal(key, (self.layers,))
-        fraction = count / self.denominator + COUNT_BOUND  # b_bar_l per layer
+        fraction = unclipped_fraction(count, self.denominator)  # b_bar_l per layer, clamped to [0, 1]
         next_norms = ctx.state * jnp.exp(-self.learning_rate * (fraction - self.target_quantile))
         metrics = {**clip_metrics(ctx, self.bound_after(None, ctx.state, None)),
                    "layer_clip_min": jnp.min(ctx.state), "layer_clip_max": jnp.max(ctx.state)}
         return total, next_norms, metrics
+
+    def key_uses(self) -> tuple:
+        return (rng.Purpose.CLIENT_COUNT_NOISE if self.local else rng.Purpose.CLIP_ADAPTATION,)
 
     def releases(self, inputs: dict) -> tuple[Release, ...]:
         where = "each client noises its own counts" if self.local else "the server noises the summed counts"

@@ -92,6 +92,9 @@ class GaussianNoise(UploadTransform):
             total = add_gaussian_noise(total, std, rng.purpose_key(ctx.noise_key, rng.Purpose.SERVER_NOISE))
         return total, ctx.state, {"noise_multiplier": ctx.inputs["z"]}
 
+    def key_uses(self) -> tuple:
+        return (rng.Purpose.CLIENT_NOISE if self.local else rng.Purpose.SERVER_NOISE,)
+
     def releases(self, inputs: dict) -> tuple[Release, ...]:
         where = "local" if self.local else "central"
         if self.client_multipliers is not None:

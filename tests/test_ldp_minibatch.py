@@ -40,29 +40,67 @@ def test_the_ledger_is_dp_accountings_subsampled_gaussian_over_the_steps_run():
     assert ledger.steps_run[0] == 15
 
 
+def _cut_probability(cap, size, batch, steps):
+    """scipy's binomial tail of a Poisson step (rate B / n) over n and the add-one neighbour's n + 1, times the
+    steps: the total variation between cut and uncut batches (issue 74, F03)."""
+    from scipy import stats
+
+    return steps * max(stats.binom.sf(cap, size, batch / size), stats.binom.sf(cap, size + 1, batch / size))
+
+
+def _charged(epsilon, epsilon_at, eta, delta=1e-5):
+    """Whether (epsilon, delta) holds for the cut mechanism: epsilon >= the uncut one's at delta - (1 + e^eps) eta."""
+    return epsilon >= epsilon_at(delta - (1 + np.exp(epsilon)) * eta)
+
+
 @pytest.mark.parametrize("per_example,effective", [(True, 1.0), (False, 0.5)])
-def test_the_poisson_ledger_is_dp_accountings_poisson_gaussian_at_the_delta_left_after_truncation(per_example, effective):
+def test_the_poisson_ledger_is_dp_accountings_poisson_gaussian_with_the_cut_charged_to_delta(per_example, effective):
     """Poisson step batches: add/remove one example, multiplier z (per-example clip, sensitivity C) or z / 2
-    (clipped batch mean, 2C), epsilon at (1 - TRUNCATION_SHARE) delta; the PLD ledger is dp_accounting's PLD
-    of the same steps (two noise levels, composed per client) and below the RDP one."""
+    (clipped batch mean, 2C); each client's epsilon is the least with eps >= eps_uncut(delta - (1 + e^eps) eta),
+    eta the cut's probability over its steps, both computed here by dp_accounting and scipy; the PLD ledger
+    composes dp_accounting's PLD of the same steps (two noise levels) and is below the RDP one."""
     from dp_accounting.pld import pld_privacy_accountant
 
-    from fedjax_dp.privacy.example_ledger import LEDGER_PLD_DISCRETIZATION, TRUNCATION_SHARE
+    from fedjax_dp.privacy.example_ledger import LEDGER_PLD_DISCRETIZATION
 
     ledgers = {kind: _ledger(thresholds=50.0, z0=1.3, zmax=2.6, adaptive=False, step_sampling="poisson",
                              per_example=per_example, accountant=kind) for kind in ("rdp", "pld")}
     for ledger in ledgers.values():
         ledger.record([0], 1)
         ledger.record([0], 2, z=[2.6])
-    delta = 1e-5 * (1 - TRUNCATION_SHARE)
+    eta = _cut_probability(ledgers["rdp"].batch_cap, 200, 10, 10)
+    assert 0 < eta < 1e-7
     event = lambda z: dp_accounting.PoissonSampledDpEvent(10 / 200, dp_accounting.GaussianDpEvent(z * effective))  # noqa: E731
     direct = rdp.RdpAccountant(orders=list(LEDGER_ORDERS))
     direct.compose(event(1.3), 5).compose(event(2.6), 5)
-    assert ledgers["rdp"].epsilons()[0] == pytest.approx(direct.get_epsilon(delta), rel=1e-9)
+    got = ledgers["rdp"].epsilons()[0]
+    assert _charged(got, direct.get_epsilon, eta) and not _charged(got * (1 - 1e-6), direct.get_epsilon, eta)
+    assert got > direct.get_epsilon(1e-5)  # the cut costs something
     pld = pld_privacy_accountant.PLDAccountant(value_discretization_interval=LEDGER_PLD_DISCRETIZATION)
     pld.compose(event(1.3), 5).compose(event(2.6), 5)
-    assert ledgers["pld"].pld_epsilons()[0] == pld.get_epsilon(delta)  # to the bit: the cached PLDs are its own
+    got = ledgers["pld"].pld_epsilons()[0]
+    assert _charged(got, pld.get_epsilon, eta) and got <= pld.get_epsilon(1e-5 - (1 + np.exp(got)) * eta) * (1 + 1e-6)
     assert ledgers["pld"].epsilons()[0] < ledgers["rdp"].epsilons()[0]
+
+
+def test_a_poisson_client_at_its_threshold_spends_no_more_than_delta_once_the_cut_is_charged():
+    """Issue 74, F03: n_k = 50, B = 16, 300 steps, threshold 8. The old cap (the n-point tail only) and charge (eta,
+    not (1 + e^eps) eta) gave a true delta of 5.4e-4 for a reported 1e-5; now the delta the reported epsilon leaves
+    for the uncut mechanism (dp_accounting) plus the cut's charge (scipy) is within 1e-5."""
+    ledger = ExampleLevelLedger(client_sizes=np.asarray([50]), batch_size=16, steps=30, thresholds=8.0, delta=1e-5,
+                                base_multiplier=0.9, max_multiplier=8.0, participation_rate=1.0, rounds=10,
+                                step_sampling="poisson")
+    for t in range(1, 11):
+        if ledger.eligible(t)[0]:
+            ledger.record([0], t)
+    eps = ledger.epsilons()[0]
+    assert 6 < eps <= 8.0 and ledger.steps_run[0] >= 150
+    eta = _cut_probability(ledger.batch_cap, 50, 16, int(ledger.steps_run[0]))
+    direct = rdp.RdpAccountant(orders=list(LEDGER_ORDERS))
+    for z, count in ledger.participations[0].items():
+        direct.compose(dp_accounting.PoissonSampledDpEvent(16 / 50, dp_accounting.GaussianDpEvent(z)), count * 30)
+    assert direct.get_delta(eps) + (1 + np.exp(eps)) * eta <= 1e-5
+    assert _cut_probability(ledger.batch_cap, 50, 16, 300) * (1 + np.exp(8.0)) <= 0.01 * 1e-5  # the design
 
 
 @pytest.mark.parametrize("z,q,count", [(1.3, 0.05, 5), (0.8, 0.2, 40), (4.0, 0.01, 300)])
@@ -109,24 +147,27 @@ def test_a_pld_ledger_decides_on_pld_so_a_client_spends_its_threshold_by_pld():
     assert pld.steps_run[0] >= spent["rdp"].steps_run[0]
 
 
-@pytest.mark.parametrize("sizes,batch,steps", [((30, 200, 5000), 10, 100), ((64,), 16, 3000)])
-def test_the_poisson_cap_is_the_least_that_keeps_truncation_within_its_share_of_delta(sizes, batch, steps):
-    from scipy import stats
+@pytest.mark.parametrize("sizes,batch,steps,epsilon", [((30, 200, 5000), 10, 100, 4.0), ((64,), 16, 3000, 8.0),
+                                                        ((16, 40), 16, 50, 1.0)])
+def test_the_poisson_cap_is_the_least_that_keeps_the_charged_cut_within_its_share_of_delta(sizes, batch, steps, epsilon):
+    """(1 + e^eps) times the cut's probability over n and n + 1 points (scipy) within 1 % of delta; n = B = 16 takes
+    every example, so only the neighbour's 17th can be cut: the cap is 17."""
+    from fedjax_dp.privacy.poisson_truncation import batch_cap
 
-    from fedjax_dp.privacy.example_ledger import TRUNCATION_SHARE, poisson_batch_cap
-
-    cap, tail = poisson_batch_cap(sizes, batch, steps, 1e-5), TRUNCATION_SHARE * 1e-5 / steps
-    assert all(stats.binom.sf(cap, n, batch / n) <= tail for n in sizes)
-    assert cap == max(sizes) or any(stats.binom.sf(cap - 1, n, batch / n) > tail for n in sizes)
+    cap = batch_cap(sizes, batch, steps, 1e-5, epsilon)
+    charged = lambda c: (1 + np.exp(epsilon)) * max(_cut_probability(c, n, batch, steps) for n in sizes)  # noqa: E731
+    assert charged(cap) <= 0.01 * 1e-5 < charged(cap - 1)
+    if 16 in sizes:
+        assert cap >= 17
 
 
 def test_poisson_steps_refuse_a_client_smaller_than_the_expected_batch_by_name():
     """B / n_k is the inclusion probability: a FEMNIST writer with 4 examples and B = 16 crashed with
     'cannot convert float NaN to integer' while the cap was computed."""
-    from fedjax_dp.privacy.example_ledger import poisson_batch_cap
+    from fedjax_dp.privacy.poisson_truncation import batch_cap
 
     with pytest.raises(ValueError, match=r"batch size B=16 is larger than the data of 2 clients \(e.g. 4 examples\)"):
-        poisson_batch_cap([4, 100, 7], 16, 100, 1e-5)
+        batch_cap([4, 100, 7], 16, 100, 1e-5, 4.0)
 
 
 def test_poisson_packing_takes_each_example_with_probability_b_over_n():
@@ -372,14 +413,14 @@ def test_the_clients_run_the_configured_steps_and_clip_and_the_ledger_accounts_w
     from fedjax_dp.core.round import client_inputs
     from fedjax_dp.data.packing import pack_sampled_cohort
     from fedjax_dp.models import get_model
-    from fedjax_dp.privacy.example_ledger import poisson_batch_cap
+    from fedjax_dp.privacy.poisson_truncation import batch_cap
 
     cfg = _ldp_config(clip_norm=0.7, per_example=per_example, step_sampling=step_sampling)
     cfg.client.learning_rate = 1.0
     sizes = (40,) * cfg.data.num_clients
     model = get_model("logistic", (4, 4, 1), 3)
     algorithm, _ = build_ldp_minibatch(BuildContext(cfg, model, len(sizes), client_sizes=sizes))
-    cap = poisson_batch_cap(np.asarray(sizes), 10, cfg.rounds * 3, cfg.ldp.delta) if step_sampling == "poisson" else 0
+    cap = batch_cap(np.asarray(sizes), 10, cfg.rounds * 3, cfg.ldp.delta, 3.0) if step_sampling == "poisson" else 0  # the largest threshold
     assert (algorithm.local_steps, algorithm.requirements.sampled_steps, algorithm.clip_norm) == (3, 3, 0.7)
     assert algorithm.per_example is per_example and algorithm.batch_size == 10
     assert algorithm.poisson_batch_cap == algorithm.requirements.poisson_batch_cap == cap

@@ -45,8 +45,8 @@ from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.optimizers import build_optimizer
 from fedjax_dp.core.uploads import UniformWeights, chain
 from fedjax_dp.privacy.accounting import parse_rdp_orders
-from fedjax_dp.privacy.example_ledger import (LEDGER_ACCOUNTANTS, LEDGER_ORDERS, STEP_SAMPLINGS, ExampleLevelLedger,
-                                               poisson_batch_cap)
+from fedjax_dp.privacy import poisson_truncation
+from fedjax_dp.privacy.example_ledger import LEDGER_ACCOUNTANTS, LEDGER_ORDERS, STEP_SAMPLINGS, ExampleLevelLedger
 from fedjax_dp.privacy.example_tracker import STEP_NOISE_KEY, ExampleLevelTracker
 from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
 
@@ -69,7 +69,7 @@ class LdpMinibatch(FedAvg):
     @property
     def requirements(self) -> Requirements:
         return Requirements(sampled_steps=self.local_steps, poisson_batch_cap=self.poisson_batch_cap,
-                            loop_free=True, per_example_gradients=self.per_example)
+                            loop_free=True, per_example_gradients=self.per_example, step_noise=True)
 
     def client_update(self, shared, client, client_state, key) -> ClientOut:
         params, round_index = shared
@@ -130,7 +130,9 @@ def build_ldp_minibatch(ctx) -> tuple:
     if c.step_sampling == "poisson":
         if ctx.client_sizes is None:
             raise ValueError("ldp.step_sampling='poisson' needs the clients' data sizes to size its batches")
-        cap = poisson_batch_cap(ctx.client_sizes, cfg.client.batch_size, cfg.rounds * c.local_steps, c.delta)
+        design = poisson_truncation.design_epsilon(parse_thresholds(c.thresholds, ctx.num_clients, cfg.seed))
+        cap = poisson_truncation.batch_cap(ctx.client_sizes, cfg.client.batch_size, cfg.rounds * c.local_steps,
+                                           c.delta, design)
     algorithm = LdpMinibatch(per_example_loss=ctx.model.per_example_loss, client_optimizer=ctx.client_optimizer(),
                              server_optimizer=build_optimizer("sgd", c.alpha, 0.0), client_lr_decay=cfg.client.lr_decay,
                              unroll=ctx.unroll, clip_norm=c.clip_norm, per_example=c.per_example,

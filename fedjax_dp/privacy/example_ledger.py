@@ -11,12 +11,11 @@ as what it is (``step_sampling``):
 * ``poisson``: each example independently with probability q_k = B / n_k (``data.packing.
   pack_poisson_cohort``), one step = ``RoundEvent("poisson", z', sampling_rate=q_k)``, add/remove one
   example, z' = z for per-example clipping (sensitivity C) and z / 2 for a clipped batch mean (2C).
-  Batches are padded to a cap (static shapes); a batch larger than the cap is cut to it at random.
-  The cap is the least b with P(Binomial(n_k, q_k) > b) <= TRUNCATION_SHARE * delta / (T S) for every
-  client, so over all the steps a client can run the cut happens with probability at most
-  TRUNCATION_SHARE * delta: the run is (epsilon, delta)-DP with epsilon computed at
-  (1 - TRUNCATION_SHARE) delta (the total variation between cut and uncut batches is added to delta).
-  Poisson batches amplify by about half the noise of fixed-size ones under PLD (no replace-one factor 2).
+  Batches are padded to a cap (static shapes); a batch larger than the cap is cut to it at random,
+  which costs (1 + e^epsilon) eta_k of delta, eta_k the cut's probability over the client's steps
+  (``poisson_truncation``): decisions keep each client's uncut epsilon within its threshold at
+  delta - (1 + e^threshold) eta_k, and a client's reported epsilon is the least one whose charge fits
+  in delta (``poisson_truncation.epsilon_with_truncation``). Poisson batches amplify by about half the noise of fixed-size ones under PLD (no replace-one factor 2).
 
 A client's loss is the composition of the steps it actually ran; the guarantee holds whatever the
 server does with the uploads (they are post-processing of the noised steps). ``accountant`` is the
@@ -57,34 +56,16 @@ from dp_accounting import NeighboringRelation
 from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import stats
 
-from fedjax_dp.privacy import cached_pld
+from fedjax_dp.privacy import cached_pld, poisson_truncation
 from fedjax_dp.privacy.accounting import RoundEvent, event_rdp, check_delta, check_rdp_orders
 
 STEP_SAMPLINGS = ("fixed", "poisson")
 LEDGER_ACCOUNTANTS = ("rdp", "pld")
-TRUNCATION_SHARE = 0.01
-"""The share of delta spent on cutting Poisson batches to their cap (``poisson_batch_cap``)."""
 LEDGER_PLD_DISCRETIZATION = 1e-3
 """PLD discretisation of the per-client ledgers: one client's 300 Poisson steps (q = 16/600, z = 1) take
 0.07 s at 1e-3 against 0.64 s at 1e-4, for epsilon 2.9712 vs 2.9710 at delta 1e-5 (pessimistic: an
 upper bound either way; RDP on ``RDP_ORDERS`` gives 3.39)."""
-
-
-def poisson_batch_cap(sizes, batch_size: int, max_steps: int, delta: float) -> int:
-    """The padded batch length of Poisson steps: the least b with P(Binomial(n_k, B / n_k) > b) <=
-    TRUNCATION_SHARE * delta / max_steps for every client size n_k (see the module docstring)."""
-    sizes = np.asarray(sizes, np.int64)
-    small = sizes[sizes < batch_size]
-    if len(small):
-        raise ValueError(f"batch size B={batch_size} is larger than the data of {len(small)} clients (e.g. {int(small.min())} "
-                         "examples): a Poisson step takes each example with probability B / n_k, which must be <= 1")
-    tail = TRUNCATION_SHARE * delta / max(1, max_steps)
-    distinct = np.unique(sizes)
-    caps = [int(stats.binom.isf(tail, n, batch_size / n)) for n in distinct]
-    caps = [c + 1 if stats.binom.sf(c, n, batch_size / n) > tail else c for c, n in zip(caps, distinct)]
-    return int(min(max(caps), int(sizes.max())))
 
 
 @functools.lru_cache(maxsize=2048)  # tens of kB each at discretisation 1e-3
@@ -152,9 +133,14 @@ class ExampleLevelLedger:
             raise ValueError(f"batch size B={self.batch_size} is larger than the data of clients {small[:10].tolist()} "
                              f"({self.client_sizes[small[:10]].tolist()} examples)")
         poisson = self.step_sampling == "poisson"
-        self.batch_cap = (poisson_batch_cap(self.client_sizes, self.batch_size, self.rounds * self.steps, self.delta)
-                          if poisson else self.batch_size)
-        self.accounting_delta = self.delta * (1 - TRUNCATION_SHARE) if poisson else self.delta
+        self.design_epsilon = poisson_truncation.design_epsilon(self.thresholds)
+        self.batch_cap = (poisson_truncation.batch_cap(self.client_sizes, self.batch_size, self.rounds * self.steps,
+                                                       self.delta, self.design_epsilon) if poisson else self.batch_size)
+        tails = {n: poisson_truncation.step_tail(self.batch_cap, n, self.batch_size) if poisson else 0.0
+                 for n in np.unique(self.client_sizes).tolist()}
+        self.step_tails = np.array([tails[n] for n in self.client_sizes.tolist()])  # P(one step is cut), per client
+        charge = (1.0 + np.exp(np.minimum(self.thresholds, 700.0))) * self.rounds * self.steps * self.step_tails
+        self.decision_deltas = np.where(np.isfinite(self.thresholds), self.delta - charge, self.delta)
         if self.adaptive and self.calibrated:
             raise ValueError("a calibrated fixed z per client (calibrated=True) is the fixed-noise baseline: it needs "
                              "adaptive=False")
@@ -183,8 +169,8 @@ class ExampleLevelLedger:
             return RoundEvent("fixed", z, population=size, cohort_size=self.batch_size)
         return RoundEvent("poisson", z if self.per_example else z / 2, sampling_rate=self.batch_size / size)
 
-    def _epsilon(self, curve: np.ndarray) -> float:
-        return float(rdp_privacy_accountant.compute_epsilon(self.orders, curve, self.accounting_delta)[0])
+    def _epsilon(self, curve: np.ndarray, delta: float) -> float:
+        return float(rdp_privacy_accountant.compute_epsilon(self.orders, curve, delta)[0])
 
     def _fits(self, client: int, z: float, participations: float) -> bool:
         """Whether the client's spent loss plus ``participations`` more at z stays within its threshold,
@@ -192,11 +178,12 @@ class ExampleLevelLedger:
         if self.thresholds[client] == np.inf:  # no threshold (a fixed-noise baseline): nothing to compose
             return True
         size = int(self.client_sizes[client])
+        delta = self.decision_deltas[client]  # what the cut leaves at the threshold (poisson_truncation)
         if self.accountant == "pld":
             more = _steps_pld(self.step_event(size, float(z)), max(1, round(participations)) * self.steps)
-            return self._pld_epsilon(self._client_pld(client).compose(more)) <= self.thresholds[client]
+            return self._client_pld(client).compose(more).get_epsilon_for_delta(delta) <= self.thresholds[client]
         curve = self.spent[client] + participations * self._participation(size, float(z))
-        return self._epsilon(curve) <= self.thresholds[client]
+        return self._epsilon(curve, delta) <= self.thresholds[client]
 
     def _client_pld(self, client: int) -> PrivacyLossDistribution:
         """The PLD of the client's participations, composed in the order they ran (as a PLDAccountant
@@ -207,8 +194,11 @@ class ExampleLevelLedger:
         self._uncomposed[client] = []
         return self._history_pld[client]
 
-    def _pld_epsilon(self, distribution: PrivacyLossDistribution) -> float:
-        return float(distribution.get_epsilon_for_delta(self.accounting_delta))
+    def _reported(self, client: int, epsilon_at) -> float:
+        """The client's epsilon at ``delta`` for the steps it ran, the cut of its Poisson batches charged
+        (``poisson_truncation.epsilon_with_truncation``; fixed-size steps: ``epsilon_at(delta)``)."""
+        eta = float(self.steps_run[client] * self.step_tails[client])
+        return poisson_truncation.epsilon_with_truncation(epsilon_at, self.delta, eta)
 
     def eligible(self, t: int) -> np.ndarray:
         """Clients whose next participation fits their threshold at the largest noise (marks the others
@@ -273,12 +263,13 @@ class ExampleLevelLedger:
     def epsilons(self) -> np.ndarray:
         """Each client's spent epsilon at ``delta`` (0 for clients that never took part): the RDP ledger,
         or with ``accountant='pld'`` min(PLD, RDP) (module docstring)."""
-        rdp = np.array([self._epsilon(c) if np.any(c) else 0.0 for c in self.spent])
+        rdp = np.array([self._reported(k, lambda d, c=c: self._epsilon(c, d)) if np.any(c) else 0.0
+                        for k, c in enumerate(self.spent)])
         if self.accountant == "rdp":
             return rdp
         return np.minimum(rdp, self.pld_epsilons())
 
     def pld_epsilons(self) -> np.ndarray:
         """Each client's steps composed by dp_accounting's PLD (``_client_pld``)."""
-        return np.array([self._pld_epsilon(self._client_pld(k)) if history else 0.0
+        return np.array([self._reported(k, self._client_pld(k).get_epsilon_for_delta) if history else 0.0
                          for k, history in enumerate(self.participations)])

@@ -12,7 +12,8 @@ import logging
 
 import numpy as np
 
-from fedjax_dp.privacy.example_ledger import LEDGER_PLD_DISCRETIZATION, TRUNCATION_SHARE, ExampleLevelLedger
+from fedjax_dp.privacy.example_ledger import LEDGER_PLD_DISCRETIZATION, ExampleLevelLedger
+from fedjax_dp.privacy.poisson_truncation import TRUNCATION_SHARE
 from fedjax_dp.privacy.report import PrivacyReport
 
 STEP_NOISE_KEY = "step_noise_multiplier"
@@ -92,9 +93,10 @@ class ExampleLevelTracker:
         if poisson:
             drawn = (f"a step takes each of the client's n_k examples with probability B / n_k (B = {led.batch_size}), "
                      f"padded to {led.batch_cap} slots: a Poisson-subsampled Gaussian (add/remove one example, "
-                     f"sensitivity {'C' if self.per_example else '2C'}); a batch over {led.batch_cap} is cut at random, "
-                     f"which over all steps has probability <= {TRUNCATION_SHARE * led.delta:.3g}, charged to delta: "
-                     f"epsilon is computed at delta = {led.accounting_delta:.6g}")
+                     f"sensitivity {'C' if self.per_example else '2C'}); a batch over {led.batch_cap} is cut at random "
+                     f"(probability eta_k over a client's steps, at most {led.step_tails.max():.3g} a step), which "
+                     "costs (1 + e^epsilon) eta_k of delta: each client's epsilon is the least whose charge fits in "
+                     f"delta (the cap keeps it <= {TRUNCATION_SHARE} delta at epsilon {led.design_epsilon:.6g})")
         else:
             drawn = (f"a step draws B = {led.batch_size} of the client's n_k examples without replacement: a subsampled "
                      "Gaussian (replace-one, sensitivity 2C)")
@@ -115,6 +117,13 @@ class ExampleLevelTracker:
             notes.append("the clip threshold is each step's median per-example gradient norm, computed from the data "
                          "and not privatised: NO formal guarantee; the epsilons are what a fixed C would give at the "
                          "same noise multiplier")
+        truncation = {}
+        if poisson:
+            eta = led.steps_run * led.step_tails
+            truncation = {"truncation": {
+                "design_epsilon": led.design_epsilon, "design_share_of_delta": TRUNCATION_SHARE,
+                "step_tail_max": float(led.step_tails.max()),
+                "charged_delta_max": float(np.max((1 + np.exp(np.minimum(eps, 700.0))) * eta))}}
         return PrivacyReport(
             mechanism=f"per-step clipped gradient + Gaussian ({'per example' if self.per_example else 'per batch'})",
             unit="example", neighboring_relation="add-or-remove-one" if poisson else "replace-one",
@@ -130,4 +139,4 @@ class ExampleLevelTracker:
                        "unit": "example", "steps_per_participation": led.steps}],
             accounting={"rdp_orders": list(led.orders), "noise_grid_points": len(led.grid),
                         "step_sampling": led.step_sampling, "batch_cap": led.batch_cap,
-                        "accounting_delta": led.accounting_delta})
+                        **({} if poisson else {"accounting_delta": led.delta}), **truncation})

@@ -23,6 +23,13 @@ relative (the PLD is now built by self-composition), (c) ``dp_client_budget``'s 
 which clients were sampled (their per-client budgets change the eligible count) and (d) the changes
 the earlier INTENDED entries recorded (fixed-size accounting over eligible clients, PLD at 1e-4,
 FedMeta's D_meta formal: false, unbounded epsilon as null + flag).
+
+Re-recorded on purpose (issue 74; old and new values in CHANGELOG.md): ``cuag_pfl_sound_adaptive_clip``
+(the local count noise has its own key, F01; the quantile estimate is clamped to [0, 1], item 7),
+``dp_central_adaptive`` (the clamp), ``compression_gaussian_fixed`` (measurement matrices from their own
+public stream, disjoint from the run's keys) and ``ldp_minibatch_mlp_poisson`` (the cut of Poisson batches
+charged at (1 + e^eps) eta, its cap over n and n + 1 points, F03). Their epsilons are unchanged except the
+last one's.
 """
 
 from __future__ import annotations

@@ -350,6 +350,39 @@ def test_paper_mode_names_the_papers_claim_only_for_the_sigma_t_schedule_it_was_
     assert "each client's noise is calibrated" not in notes  # no note of the sound mode's budget in a paper-mode run
 
 
+def test_paper_modes_formula_epsilon_is_the_papers_formula_over_the_rounds_run(tmp_path):
+    """Issue 74, item 3: the per-client ledger composed the paper's one-round mu_t, whose q already holds the
+    client rate lambda, over the rounds a client took part in: conditioning on participation while keeping
+    lambda's amplification (a 5-round run's figure was 1.293). The headline figure is now the paper's formula as
+    it states it, mu_t^2 summed over the 5 rounds run (mu sqrt(H_5) for the sigma_t schedule), and the per-client
+    figures drop lambda."""
+    from fedjax_dp.privacy import adaptive_gdp, gdp
+
+    c = _pfl_config("cuag_pfl", **{"cuag.mode": "paper", "compression.enabled": True})
+    c.rounds = 5
+    with pytest.warns(UserWarning, match="NO formal"):
+        run_experiment(c, str(tmp_path / "run"), progress=False)
+    privacy = json.load(open(tmp_path / "run" / "privacy.json"))
+    setting = dict(sampling_rate=0.4, batch_size=8, dataset_size=375, local_steps=2)  # 4 of 10 clients; 375 each
+    want = gdp.epsilon_from_mu(adaptive_gdp.schedule_mu(5, 0.25, **setting), 1e-5)
+    assert adaptive_gdp.schedule_mu(5, 0.25, **setting) == pytest.approx(0.25 * np.sqrt(1 + 1 / 2 + 1 / 3 + 1 / 4 + 1 / 5))
+    assert privacy["formal"] is False
+    # rel 1e-6: the figure is computed at the float32 sigma that ran
+    assert privacy["epsilon"] == pytest.approx(want, rel=1e-6) and privacy["epsilons"]["paper_formula"] == privacy["epsilon"]
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")][1:]
+    per_round = [gdp.epsilon_from_mu(adaptive_gdp.schedule_mu(t, 0.25, **setting), 1e-5) for t in range(1, 6)]
+    assert [r["epsilon"] for r in rows] == pytest.approx(per_round, rel=1e-6)
+    participations = np.array(privacy["accounting"]["per_client_participations"])
+    n = int(np.argmax(participations))  # a client's own figure: lambda = 1 over the rounds it ran (which: unknown
+    without = dict(setting, sampling_rate=1.0)  # here, so bound it by the rounds with the least and the most noise)
+    low = gdp.epsilon_from_mu(np.sqrt(participations[n]) * adaptive_gdp.formula_mu(
+        adaptive_gdp.noise_scale(5, 0.25, **setting), 1, **without), 1e-5)
+    high = gdp.epsilon_from_mu(np.sqrt(participations[n]) * adaptive_gdp.formula_mu(
+        adaptive_gdp.noise_scale(1, 0.25, **setting), 1, **without), 1e-5)
+    assert low <= privacy["accounting"]["per_client_epsilon"][n] <= high
+    assert privacy["epsilons"]["per_client_formula_without_sampling_max"] == max(privacy["accounting"]["per_client_epsilon"])
+
+
 def test_the_sigma_t_schedule_at_a_fixed_clip_is_accounted_round_by_round(tmp_path):
     from fedjax_dp.privacy import adaptive_gdp
 

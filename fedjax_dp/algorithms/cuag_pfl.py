@@ -179,14 +179,37 @@ class CuagTracker(PrivacyTracker):
         self.mode, self.participations = c.mode, planned_participations(cfg, dataset.num_clients)
         self.calibrated, self.shape = calibrated_to_budget(c), c.sound_noise
         paper_noise = next((t for t in uploads if isinstance(t, CuagPaperNoise)), None)  # the transform that runs
+        self.paper_noise = paper_noise
+        self.paper_mu_squared = 0.0  # the paper's formula over the rounds run (per client where mu_n or |D_n| differ)
         self.fixed_sigma = paper_noise.fixed_sigma if paper_noise and paper_noise.fixed_sigma else None  # Table 5
         # mu_n set the noise only as a budget (sound, calibrated), as the target of Alg. 4's sigma_t schedule (paper
         # mode, or sound with cuag.sigma='schedule'); with sigma or z held fixed they set nothing and are not reported
         self.mus_set_noise = (self.calibrated or (c.mode == "paper" and self.fixed_sigma is None)
                               or (c.mode == "sound" and parse_sigma(c.sigma) == "schedule"))
 
+    def record(self, t: int, client_ids) -> None:
+        super().record(t, client_ids)
+        if self.paper_noise is not None:
+            self.paper_mu_squared = self.paper_mu_squared + self.paper_noise.paper_round_mu_squared(t)
+
+    def paper_formula_epsilon(self) -> float:
+        """The paper's formula as the paper states it over the rounds run (lambda inside q), the largest client's:
+        epsilon of ``adaptive_gdp.rounds_mu`` at delta. Paper mode's headline figure: NOT a guarantee."""
+        if not self.rounds:
+            return 0.0
+        return gdp.epsilon_from_mu(float(np.sqrt(np.max(self.paper_mu_squared))), self.cfg.delta)
+
+    def epsilon(self) -> float:
+        return self.paper_formula_epsilon() if self.paper_noise is not None else super().epsilon()
+
     def report(self):
         report = super().report()
+        if self.paper_noise is not None:
+            report.epsilon = self.paper_formula_epsilon()
+            report.epsilons["paper_formula"] = report.epsilon
+            del report.epsilons["per_client_gdp_exact_max"]  # super() read the headline figure there
+            ledger = self.ledger.epsilons()
+            report.epsilons["per_client_formula_without_sampling_max"] = float(ledger.max()) if len(ledger) else 0.0
         all_eps = self.ledger.epsilons()
         report.accounting.update({"per_client_epsilon": [float(e) for e in all_eps],
                                   "per_client_mu": [float(m) for m in self.mus] if self.mus_set_noise else None,
@@ -199,15 +222,18 @@ class CuagTracker(PrivacyTracker):
             report.notes.append(
                 f"paper mode with Alg. 4's sigma held fixed at {self.fixed_sigma:g} (cuag.sigma): the paper's mu is "
                 "what its sigma_t schedule is calibrated to, which did not run, so no claim of the paper's applies "
-                "(epsilons.paper_claim is null); the epsilons listed are the paper's CLT formula for the fixed sigma "
-                "composed over the rounds each client ran. Not a guarantee: formal is false.")
+                "(epsilons.paper_claim is null); epsilon (epsilons.paper_formula) is the paper's CLT formula for the "
+                "fixed sigma over the rounds run, lambda included; the per-client figures are that formula without "
+                "lambda (a client that took part) over the rounds each client ran. Not a guarantee: formal is false.")
         elif self.mode == "paper":
             report.epsilons["paper_claim"] = gdp.epsilon_from_mu(claimed[0], delta) if len(claimed) == 1 else None
             report.notes.append(
                 "paper mode: the paper claims mu = " + (f"{claimed[0]:g}" if len(claimed) == 1 else
-                f"mu_n in [{claimed[0]:g}, {claimed[-1]:g}]") + " for the whole run (epsilons.paper_claim); the "
-                "epsilons listed are the paper's CLT formula composed over the rounds each client ran. Neither is "
-                "a guarantee: formal is false.")
+                f"mu_n in [{claimed[0]:g}, {claimed[-1]:g}]") + " for the whole run (epsilons.paper_claim); epsilon "
+                "(epsilons.paper_formula) is the paper's formula as the paper states it over the rounds run "
+                "(mu_t^2 summed over the rounds, lambda included: mu sqrt(H_T) for the sigma_t schedule); the "
+                "per-client figures are that formula without lambda (a client that took part) over the rounds each "
+                "client ran. None is a guarantee: formal is false.")
         elif not self.calibrated:
             report.notes.append("sound mode with fixed noise (cuag.noise_multiplier or cuag.sigma): no budget; the "
                                 "epsilons listed are the exact composition of the participations each client ran")

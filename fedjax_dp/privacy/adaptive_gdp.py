@@ -17,8 +17,9 @@ Two things are wrong with that claim, and this module says both:
   mu sqrt(H_T) (H_T the T-th harmonic number; 2.5 mu for T = 300), not mu (``schedule_mu``).
 
 ``sound`` mode keeps the structure (per-layer thresholds, Gaussian noise on the compressed upload) with
-fixed thresholds C_l: the clipped upload has L2 sensitivity sqrt(sum_l C_l^2) (add/remove of a client)
-and the noise std is z sqrt(sum_l C_l^2), z calibrated by the accountant (``accounting``).
+fixed thresholds C_l: the clipped upload has L2 sensitivity sqrt(sum_l C_l^2) and the noise std is
+z sqrt(sum_l C_l^2) per client; the noise is local, so two neighbouring clients' uploads (replace-one)
+differ by at most 2 sqrt(sum_l C_l^2), and each client's ledger composes (2 / z)^2 per participation.
 """
 
 from __future__ import annotations
@@ -74,8 +75,14 @@ def schedule_mu(rounds: int, mu: float, **setting) -> float:
     (= mu sqrt(H_T)). Still the paper's example-level CLT figure: meaningful only in ``sound`` terms."""
     if not (isinstance(rounds, int) and rounds >= 1):
         raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
-    total = sum(formula_mu(noise_scale(t, mu, **setting), 1, **setting) ** 2 for t in range(1, rounds + 1))
-    return math.sqrt(total)
+    return rounds_mu([noise_scale(t, mu, **setting) for t in range(1, rounds + 1)], **setting)
+
+
+def rounds_mu(sigmas, **setting) -> float:
+    """The paper's formula over the rounds run at ``sigmas`` (one sigma per round): sqrt(sum_t mu_t^2), mu_t the
+    one-round mu = q sqrt(P (e^{1/sigma_t^2} - 1)) with the client rate lambda inside q, as the paper states it
+    (``schedule_mu`` for Alg. 4's sigma_t; sqrt(T) mu_1 for a sigma held fixed). Not a guarantee."""
+    return math.sqrt(sum(formula_mu(float(sigma), 1, **setting) ** 2 for sigma in sigmas))
 
 
 def paper_claim(rounds: int, mu: float, delta: float, **setting) -> dict:

@@ -4,9 +4,11 @@
 ``paper``: ``CuagPaperNoise``, Alg. 4 as written: each client adds N(0, (2 C_l sigma_t / B)^2) to every
 layer l of its (compressed) upload with C_l = ||layer l|| and the paper's sigma_t schedule. NO formal
 guarantee (the threshold is the layer's own norm: no finite sensitivity): its release is labelled
-``formal=False`` and carries the paper's own per-round CLT figure mu_t, which the per-client ledger
-composes in quadrature, so the recorded epsilon is the paper's claim for the schedule actually run
-(``adaptive_gdp.schedule_mu``), never presented as a guarantee.
+``formal=False``. It carries the paper's per-round CLT figure without the client rate lambda (lambda = 1
+in q): conditioned on a client taking part, its ledger composes these over the rounds it ran, so lambda's
+amplification is not counted twice. The run's headline figure is the paper's formula as the paper states
+it, lambda included, over the rounds run (``adaptive_gdp.rounds_mu``; the tracker reports it). Neither is
+a guarantee.
 
 ``sound``: ``cuag_sound_noise``: the same structure with fixed per-layer thresholds C_l and local
 Gaussian noise z sqrt(sum_l C_l^2) on every entry: a per-layer clip followed by local Gaussian noise,
@@ -51,7 +53,7 @@ class CuagPaperNoise(UploadTransform):
         if not (self.fixed_sigma >= 0 and np.isfinite(self.fixed_sigma)):
             raise ValueError(f"a fixed Alg. 4 sigma must be a finite number >= 0, got {self.fixed_sigma!r}")
         for mu, size in self._clients():
-            adaptive_gdp.noise_scale(1, mu, **self._setting(size))  # validates every field by name
+            adaptive_gdp.noise_scale(1, mu, **self.setting(size))  # validates every field by name
         warnings.warn(adaptive_gdp.PAPER_MODE_NOTE, stacklevel=3)  # the builder's line, past the generated __init__
 
     @property
@@ -69,15 +71,17 @@ class CuagPaperNoise(UploadTransform):
             raise ValueError(f"{len(mus)} per-client mu values for {len(sizes)} client sizes")
         return list(zip(mus, sizes))
 
-    def _setting(self, dataset_size: int | None = None) -> dict:
-        return dict(sampling_rate=self.sampling_rate, batch_size=self.batch_size,
+    def setting(self, dataset_size: int | None = None, participating: bool = False) -> dict:
+        """Alg. 4's setting for a client of ``dataset_size`` examples; ``participating``: lambda = 1 (conditioned on
+        the client taking part)."""
+        return dict(sampling_rate=1.0 if participating else self.sampling_rate, batch_size=self.batch_size,
                     dataset_size=self.dataset_size if dataset_size is None else int(dataset_size),
                     local_steps=self.local_steps)
 
     def _sigmas(self, round_index: int) -> list[float]:
         if self.fixed_sigma:
             return [float(self.fixed_sigma)] * len(self._clients())
-        return [adaptive_gdp.noise_scale(round_index, mu, **self._setting(size)) for mu, size in self._clients()]
+        return [adaptive_gdp.noise_scale(round_index, mu, **self.setting(size)) for mu, size in self._clients()]
 
     def inputs(self, round_index: int) -> dict:
         sigmas = self._sigmas(round_index)
@@ -97,16 +101,24 @@ class CuagPaperNoise(UploadTransform):
 
     def releases(self, inputs: dict) -> tuple[Release, ...]:
         sigmas = np.atleast_1d(np.asarray(inputs["sigma"], float))
-        mu_t = np.array([adaptive_gdp.formula_mu(float(sigma), 1, **self._setting(size))
+        mu_t = np.array([adaptive_gdp.formula_mu(float(sigma), 1, **self.setting(size, participating=True))
                          for sigma, (_, size) in zip(sigmas, self._clients())])
-        # The ledger composes (2 / z)^2 per participation under local noise (replace-one): z = 2 / mu_t
-        # makes it compose the paper's own mu_t^2, so its epsilon is the paper's claim for this schedule.
+        # The ledger composes (2 / z)^2 per participation under local noise (replace-one): z = 2 / mu_t makes it
+        # compose the paper's per-round figure, lambda = 1 (the client took part), over the rounds each client ran.
         z = 2.0 / mu_t
         figure = f"mu_t = {mu_t[0]:.6g}" if len(mu_t) == 1 else f"mu_t in [{mu_t.min():.6g}, {mu_t.max():.6g}] per client"
         return (Release("CUAG-PFL adaptive GDP noise, paper mode (Alg. 4)", "local", float(z.min()),
                         "none: C_l = ||layer l|| (the layer's own norm)", formal=False,
-                        note=adaptive_gdp.PAPER_MODE_NOTE + f" Per-round CLT figure of the paper: {figure}.",
+                        note=adaptive_gdp.PAPER_MODE_NOTE + " Per-round CLT figure of the paper for a client that "
+                        f"takes part (lambda = 1): {figure}.",
                         client_multipliers=tuple(float(v) for v in z) if self.per_client else None),)
+
+    def paper_round_mu_squared(self, round_index: int) -> np.ndarray:
+        """The paper's one-round mu_t^2 as it states it (lambda inside q) at round t's sigma, per (mu_n, |D_n|):
+        summed over the rounds run it is ``adaptive_gdp.rounds_mu``^2, the paper's figure. Not a guarantee."""
+        sigmas = np.atleast_1d(np.asarray(self.inputs(round_index)["sigma"], float))
+        return np.array([adaptive_gdp.formula_mu(float(sigma), 1, **self.setting(size)) ** 2
+                         for sigma, (_, size) in zip(sigmas, self._clients())])
 
 
 def cuag_sound_noise(layer_norms: tuple[float, ...], schedule: tuple, client_multipliers: tuple | None = None,

@@ -15,6 +15,7 @@ from fedjax_dp.privacy.audit import audit_training_run, epsilon_lower_bound
 from fedjax_dp.privacy.budget import BudgetRule, ClientLedger
 from fedjax_dp.privacy.client_sampling import FixedSizeSampling, PoissonSampling, client_sampler
 from fedjax_dp.privacy.gdp import delta_from_mu, epsilon_from_mu, mu_clt, mu_from_epsilon
+from fedjax_dp.privacy.release_check import ReleaseCheck, check_upload_noise
 from fedjax_dp.privacy.report import PrivacyReport
 from fedjax_dp.privacy.tracker import PrivacyTracker
 from fedjax_dp.privacy.update_statistics import UpdateStatistics
@@ -24,5 +25,5 @@ from fedjax_dp.privacy.upload_noise import GaussianNoise
 __all__ = ["Accountant", "RoundEvent", "analytic_gaussian_sigma", "calibrate_noise_multiplier", "epsilon_of",
            "audit_training_run", "epsilon_lower_bound", "BudgetRule", "ClientLedger", "FixedSizeSampling",
            "PoissonSampling", "client_sampler", "delta_from_mu", "epsilon_from_mu", "mu_clt", "mu_from_epsilon",
-           "PrivacyReport", "PrivacyTracker", "UpdateStatistics", "AdaptiveQuantileClip", "FlatClip", "MedianClip",
+           "PrivacyReport", "PrivacyTracker", "ReleaseCheck", "check_upload_noise", "UpdateStatistics", "AdaptiveQuantileClip", "FlatClip", "MedianClip",
            "PerLayerClip", "GaussianNoise"]

@@ -1,6 +1,7 @@
 """Issue 16 (privacy truth): one test per finding, each failing on the code the review read."""
 
 import json
+import os
 import math
 
 import jax
@@ -201,6 +202,58 @@ def test_9_and_12_privacy_json_lists_what_is_outside_the_guarantee_and_each_rela
     for key in ("train_loss", "clipped_fraction", "median_update_norm", "between_client_variance", "update_scale"):
         assert key in outside
     assert {r["neighboring_relation"] for r in privacy["releases"]} == {"replace-one"}
+
+
+def _listed_run(tmp_path, **overrides):
+    from fedjax_dp.training.loop import run_experiment
+
+    cfg = default_config()
+    cfg.algorithm, cfg.rounds, cfg.eval_every = "dp_fedavg", 2, 2
+    cfg.data.num_clients, cfg.model.name, cfg.sampling.cohort_size = 12, "logistic", 4
+    cfg.client.update(epochs=1, batch_size=32)
+    for path, value in overrides.items():
+        section, _, key = path.rpartition(".")
+        (cfg[section] if section else cfg)[key] = value
+    run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    privacy = json.load(open(tmp_path / "run" / "privacy.json"))
+    published = {key for line in open(tmp_path / "run" / "metrics.jsonl") for key in json.loads(line)}
+    return published, {line.split(":")[0] for line in privacy["outside_guarantee"]}
+
+
+def test_every_figure_from_client_data_is_listed_outside_the_guarantee(tmp_path):
+    """Issue 74, item 5: client_accuracy (each client's own test data) and client_accuracies.json were published in
+    DP runs without being listed; so was test_accuracy where the central test set is the clients' own test data
+    (the embedded MNIST subset has no test split)."""
+    published, listed = _listed_run(tmp_path)
+    assert {"client_accuracy", "test_accuracy", "test_loss"} <= published
+    assert {"client_accuracy", "test_accuracy", "test_loss", "client_accuracies.json", "train_loss"} <= listed
+    with pytest.raises(ValueError, match="eval_client_data=False needs a held-out central test set, and "
+                                         "data.source='mnist_5k' has none"):
+        _listed_run(tmp_path / "never", eval_client_data=False)
+
+
+def test_eval_client_data_false_computes_nothing_from_client_data(tmp_path, shared_data_dir):
+    published, listed = _listed_run(tmp_path, eval_client_data=False, **{
+        "data.source": "mnist", "data.data_dir": os.path.join(shared_data_dir, "mnist")})
+    assert "test_accuracy" in published and "client_accuracy" not in published
+    assert not os.path.exists(tmp_path / "run" / "client_accuracies.json")
+    assert not {"client_accuracy", "test_accuracy", "client_accuracies.json"} & listed
+
+
+def test_personalised_figures_of_a_dp_run_are_listed_and_cannot_be_dropped(tmp_path):
+    from fedjax_dp.training.loop import run_experiment
+
+    cfg = default_config()
+    cfg.algorithm, cfg.rounds, cfg.eval_every, cfg.model.name = "cuag_pfl", 1, 1, "logistic"
+    cfg.data.update(num_clients=10, test_fraction=0.25)
+    cfg.client.batch_size, cfg.pfldyn.local_steps, cfg.sampling.cohort_size = 8, 2, 4
+    cfg.compression.enabled, cfg.cuag.mode, cfg.cuag.participations = True, "sound", 1
+    run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    privacy = json.load(open(tmp_path / "run" / "privacy.json"))
+    assert any(line.startswith("personalized*: ") for line in privacy["outside_guarantee"])
+    cfg.eval_client_data = False
+    with pytest.raises(ValueError, match="eval_client_data=False: algorithm 'cuag_pfl' is scored only by personalised"):
+        run_experiment(cfg, str(tmp_path / "never"), progress=False)
 
 
 def test_1_a_server_set_drawn_from_the_clients_voids_the_guarantee(tmp_path):

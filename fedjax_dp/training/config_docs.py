@@ -8,6 +8,9 @@ KEY_DOCS = {
     "rounds": "federated rounds T",
     "eval_every": "evaluate the global (and personalised) models every this many rounds",
     "eval_initial": "also evaluate the initial model, logged as round 0",
+    "eval_client_data": "score models on the clients' own test data too (per-client and personalised accuracy, "
+                        "client_accuracies.json: outside the DP guarantee, listed in privacy.json); False keeps every "
+                        "published figure inside it",
     "eval_prototypes": "also report the personalised accuracy of each client's prototype classifier on the global "
                        "model's penultimate features (Proto adaptation: seed 004's metric for SCAFFOLD); for "
                        "algorithms without their own personalised models",

@@ -37,6 +37,8 @@ def validate_config(cfg, overridden=()) -> None:
     need(cfg.rounds >= 1, f"rounds must be >= 1, got {cfg.rounds}")
     need(cfg.seed >= 0, f"seed must be >= 0 (numpy and JAX seed from it), got {cfg.seed}")
     need(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
+    need(cfg.eval_client_data or not cfg.eval_prototypes,
+         "eval_prototypes=True scores prototype classifiers on the clients' own data; eval_client_data=False forbids it")
     need(not cfg.eval_prototypes or cfg.model.name in PENULTIMATE_MODELS,
          f"eval_prototypes needs a model with a hidden layer ({PENULTIMATE_MODELS}), got model.name={cfg.model.name!r}")
     need(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0 = only at exit), got {cfg.checkpoint_every}")

@@ -14,6 +14,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rounds = 100
     c.eval_every = 5
     c.eval_initial = True  # evaluate the initial model as round 0 (metrics.jsonl, the plots)
+    c.eval_client_data = True  # False: no figure from the clients' own data (per-client, personalised) is computed
     c.eval_prototypes = False  # also score each client's prototype classifier on the global model's features
     c.checkpoint_every = 0  # > 0: checkpoint every k rounds (always at exit); resume with --resume
     c.checkpoint_keep = 2  # the newest k checkpoints are kept; 0 keeps every one (for analysing each round after)

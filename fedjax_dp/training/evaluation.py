@@ -59,10 +59,12 @@ class Evaluation(NamedTuple):
     per_client_label: str
 
 
-def _global_evaluation(model: Model, params, dataset: FederatedDataset, batch_size: int = EVAL_BATCH):
-    """(metrics, per-client accuracies) of the global model, from ONE pass over the examples needed."""
+def _global_evaluation(model: Model, params, dataset: FederatedDataset, batch_size: int = EVAL_BATCH,
+                       clients: bool = True):
+    """(metrics, per-client accuracies) of the global model, from ONE pass over the examples needed
+    (``clients=False``: the central test set only)."""
     central = dataset.central_test
-    client_idx = [i for i in dataset.client_test if len(i)]
+    client_idx = [i for i in dataset.client_test if len(i)] if clients else []
     needed = np.unique(np.concatenate([central] + client_idx)) if client_idx else central
     losses, corrects = per_example_stats(model, params, dataset.x[needed], dataset.y[needed], batch_size)
     pick = lambda idx: np.searchsorted(needed, idx)  # noqa: E731  (needed is sorted and unique)
@@ -84,7 +86,7 @@ def evaluate(model: Model, params, dataset: FederatedDataset, batch_size: int = 
 
 
 def evaluate_state(model: Model, algorithm, state, dataset: FederatedDataset, client_states=None,
-                   validation_set=None, personalized=None) -> Evaluation:
+                   validation_set=None, personalized=None, client_data: bool = True) -> Evaluation:
     """``evaluate`` of the global model (where ``requirements.global_classifier``), and for an algorithm
     with ``requirements.personalized`` the mean and distribution over clients of each personalised
     model's accuracy on that client's own test data (``personalized``: the run's
@@ -92,17 +94,19 @@ def evaluate_state(model: Model, algorithm, state, dataset: FederatedDataset, cl
     ``eval_prototypes``); ``client_states``: the loop's per-client state
     store). With a ``validation_set`` (a server-held set with ``x``, ``y``), ``validation_accuracy``.
     The per-client accuracies are the personalised ones where the algorithm has them, else the global
-    model's: computed once here, not again for ``client_accuracies.json``."""
+    model's: computed once here, not again for ``client_accuracies.json``. ``client_data=False``
+    (``eval_client_data``): nothing is computed from the clients' own data (no per-client or personalised
+    figures), so every published number stays inside the guarantee."""
     requirements = algorithm.requirements
     metrics, per_client, label = {}, np.zeros(0), ""
     if requirements.global_classifier:
-        metrics, per_client = _global_evaluation(model, state.params, dataset)
+        metrics, per_client = _global_evaluation(model, state.params, dataset, clients=client_data)
         label = "final global-model accuracy per client (own test data)" if len(per_client) else ""
     if validation_set is not None:
         correct = per_example_stats(model, state.params, validation_set.x, validation_set.y)[1]
         metrics["validation_accuracy"] = float(correct.mean())
     scorer = algorithm if requirements.personalized else getattr(personalized, "scorer", None)
-    if scorer is not None:
+    if scorer is not None and client_data:
         personalized = PersonalizedEvaluator(dataset) if personalized is None else personalized
         accuracy = personalized.per_client_accuracy(scorer, state, client_states)
         metrics = {**metrics, **personalized.summary(accuracy)}

@@ -41,6 +41,12 @@ from fedjax_dp.training.tensorboard import TensorBoardScalars
 STALL_ROUNDS = 3  # rounds in a row with every client update non-finite before the run stops
 
 
+def central_test_from_clients(dataset) -> bool:
+    """Whether the central test set holds clients' own test data (a source without a test split)."""
+    tests = [t for t in dataset.client_test if len(t)]
+    return bool(tests) and bool(np.isin(dataset.central_test, np.concatenate(tests)).any())
+
+
 def personalized_evaluator(cfg, dataset, model, requirements):
     """The run's personalised evaluation: the algorithm's own, or with ``eval_prototypes`` the prototype
     adaptation of its global classifier; None when neither applies."""
@@ -72,6 +78,14 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     cfg = cfg.copy_and_resolve_references()
     choice, model, runner = build_model_and_round(cfg, dataset, server_set)
     requirements = runner.algorithm.requirements
+    if not cfg.eval_client_data and not requirements.global_classifier:
+        raise ValueError(f"eval_client_data=False: algorithm {cfg.algorithm!r} is scored only by personalised models on "
+                         "the clients' own test data (its global model is not a classifier); set eval_client_data=True "
+                         "(those figures are then listed in privacy.json's outside_guarantee)")
+    if not cfg.eval_client_data and central_test_from_clients(dataset):
+        raise ValueError(f"eval_client_data=False needs a held-out central test set, and data.source={cfg.data.source!r} "
+                         "has none: its central test set is the union of the clients' own test data (use a source "
+                         "with a test split, such as mnist or cifar10, or set eval_client_data=True)")
     if shares_server_set(cfg):
         dataset = share_with_clients(dataset, server_set)
     pack = make_packer(cfg, dataset, requirements)
@@ -97,7 +111,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
 
     if cfg.eval_initial and not resume:  # round 0: the initial model, before any client has been read
         loop.evaluated(0, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation,
-                                         personalized))
+                                         personalized, cfg.eval_client_data))
         writer.log({"round": 0, **loop.last_eval, "client_updates": 0, **({"epsilon": 0.0} if tracker else {})})
     interruption, stop_reason = Interruption(), None
     bar = tqdm(range(loop.rounds_run + 1, cfg.rounds + 1), disable=not progress, desc=cfg.algorithm, unit="round",
@@ -153,7 +167,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
             loop.rounds_run = t
             if t % cfg.eval_every == 0 or t == cfg.rounds:
                 loop.evaluated(t, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation,
-                                                                 personalized))
+                                                                 personalized, cfg.eval_client_data))
                 row.update(loop.last_eval)
                 bar.set_postfix(progress_postfix(loop.last_eval, row, tracker))
             row["client_updates"] = loop.client_updates
@@ -170,13 +184,15 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
         loop.save(checkpointer, state)  # at exit; a diverged model is never saved (state is the last good one)
     if not interruption and loop.rounds_run and loop.rounds_run % cfg.eval_every and loop.rounds_run != cfg.rounds:
         loop.evaluated(loop.rounds_run, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation,
-                                                                 personalized))
+                                                                 personalized, cfg.eval_client_data))
         writer.log({"round": loop.rounds_run, "final_evaluation": True, **loop.last_eval})
     final = loop.last_evaluation if loop.last_evaluation_round == loop.rounds_run else evaluate_state(
-        model, runner.algorithm, state, dataset, loop.client_states, None, personalized)  # interrupted: not yet evaluated
-    writer.write_json("client_accuracies.json", {"measured": final.per_client_label, "round": loop.rounds_run,
-                                                 "client_ids": [i for i, t in enumerate(dataset.client_test) if len(t)],
-                                                 "accuracy": final.per_client})
+        model, runner.algorithm, state, dataset, loop.client_states, None, personalized,  # interrupted: not yet evaluated
+        cfg.eval_client_data)
+    if cfg.eval_client_data:
+        writer.write_json("client_accuracies.json", {"measured": final.per_client_label, "round": loop.rounds_run,
+                                                     "client_ids": [i for i, t in enumerate(dataset.client_test) if len(t)],
+                                                     "accuracy": final.per_client})
     writer.close()
     metrics = results.read_metrics(workdir)
     summary = RunSummary(workdir, loop.rounds_run, loop.last_eval, loop.best[0], loop.best[1], loop.client_updates,
@@ -184,7 +200,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                          uplink_gb=loop.meter.uplink / 1e9, traffic_gb=(loop.meter.uplink + loop.meter.downlink) / 1e9,
                          stop_reason=stop_reason, interrupted=bool(interruption))
     record = privacy_record(tracker, server_set_notes(cfg), metrics, server_set_breaches(cfg),
-                            secure_rng=cfg.privacy.secure_rng)
+                            secure_rng=cfg.privacy.secure_rng, client_test_set=central_test_from_clients(dataset),
+                            wrote_client_accuracies=bool(cfg.eval_client_data))
     writer.write_json("privacy.json", record)
     if tracker is not None:
         summary.epsilon, summary.formal = tracker.report().epsilon, record["formal"]

@@ -44,8 +44,28 @@ OUTSIDE_GUARANTEE = {
     "cohort_size": "the realised cohort size (under Poisson sampling it reveals participation counts)",
     "dropped_client_ids": "ids of clients whose update was non-finite (a data-dependent event)",
     "dropped_clients": "the number of dropped clients",
+    "client_accuracy": "mean over clients of the global model's accuracy on each client's own test data",
+    "personalized_": "each client's personalised model (built from its own training data) scored on its own test "
+                     "data: the mean, spread and quantiles over clients, and the share of unseen test labels",
 }
-"""Statistics a run may publish beside its epsilon that no DP mechanism covers (issue 16, finding 9)."""
+"""Statistics a run may publish beside its epsilon that no DP mechanism covers (issue 16, finding 9; issue 74,
+item 5): a key, or a prefix ending in ``_`` for a family. ``eval_client_data=False`` keeps every evaluation
+on client data out of a run (the global model is then scored on the central, server-held test set only)."""
+CLIENT_TEST_SET = {"test_accuracy": "accuracy on the central test set, which is the union of the clients' own test "
+                                    "data (the source has no test split)",
+                   "test_loss": "loss on that central test set (the clients' own test data)"}
+CLIENT_ACCURACIES_FILE = ("client_accuracies.json: each client's final accuracy on its own test data, one value per "
+                          "client")
+
+
+def outside_guarantee(rows, client_test_set: bool, wrote_client_accuracies: bool) -> list[str]:
+    """Every published value computed from client data that no mechanism covers (``OUTSIDE_GUARANTEE``);
+    ``client_test_set``: the central test set is the clients' own test data."""
+    published = {key for row in rows for key in row}
+    listed = dict(OUTSIDE_GUARANTEE, **(CLIENT_TEST_SET if client_test_set else {}))
+    found = [f"{key.rstrip('_') + '*' if key.endswith('_') else key}: {why}" for key, why in listed.items()
+             if (key in published if not key.endswith("_") else any(k.startswith(key) for k in published))]
+    return found + ([CLIENT_ACCURACIES_FILE] if wrote_client_accuracies else [])
 
 
 SEEDED_RNG = ("seeded: the noise, sampling and shuffles are reproducible from config.json's seed (a simulation; "
@@ -56,7 +76,7 @@ SECURE_RNG = ("secure: noise, client sampling and batch shuffles from OS entropy
 
 
 def privacy_record(tracker, notes: list[str], rows: list[dict] = (), breaches: list[str] = (),
-                   secure_rng: bool = False) -> dict:
+                   secure_rng: bool = False, client_test_set: bool = False, wrote_client_accuracies: bool = False) -> dict:
     """What ``privacy.json`` holds: the tracker's report (strict JSON; what the run published outside
     the guarantee listed; ``formal`` false with each reason in ``breaches``), or for a run that
     released nothing private an unbounded epsilon."""
@@ -69,8 +89,7 @@ def privacy_record(tracker, notes: list[str], rows: list[dict] = (), breaches: l
     if breaches:
         record["formal"] = False
         record["notes"] += [f"NO formal guarantee: {reason}" for reason in breaches]
-    published = {key for row in rows for key in row}
-    record["outside_guarantee"] = [f"{key}: {why}" for key, why in OUTSIDE_GUARANTEE.items() if key in published]
+    record["outside_guarantee"] = outside_guarantee(rows, client_test_set, wrote_client_accuracies)
     return record
 
 

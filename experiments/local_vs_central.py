@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 
+import shared_data  # noqa: F401  (FEDJAX_DP_DATA: the shipped configs' data folder)
 from fedjax_dp.experiment import Experiment
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.plots import plot_accuracy_vs_epsilon

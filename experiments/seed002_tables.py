@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 
+import shared_data  # noqa: F401  (FEDJAX_DP_DATA: the shipped configs' data folder)
 from fedjax_dp import configs
 from fedjax_dp.training import results
 from fedjax_dp.training.loop import run_experiment

@@ -42,6 +42,7 @@ import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+import shared_data  # noqa: F401, E402  (FEDJAX_DP_DATA: the shipped configs' data folder)
 from fedjax_dp.configs import cuag_pfl_cifar10  # noqa: E402
 
 from fedjax_dp.training.checkpointing import Checkpointer  # noqa: E402

@@ -6,9 +6,13 @@
     fedjax-dp --help                                   # the options, the shipped configs, every key
     fedjax-dp configs                                  # the shipped configs only
 
-Exit status: 0 when the run trained at least one round, 1 when it could not (the reason is printed),
-2 for an invalid command or config (one line naming the key and the closest valid one, before any
-data is loaded).
+Exit status (one line on stderr says why for every status but 0):
+  0    the run trained and wrote its results;
+  1    it could not train a single round, or could not write its results (a full or read-only disk);
+  2    an invalid command or config (naming the key and the closest valid one, before any data is loaded),
+       a workdir held by another run, or an earlier run there without --overwrite / --resume;
+  3    the training diverged and the run stopped (``training.divergence``; its results are written);
+  130  interrupted (SIGINT / SIGTERM): it checkpointed and stopped; ``--resume`` continues it.
 
 Compiled programs are kept in a persistent XLA cache (``training/compilation_cache.py``: folder
 ``FEDJAX_DP_COMPILATION_CACHE``, default ``~/.cache/fedjax_dp/xla``, ``off`` to disable), so a second run of
@@ -57,11 +61,17 @@ USAGE = """usage: fedjax-dp [--config NAME|PATH] [--config.KEY=VALUE ...] [--wor
 def help_text() -> str:
     """What ``--help`` prints: usage, options, the shipped configs, and every key with its default and meaning."""
     holders = (_CONFIG, _WORKDIR, _OVERWRITE, _RESUME, _SEEDS, _TENSORBOARD, _PROGRESS, _VERBOSE)
-    options = "\n".join(f"  --{h.name:<12} {FLAGS[h.name].help}" for h in holders)
+    options = "\n".join(f"  --{_option_name(h):<14} {FLAGS[h.name].help}" for h in holders)
     environment = (f"environment:\n  {ENV:<29} folder of the persistent compilation cache (default "
                    f"{default_folder()}; 'off' disables it)")
     return "\n\n".join([USAGE, "options:\n" + options, environment, configs_text(),
                         "config keys (--config.KEY=VALUE; defaults of training/default_config.py):\n" + describe_keys()])
+
+
+def _option_name(holder) -> str:
+    """A flag as the usage line spells it: ``[no]progress`` for a boolean that is on by default."""
+    flag = FLAGS[holder.name]
+    return f"[no]{holder.name}" if isinstance(flag.default, bool) and flag.default else holder.name
 
 
 def configs_text() -> str:
@@ -182,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from fedjax_dp.experiment import Experiment, SeedsSummary
     from fedjax_dp.training.config_validation import validate_config
+    from fedjax_dp.training.results import ResultsWriteError
+    from fedjax_dp.training.workdir_lock import WorkdirInUse
 
     use_persistent_cache()  # before anything compiles: a later run of the same programs loads them
 
@@ -193,13 +205,22 @@ def main(argv: list[str] | None = None) -> int:
                        verbose=_VERBOSE.value)
         summary = (experiment.run_seeds(seeds, workdir, **options) if seeds else
                    experiment.run(workdir, resume=_RESUME.value, **options))
-    except (ValueError, FileExistsError, FileNotFoundError, KeyError) as error:
+    except (ValueError, FileExistsError, FileNotFoundError, KeyError, WorkdirInUse) as error:
         print(f"error: {error.args[0] if isinstance(error, KeyError) else error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a disk that refuses a results file (full, read-only): one line
+        print(f"error: {error.strerror if isinstance(error, ResultsWriteError) else error}", file=sys.stderr)
+        return 1
     print(summary.format())
+    if summary.interrupted:
+        print(f"interrupted ({summary.stop_reason}): --resume continues it", file=sys.stderr)
+        return 130
     if (summary.rounds_min if isinstance(summary, SeedsSummary) else summary.rounds) == 0:
         print(f"error: no round could run ({summary.stop_reason})", file=sys.stderr)
         return 1
+    if summary.diverged:
+        print(f"error: {summary.stop_reason}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -71,5 +71,6 @@ class Experiment:
         with open(os.path.join(workdir, "seeds_summary.json"), "w") as f:
             f.write(results.dumps({**vars(summary), "rounds_min": summary.rounds_min}, indent=2))
         plots.plot_seeds(curves([results.read_metrics(w) for w in workdirs]), os.path.join(workdir, "seeds.png"),
-                         f"{self.config.algorithm}, seeds {','.join(map(str, seeds))}: mean and 95 % interval")
+                         f"{self.config.algorithm}, seeds {','.join(map(str, seeds))}: mean and 95 % interval",
+                         seeds=len(seeds))
         return summary

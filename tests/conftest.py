@@ -37,6 +37,8 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs",
                   float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+if os.path.isdir(SHARED_DATA):  # the shipped configs read $FEDJAX_DP_DATA/<dataset> (data/local_files.py)
+    os.environ.setdefault("FEDJAX_DP_DATA", os.path.abspath(SHARED_DATA))
 EXPERIMENTS = os.path.join(os.path.dirname(__file__), "..", "experiments")
 
 

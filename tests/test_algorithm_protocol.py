@@ -149,7 +149,7 @@ def test_unknown_algorithm_foreign_section_and_unknown_key_are_refused_before_lo
 @pytest.mark.parametrize("mode", ["paper", "sound"])
 def test_cuag_adaptive_gdp_noise_runs_in_the_loop_and_is_labelled(mode, tmp_path):
     """Issue 15 item 3: CUAG-PFL's Alg. 4 noise is reachable from a run. Paper mode (as written):
-    ``formal: false`` and the epsilon is the paper's CLT claim composed over each client's rounds;
+    ``formal: false`` and the epsilon is the paper's CLT figure (lambda = 1) composed over each client's rounds;
     sound mode (fixed C_l + local Gaussian): formal, z from the chain."""
     from fedjax_dp.algorithms.fedavg import FedAvg
     from fedjax_dp.privacy import adaptive_gdp, gdp
@@ -173,7 +173,8 @@ def test_cuag_adaptive_gdp_noise_runs_in_the_loop_and_is_labelled(mode, tmp_path
         assert privacy["formal"] and privacy["noise_mode"] == "local" and privacy["noise_multipliers"] == [2.0]
         return
     assert privacy["formal"] is False and "NO formal" in " ".join(privacy["notes"])
-    mu_t = [adaptive_gdp.formula_mu(adaptive_gdp.noise_scale(t, 0.5, **setting), 1, **setting) for t in (1, 2, 3)]
+    taking_part = dict(setting, sampling_rate=1.0)  # per client: the paper's figure without lambda (issue 74, item 3)
+    mu_t = [adaptive_gdp.formula_mu(adaptive_gdp.noise_scale(t, 0.5, **setting), 1, **taking_part) for t in (1, 2, 3)]
     possible = {gdp.epsilon_from_mu(float(np.sqrt(sum(m * m for m, used in zip(mu_t, rounds) if used))), privacy["delta"])
                 for rounds in [(a, b, c) for a in (0, 1) for b in (0, 1) for c in (0, 1)] if any(rounds)}
     assert min(abs(privacy["epsilon"] - e) for e in possible) < 1e-9  # the claim over the rounds a client ran

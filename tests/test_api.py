@@ -128,3 +128,16 @@ def test_tensorboard_scalars_are_every_finite_metric_by_round(tmp_path):
     scalars = {(v.tag, e.step): v.simple_value for e in _tfrecord_events(event_file) for v in e.summary.value}
     assert scalars[("test_accuracy", 2)] == pytest.approx(summary.final["test_accuracy"])
     assert ("test_accuracy", 0) in scalars and ("train_loss", 1) in scalars and ("train_loss", 0) not in scalars
+
+
+def test_seed_bands_are_clipped_to_the_metrics_range_and_say_n():
+    """Issue 74, item 22: two seeds' 95 % t-interval drew an accuracy band from -0.6 to 1.8, unlabelled by n."""
+    from fedjax_dp.training.plots import band_label, seed_band, test_sizes_note
+
+    low, high = seed_band("test_accuracy", [-0.6, 0.2], [1.8, 0.4])
+    assert low.tolist() == [0.0, 0.2] and high.tolist() == [1.0, 0.4]
+    low, high = seed_band("epsilon", [-1.0], [3.0])
+    assert low.tolist() == [0.0] and high.tolist() == [3.0]
+    assert band_label(2) == "95 % t-interval over n = 2 seeds (n < 3: too few for a usable interval)"
+    assert band_label(5) == "95 % t-interval over n = 5 seeds"
+    assert "12-40 test examples per client, median 20" in test_sizes_note([12, 20, 40])

@@ -49,6 +49,19 @@ def test_help_lists_the_configs_and_every_key_with_its_meaning(tmp_path):
                      "z: Gaussian noise std", "sampling.method='uniform'", "--seeds"):
         assert fragment in out.stdout
     assert "(undocumented)" not in out.stdout
+    assert "[--noprogress]" in out.stdout and "--[no]progress" in out.stdout  # item 23: one spelling
+    assert "  --progress " not in out.stdout
+
+
+def test_the_printed_summary_gives_epsilons_delta_and_formal_flag_and_says_what_cc_is(tmp_path):
+    """Issue 74, item 21: 'epsilon spent' had no delta or formal flag; 'client updates (CC)' did not say what CC is."""
+    out = run_cli("--config.algorithm=dp_fedavg", "--config.rounds=2", "--config.eval_every=2",
+                  "--config.model.name=logistic", "--config.sampling.cohort_size=4", f"--workdir={tmp_path}/run",
+                  cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    epsilon = next(line for line in out.stdout.splitlines() if line.startswith("epsilon spent"))
+    assert epsilon.endswith("at delta 1e-05  (formal: true)")
+    assert "(communication cost: updates sent)" in out.stdout
 
 
 def test_a_typo_on_the_command_line_is_one_line_naming_the_closest_key(tmp_path):

@@ -106,3 +106,20 @@ def test_real_files_have_the_documented_sizes(shared_data_dir):
     for split, n in (("train", 16068), ("test", 2356)):
         snippets = read_snippets(os.path.join(shared_data_dir, "shakespeare", f"shakespeare_{split}.h5"))
         assert len(snippets) == 715 and sum(map(len, snippets.values())) == n
+
+
+def test_the_default_data_folder_is_the_variable_or_a_per_user_folder_never_this_repositorys_layout(monkeypatch):
+    """Issue 74, item 18: configs defaulted to ../shared/data/<dataset> relative to where one ran, and the error
+    said so; a user's machine has no such folder."""
+    from fedjax_dp.data.local_files import default_data_dir, find_file
+
+    monkeypatch.setenv("FEDJAX_DP_DATA", "/data/root")
+    assert default_data_dir("mnist") == "/data/root/mnist"
+    monkeypatch.delenv("FEDJAX_DP_DATA")
+    assert default_data_dir("mnist") == os.path.join(os.path.expanduser("~"), ".cache", "fedjax_dp", "data", "mnist")
+    with pytest.raises(FileNotFoundError) as missing:
+        find_file(default_data_dir("mnist"), ("train-images-idx3-ubyte",), "mnist")
+    message = str(missing.value)
+    assert "FEDJAX_DP_DATA is not set" in message and ".cache/fedjax_dp/data/mnist" in message
+    assert "set FEDJAX_DP_DATA to the folder that holds one folder per dataset" in message
+    assert "shared" not in message

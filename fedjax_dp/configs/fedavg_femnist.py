@@ -2,7 +2,7 @@
 
 FedAvg on FEMNIST by writer (LEAF): 100 writers as clients, 10 per round, FedAvg CNN with 62
 outputs, E=5, B=64 (the UGA/FedMeta FEMNIST setting, ALGORITHMS.md §2, with FedAvg clients).
-Needs the FEMNIST files (``data.data_dir``; default ``$FEDJAX_DP_DATA`` or ``../shared/data``)."""
+Needs the FEMNIST files (``data.data_dir``; default ``$FEDJAX_DP_DATA/femnist``)."""
 
 from fedjax_dp.data.local_files import default_data_dir as data_dir
 from fedjax_dp.training.default_config import default_config

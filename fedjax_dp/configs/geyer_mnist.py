@@ -10,7 +10,7 @@ analogue of the paper's median S (``--config.dp.clip=median`` runs the paper's n
 Sampling: exactly m clients (as the authors' code does), accounted correctly as replace-one with
 RDP; ``--config=geyer_mnist:K:poisson`` gives the Poisson variant (each client with probability
 q = m/K, add/remove-one, PLD).
-The MNIST files are read from ``data.data_dir`` (default ``$FEDJAX_DP_DATA/mnist`` or ``../shared/data/mnist``).
+The MNIST files are read from ``data.data_dir`` (default ``$FEDJAX_DP_DATA/mnist``).
 """
 
 from fedjax_dp.data.local_files import default_data_dir

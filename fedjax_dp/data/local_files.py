@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 
-HOW_TO_GET = ("point data.data_dir at the folder that holds them (on this project's machines: "
-              "../shared/data/<dataset>), or use the TFDS source (source='tfds:<name>', data.download=True) "
-              "on a machine with internet")
+DATA_ENV = "FEDJAX_DP_DATA"
+HOW_TO_GET = (f"set {DATA_ENV} to the folder that holds one folder per dataset (mnist/, cifar10/, cifar100/, femnist/, "
+              "shakespeare/), or data.data_dir to the dataset's own folder; or use the TFDS source "
+              "(source='tfds:<name>', data.download=True) on a machine with internet")
 
 
 def find_file(data_dir: str, names: tuple[str, ...], dataset: str) -> str:
@@ -18,12 +19,16 @@ def find_file(data_dir: str, names: tuple[str, ...], dataset: str) -> str:
         path = os.path.join(data_dir, name)
         if os.path.exists(path):
             return path
+    variable = os.environ.get(DATA_ENV)
+    also = f"also tried {list(names[1:])}; " if len(names) > 1 else ""
     raise FileNotFoundError(
-        f"{dataset} file {names[0]} not found in {os.path.abspath(data_dir)!r} "
-        f"(also tried {list(names[1:])}); {HOW_TO_GET}")
+        f"{dataset} file {names[0]} not found in {os.path.abspath(data_dir)!r} ({also}{DATA_ENV} is "
+        f"{repr(variable) if variable else 'not set'}); {HOW_TO_GET}")
 
 
 def default_data_dir(dataset: str) -> str:
-    """The data directory configs use by default: ``$FEDJAX_DP_DATA/<dataset>``, else
-    ``../shared/data/<dataset>`` (this project's machines), relative to where you run."""
-    return os.path.join(os.environ.get("FEDJAX_DP_DATA", os.path.join("..", "shared", "data")), dataset)
+    """The data directory configs use by default: ``$FEDJAX_DP_DATA/<dataset>``, else the per-user
+    ``~/.cache/fedjax_dp/data/<dataset>`` (the library knows no repository's layout: the tests and the
+    experiments set the variable)."""
+    root = os.environ.get(DATA_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "fedjax_dp", "data")
+    return os.path.join(root, dataset)

@@ -65,6 +65,12 @@ class ExampleLevelTracker:
             self.ledger.record(ids, t)
         self.rounds += 1
 
+    def composed(self) -> dict:
+        """What has been composed so far, as a checkpoint records it and a resume's replay must reproduce."""
+        led = self.ledger
+        return {"rounds": self.rounds, "noise_multipliers": [float(z) for z in led.multipliers_used],
+                "steps": int(led.steps_run.sum()), "epsilon": float(self.epsilon())}
+
     def epsilon(self) -> float:
         eps = self.ledger.epsilons()
         return float(eps.max()) if len(eps) else 0.0

@@ -146,6 +146,13 @@ class PrivacyTracker:
         self.rates_used.append(event.cohort_size / event.population if self.sampling == "uniform" else self.rate)
         self.mechanisms.update({r.mechanism: r for r in self.releases_for(t)})
 
+    def composed(self) -> dict:
+        """What has been composed so far, as a checkpoint records it and a resume's replay must reproduce."""
+        return {"rounds": self.rounds, "noise_multipliers": [float(z) for z in self.noise_used],
+                "sampling_rates": [float(q) for q in self.rates_used],
+                "participations": int(self.ledger.participations.sum()),
+                "epsilon": float(self.epsilon()) if self.rounds else 0.0}
+
     def epsilon(self) -> float:
         if self.local:
             eps = self.ledger.epsilons()

@@ -2,11 +2,16 @@
 
 A checkpoint holds everything the next round depends on: the server state, the per-client states
 (control variates, say) and any other pytrees (item ``state``), and a JSON record (item ``loop``) of the host
-RNG state, the round number, counters, the best accuracy so far, traffic totals and the participation
-history (which clients took part in which round). The privacy accountant and per-client ledgers are
-rebuilt on resume by replaying that history, so the privacy ledger is never reset and never counts a
-round twice. Metrics rows written after the checkpoint (a run killed between checkpoints) are dropped
+RNG state, the round number, counters, the best accuracy so far, traffic totals, the participation
+history (which clients took part in which round), the run's resolved config and what its privacy tracker
+had composed (``run_state``). On resume the config must be the checkpoint's and the replayed history must
+compose exactly what the checkpoint says ran, or the resume is refused: the past is never re-accounted at
+today's noise. Metrics rows written after the checkpoint (a run killed between checkpoints) are dropped
 on resume and recomputed.
+
+A save onto a round that already has a checkpoint is an error (it would be another run's: ``--overwrite``
+removes an earlier run's checkpoints first). Resume reads the newest checkpoint that is intact: a newer one
+that cannot be read is named in a one-line warning and set aside (``checkpoints/damaged``).
 
 Storage is orbax's ``CheckpointManager``: ``<workdir>/checkpoints/round_000012/{state, loop}``,
 written under a temporary name and renamed into place when complete (a half-written checkpoint is
@@ -17,14 +22,22 @@ checkpoint and stop the run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
+import shutil
 import signal
 import threading
 
 import orbax.checkpoint as ocp
 
+from fedjax_dp.training.results import DISK_ERRORS, ResultsWriteError, free_space
+
+DISK_WORDS = ("No space left", "Read-only file system", "Disk quota exceeded", "Permission denied")
+
 PREFIX = "round"
+DAMAGED = "damaged"  # where resume sets aside checkpoints it cannot read
 
 
 class Checkpointer:
@@ -57,11 +70,24 @@ class Checkpointer:
 
     def save(self, round_index: int, trees: dict, loop_state: dict) -> str:
         with self._manager() as manager:
-            if round_index not in manager.all_steps():
+            if round_index in manager.all_steps():
+                raise FileExistsError(f"{self.path(round_index)} exists: it is another run's checkpoint (pass "
+                                      "--overwrite to replace that run, or --resume to continue it)")
+            try:
                 manager.save(round_index, args=ocp.args.Composite(
                     state=ocp.args.StandardSave(trees), loop=ocp.args.JsonSave({**loop_state, "round": round_index})))
                 manager.wait_until_finished()
+            except Exception as error:  # noqa: BLE001  (orbax and TensorStore wrap the disk's refusal)
+                code = getattr(error, "errno", None)
+                if code in DISK_ERRORS or any(words in str(error) for words in DISK_WORDS):
+                    raise ResultsWriteError(code or errno.ENOSPC, f"cannot write the checkpoint {self.path(round_index)}: "
+                                            f"{_first_line(error)}; {free_space(self.path(round_index))}") from None
+                raise
         return self.path(round_index)
+
+    def remove_all(self) -> None:
+        """Deletes every checkpoint (an earlier run's, before ``--overwrite`` replaces it)."""
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def loop_state(self, round_index: int) -> dict:
         """The JSON record of one checkpoint."""
@@ -69,17 +95,41 @@ class Checkpointer:
             return manager.restore(round_index, args=ocp.args.Composite(loop=ocp.args.JsonRestore())).loop
 
     def restore_latest(self, target_trees):
-        """``(trees, loop_state)`` of the newest complete checkpoint, or None when there is none.
+        """``(trees, loop_state)`` of the newest intact checkpoint, or None when there is none.
         ``target_trees`` is the dict of restore targets, or a function of the saved loop state that
-        returns it (when the shapes depend on what was saved, e.g. how many clients hold a state)."""
+        returns it (when the shapes depend on what was saved, e.g. how many clients hold a state). A newer
+        checkpoint that cannot be read (a truncated or garbled file) is named in a one-line warning and moved
+        to ``<directory>/damaged``; when none can be read, a ``ValueError`` names the newest one and why."""
         rounds = self.rounds()
         if not rounds:
             return None
-        loop_state = self.loop_state(rounds[-1])
-        target = target_trees(loop_state) if callable(target_trees) else target_trees
-        with self._manager() as manager:
-            restored = manager.restore(rounds[-1], args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-        return restored.state, loop_state
+        failures = []
+        for round_index in reversed(rounds):
+            try:
+                loop_state = self.loop_state(round_index)
+                target = target_trees(loop_state) if callable(target_trees) else target_trees
+                with self._manager() as manager:
+                    restored = manager.restore(round_index,
+                                               args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+            except Exception as error:  # noqa: BLE001  (orbax / TensorStore / JSON errors of a damaged file)
+                failures.append((round_index, _first_line(error)))
+                continue
+            for bad, why in failures:  # set aside, not deleted: the resumed run will save that round again
+                aside = os.path.join(self.directory, DAMAGED, os.path.basename(self.path(bad)))
+                logging.warning("checkpoint %s cannot be read (%s): moved to %s; resuming from %s", self.path(bad),
+                                why, aside, self.path(round_index))
+                os.makedirs(os.path.dirname(aside), exist_ok=True)
+                shutil.rmtree(aside, ignore_errors=True)
+                os.replace(self.path(bad), aside)
+            return restored.state, loop_state
+        newest, why = failures[0]
+        raise ValueError(f"--resume: no checkpoint under {self.directory} can be read; the newest, "
+                         f"{self.path(newest)}: {why}")
+
+
+def _first_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:200]}"
 
 
 def truncate_metrics(metrics_path: str, last_round: int) -> None:

@@ -7,6 +7,8 @@ KEY_DOCS = {
     "seed": "seed of every random stream (model init, sampling, shuffles, noise; see privacy.secure_rng)",
     "rounds": "federated rounds T",
     "eval_every": "evaluate the global (and personalised) models every this many rounds",
+    "divergence_rounds": "stop the run, DP or not, once the training loss is non-finite or 1e6 x round 1's for this many "
+                         "rounds in a row (training.divergence; the CLI exits 3); 0 turns the rule off",
     "eval_initial": "also evaluate the initial model, logged as round 0",
     "eval_client_data": "score models on the clients' own test data too (per-client and personalised accuracy, "
                         "client_accuracies.json: outside the DP guarantee, listed in privacy.json); False keeps every "

@@ -4,6 +4,7 @@ sections here, each algorithm's own section through the registry."""
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import fedjax_dp.algorithms  # noqa: F401  (registers every algorithm)
 from fedjax_dp.algorithms import registry
@@ -34,9 +35,14 @@ def validate_config(cfg, overridden=()) -> None:
         if not ok:
             errors.append(message)
 
+    for key, value in _numbers(cfg):  # first, alone: every check below assumes finite numbers
+        need(math.isfinite(value), f"{key}={value!r}: must be a finite number (no key takes inf or nan)")
+    if errors:
+        raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
     need(cfg.rounds >= 1, f"rounds must be >= 1, got {cfg.rounds}")
     need(cfg.seed >= 0, f"seed must be >= 0 (numpy and JAX seed from it), got {cfg.seed}")
     need(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
+    need(cfg.divergence_rounds >= 0, f"divergence_rounds must be >= 0 (0: off), got {cfg.divergence_rounds}")
     need(cfg.eval_client_data or not cfg.eval_prototypes,
          "eval_prototypes=True scores prototype classifiers on the clients' own data; eval_client_data=False forbids it")
     need(not cfg.eval_prototypes or cfg.model.name in PENULTIMATE_MODELS,
@@ -122,6 +128,16 @@ def validate_config(cfg, overridden=()) -> None:
     registry.validate(cfg, need)  # the algorithm's own section, and sections it does not read left alone
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
+
+
+def _numbers(cfg, prefix: str = ""):
+    """``(dotted key, value)`` of every float in ``cfg`` (issue 74, item 17: ``dp.clip_norm=inf`` passed the
+    ``> 0`` check, wrote the non-standard ``Infinity`` to config.json and failed in round 1)."""
+    for key, value in cfg.items():
+        if hasattr(value, "items"):
+            yield from _numbers(value, f"{prefix}{key}.")
+        elif isinstance(value, float):
+            yield f"{prefix}{key}", value
 
 
 def _refuse_unknown_keys(cfg, defaults, prefix: str, need, root=None) -> None:

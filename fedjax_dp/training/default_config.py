@@ -16,12 +16,13 @@ def default_config() -> ml_collections.ConfigDict:
     c.eval_initial = True  # evaluate the initial model as round 0 (metrics.jsonl, the plots)
     c.eval_client_data = True  # False: no figure from the clients' own data (per-client, personalised) is computed
     c.eval_prototypes = False  # also score each client's prototype classifier on the global model's features
+    c.divergence_rounds = 5  # stop once the training loss is non-finite or 1e6x round 1's this many rounds running; 0: off
     c.checkpoint_every = 0  # > 0: checkpoint every k rounds (always at exit); resume with --resume
     c.checkpoint_keep = 2  # the newest k checkpoints are kept; 0 keeps every one (for analysing each round after)
     c.algorithm = fedjax_dp.algorithms.DEFAULT_ALGORITHM  # any registered name: algorithms.registry.names()
     c.data = ml_collections.ConfigDict(dict(
         source="mnist_5k",      # mnist_5k | mnist | cifar10 | cifar100 | femnist | shakespeare | tfds:<name>
-        data_dir="",            # folder of the local files (../shared/data/<dataset> here) or TFDS data_dir
+        data_dir="",            # folder of the local files (configs: $FEDJAX_DP_DATA/<dataset>) or TFDS data_dir
         cache_dir="",           # decoded-array cache: "" = $FEDJAX_DP_CACHE or ~/.cache/fedjax_dp, "off" = none
         download=False, manual_dir="",  # TFDS only
         partition="shards",     # iid | shards | dirichlet | iid_split | acid | alid | natural

@@ -8,6 +8,7 @@ data side must provide, and the upload chain's declared releases say whether pri
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -31,12 +32,14 @@ from fedjax_dp.training.checkpointing import Checkpointer, Interruption, truncat
 from fedjax_dp.training.cohorts import cohort_slots, make_packer, sample_cohort
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.default_config import default_config
+from fedjax_dp.training.divergence import DivergenceMonitor
 from fedjax_dp.training.evaluation import evaluate_state
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
 from fedjax_dp.training.prototype_adaptation import PrototypeAdaptation
 from fedjax_dp.training.reporting import RunSummary, format_summary, privacy_record, progress_postfix, run_title  # noqa: F401
 from fedjax_dp.training.run_state import LoopState
 from fedjax_dp.training.tensorboard import TensorBoardScalars
+from fedjax_dp.training.workdir_lock import WorkdirLock
 
 STALL_ROUNDS = 3  # rounds in a row with every client update non-finite before the run stops
 
@@ -64,11 +67,20 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     ``resume`` continues the run in ``workdir`` from its newest checkpoint: the result is identical to
     an uninterrupted run. SIGINT / SIGTERM finish the round, checkpoint and return ``interrupted``.
     ``tensorboard`` also writes every round's scalars under ``<workdir>/tensorboard`` (tensorboardX).
+    One run holds ``workdir`` at a time (``WorkdirLock``); ``overwrite`` first removes every artefact of the
+    earlier run there, checkpoints included.
     """
     validate_config(cfg)
+    with WorkdirLock(workdir):
+        return _run_locked(cfg, workdir, overwrite, progress, resume, tensorboard)
+
+
+def _run_locked(cfg, workdir: str, overwrite: bool, progress: bool, resume: bool, tensorboard: bool) -> RunSummary:
     if resume:  # before the data and the checkpoint are read: another config cannot restore into this one
         results.check_resumable(workdir, cfg.copy_and_resolve_references().to_json_best_effort(indent=2),
                                 default_config().to_json_best_effort())
+    else:  # an earlier run there is refused, or with overwrite removed whole (its checkpoints too)
+        results.prepare_workdir(workdir, overwrite)
     scalars = TensorBoardScalars(os.path.join(workdir, "tensorboard")) if tensorboard else None
     start = time.perf_counter()
     dataset = build_dataset(cfg.data, cfg.seed)
@@ -101,9 +113,12 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     if runner.uploads.keeps_client_state:  # error feedback's residuals
         loop.upload_client_states = ClientStateStore(
             runner.uploads.client_state_init(runner.algorithm.upload_template(params)))
+    loop.config = json.loads(cfg.to_json_best_effort())
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint_keep or None)
+    divergence = DivergenceMonitor(cfg.divergence_rounds)
     if resume:
-        state = loop.restore(checkpointer, state, tracker, workdir)
+        state = loop.restore(checkpointer, state, tracker, workdir, json.loads(default_config().to_json_best_effort()))
+        divergence.load(loop.divergence)
     writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite, append=resume,
                                    scalars=scalars, defaults_json=default_config().to_json_best_effort() if resume else None)
     template_bytes = dense_upload_bytes(runner.algorithm.upload_template(params))
@@ -113,7 +128,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
         loop.evaluated(0, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation,
                                          personalized, cfg.eval_client_data))
         writer.log({"round": 0, **loop.last_eval, "client_updates": 0, **({"epsilon": 0.0} if tracker else {})})
-    interruption, stop_reason = Interruption(), None
+        divergence.start(loop.last_eval.get("test_loss"))
+    interruption, stop_reason, diverged = Interruption(), None, False
     bar = tqdm(range(loop.rounds_run + 1, cfg.rounds + 1), disable=not progress, desc=cfg.algorithm, unit="round",
                initial=loop.rounds_run, total=cfg.rounds)
     with interruption.installed():
@@ -145,6 +161,7 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 loop.participation.append([t, [int(i) for i in ids]])
                 if not bool(tree.is_finite(state.params)):
                     state, stop_reason = previous, f"the global model diverged in round {t} (non-finite parameters)"
+                    diverged = True
                     writer.log({**row, "diverged": True})
                     break
                 dropped = result.dropped[:len(ids)]
@@ -160,6 +177,11 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 if loop.all_dropped_streak >= STALL_ROUNDS:
                     stop_reason = (f"every client update was non-finite for {STALL_ROUNDS} rounds in a row (to round "
                                    f"{t}): the global model has diverged")
+                    diverged = True
+                exploded = divergence.observe(t, row.get("train_loss"))
+                loop.divergence = divergence.state()
+                if exploded and not stop_reason:
+                    stop_reason, diverged = exploded, True
                 row.update(loop.meter.record(len(ids), upload_bytes, download_bytes))
                 if rates is not None:
                     row["compression_rates"] = rates
@@ -178,10 +200,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                 stop_reason = f"interrupted by {interruption.signal_name}"
                 break
             if cfg.checkpoint_every and t % cfg.checkpoint_every == 0:
-                loop.save(checkpointer, state)
+                loop.save(checkpointer, state, tracker, time.perf_counter() - start)
     bar.close()
-    if loop.rounds_run:
-        loop.save(checkpointer, state)  # at exit; a diverged model is never saved (state is the last good one)
     if not interruption and loop.rounds_run and loop.rounds_run % cfg.eval_every and loop.rounds_run != cfg.rounds:
         loop.evaluated(loop.rounds_run, evaluate_state(model, runner.algorithm, state, dataset, loop.client_states, validation,
                                                                  personalized, cfg.eval_client_data))
@@ -195,21 +215,26 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
                                                      "accuracy": final.per_client})
     writer.close()
     metrics = results.read_metrics(workdir)
+    seconds = time.perf_counter() - start
     summary = RunSummary(workdir, loop.rounds_run, loop.last_eval, loop.best[0], loop.best[1], loop.client_updates,
-                         time.perf_counter() - start, dropped_updates=results.dropped_updates(metrics),
+                         seconds, dropped_updates=results.dropped_updates(metrics),
                          uplink_gb=loop.meter.uplink / 1e9, traffic_gb=(loop.meter.uplink + loop.meter.downlink) / 1e9,
-                         stop_reason=stop_reason, interrupted=bool(interruption))
+                         stop_reason=stop_reason, interrupted=bool(interruption), diverged=diverged,
+                         stopped_early=diverged, seconds_total=loop.seconds_total(seconds))
     record = privacy_record(tracker, server_set_notes(cfg), metrics, server_set_breaches(cfg),
                             secure_rng=cfg.privacy.secure_rng, client_test_set=central_test_from_clients(dataset),
                             wrote_client_accuracies=bool(cfg.eval_client_data))
     writer.write_json("privacy.json", record)
     if tracker is not None:
-        summary.epsilon, summary.formal = tracker.report().epsilon, record["formal"]
-        summary.stopped_early = tracker.stopped_at is not None
+        report = tracker.report()
+        summary.epsilon, summary.formal, summary.delta = report.epsilon, record["formal"], report.delta
+        summary.stopped_early = diverged or tracker.stopped_at is not None
     writer.write_json("summary.json", {**dataclasses.asdict(summary),
                                        "engine": {**dataclasses.asdict(choice), "ran_on_one_device": runner.ran_on_one_device},
                                        "backend": jax.default_backend()})
+    if loop.rounds_run:  # after privacy.json and summary.json (a full disk must not cost them); a diverged model is
+        loop.save(checkpointer, state, tracker, seconds)  # never saved (state is the last good one)
     plots.plot_run(results.read_metrics(workdir), os.path.join(workdir, "results.png"),
                    run_title(cfg, dataset.name, dataset.num_clients, tracker.report() if tracker else None),
-                   final.per_client, final.per_client_label)
+                   final.per_client, final.per_client_label, [len(t) for t in dataset.client_test if len(t)])
     return summary

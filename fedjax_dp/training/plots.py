@@ -4,6 +4,7 @@ seeds) and accuracy against epsilon for sweeps. Every figure names its privacy p
 
 from __future__ import annotations
 
+import math
 import textwrap
 
 import numpy as np
@@ -34,7 +35,7 @@ def _series(rows: list[dict], key: str) -> tuple[list, list]:
 
 
 def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
-             client_accuracy_label: str = "") -> str:
+             client_accuracy_label: str = "", client_test_sizes=None) -> str:
     """One PNG with up to four panels: accuracy (every evaluated curve, round 0 = the initial model),
     training loss, epsilon spent (where privacy is tracked; dashed where it has no formal guarantee),
     and a histogram of the final per-client accuracies."""
@@ -76,7 +77,7 @@ def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
         ax.hist(values, bins=min(20, max(5, len(values) // 5)), range=(0, 1))
         ax.axvline(values.mean(), color="k", linestyle="--", label=f"mean {values.mean():.3f}")
         ax.set(xlabel=client_accuracy_label or "final accuracy per client", ylabel="clients",
-               title="per-client accuracy")
+               title="per-client accuracy" + test_sizes_note(client_test_sizes))
         _legend(ax)
     for ax in axes.values():
         ax.grid(alpha=0.3)
@@ -86,12 +87,35 @@ def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
     return path
 
 
-def plot_seeds(curves: dict[str, tuple], path: str, title: str) -> str:
-    """``curves``: metric -> (rounds, mean, low, high) over seeds; lines with their 95 % bands."""
+def metric_range(metric: str) -> tuple[float, float]:
+    """The values ``metric`` can take: [0, 1] for an accuracy or a fraction, [0, inf) for a loss or epsilon."""
+    if "accuracy" in metric or "fraction" in metric:
+        return 0.0, 1.0
+    if "loss" in metric or "epsilon" in metric:
+        return 0.0, math.inf
+    return -math.inf, math.inf
+
+
+def seed_band(metric: str, low, high):
+    """A 95 % t-interval clipped to the metric's range (two seeds gave an accuracy band from -0.6 to 1.8)."""
+    lo, hi = metric_range(metric)
+    return np.clip(np.asarray(low, float), lo, hi), np.clip(np.asarray(high, float), lo, hi)
+
+
+def band_label(seeds: int) -> str:
+    """The band's legend: the interval, n, and a warning below 3 seeds (t_{0.975, 1} = 12.7)."""
+    label = f"95 % t-interval over n = {seeds} seeds"
+    return label + (" (n < 3: too few for a usable interval)" if seeds < 3 else "")
+
+
+def plot_seeds(curves: dict[str, tuple], path: str, title: str, seeds: int = 0) -> str:
+    """``curves``: metric -> (rounds, mean, low, high) over ``seeds`` seeds; lines with their 95 % bands, clipped
+    to each metric's range (``seed_band``) and labelled with n (``band_label``)."""
     fig, axes = _figure(len(curves))
     for ax, (metric, (x, mean, low, high)) in zip(axes, curves.items()):
         ax.plot(x, mean, label="mean over seeds")
-        ax.fill_between(x, low, high, alpha=0.25, label="95 % confidence interval")
+        low, high = seed_band(metric, low, high)
+        ax.fill_between(x, low, high, alpha=0.25, label=band_label(seeds) if seeds else "95 % t-interval")
         ax.set(xlabel="round", ylabel=metric, title=metric)
         ax.grid(alpha=0.3)
         _legend(ax)
@@ -99,6 +123,14 @@ def plot_seeds(curves: dict[str, tuple], path: str, title: str) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
+
+
+def test_sizes_note(sizes) -> str:
+    """How many test examples a client holds, for the per-client accuracy histogram (each bar's resolution)."""
+    if sizes is None or not len(sizes):
+        return ""
+    sizes = np.asarray(sizes)
+    return f"\n({int(sizes.min())}-{int(sizes.max())} test examples per client, median {int(np.median(sizes))})"
 
 
 def plot_accuracy_vs_epsilon(points: dict[str, list[tuple]], path: str, title: str) -> str:

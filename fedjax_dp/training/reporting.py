@@ -12,6 +12,16 @@ from fedjax_dp.training.evaluation import headline_accuracy
 
 @dataclasses.dataclass
 class RunSummary:
+    """What a run ends with (``summary.json``; ``format()`` is the table the CLI prints).
+
+    ``final``: the last evaluation's metrics: ``test_accuracy`` and ``test_loss`` on the central test set and
+    ``client_accuracy`` (the mean over clients of the global model's accuracy on each client's own test data) for
+    a global classifier; ``personalized_accuracy`` with ``_std``, ``_min``, ``_p10``, ``_p50``, ``_p90`` and
+    ``personalized_unseen_fraction`` for a personalised algorithm (or with ``eval_prototypes``);
+    ``validation_accuracy`` on a server-held validation set where the algorithm has one.
+    ``client_updates``: the number of client updates the run used (Geyer et al.'s communication cost CC).
+    """
+
     workdir: str
     rounds: int
     final: dict
@@ -22,11 +32,14 @@ class RunSummary:
     dropped_updates: int = 0  # client updates kept out of the model as non-finite, all rounds
     epsilon: float | None = None
     formal: bool | None = None  # whether a DP proof covers that epsilon (False: a figure, no guarantee)
+    delta: float | None = None  # the delta that epsilon is at
     stopped_early: bool = False
     uplink_gb: float = 0.0  # bytes actually sent by clients (compression.traffic), all rounds
     traffic_gb: float = 0.0  # uplink + downlink
     stop_reason: str | None = None  # privacy budget, divergence, or an interrupting signal
     interrupted: bool = False  # stopped by SIGINT / SIGTERM: resume with ``resume=True`` / ``--resume``
+    diverged: bool = False  # stopped because the training diverged (``training.divergence``; the CLI exits 3)
+    seconds_total: float = 0.0  # ``seconds`` plus the segments before a resume (``seconds``: this process only)
 
     def format(self) -> str:
         """The table the CLI prints (``format_summary``)."""
@@ -110,7 +123,7 @@ def format_summary(summary: RunSummary) -> str:
     lines = [
         f"{'workdir':<{width}}{summary.workdir}",
         f"{'rounds':<{width}}{summary.rounds}" + (f"  (stopped: {summary.stop_reason})" if summary.stop_reason else ""),
-        f"{'client updates (CC)':<{width}}{summary.client_updates}",
+        f"{'client updates (CC)':<{width}}{summary.client_updates} (communication cost: updates sent)",
     ]
     if summary.dropped_updates:
         lines.append(f"{'dropped updates':<{width}}{summary.dropped_updates} of {summary.client_updates} "
@@ -121,8 +134,10 @@ def format_summary(summary: RunSummary) -> str:
     ]
     lines += [f"{'final ' + k:<{width}}{v:.4f}" for k, v in summary.final.items()]
     if summary.epsilon is not None:
-        lines.append(f"{'epsilon spent':<{width}}{summary.epsilon:.4f}" + (
-            "  (formal: false: NO differential-privacy guarantee, see privacy.json)" if summary.formal is False else ""))
+        at = f" at delta {summary.delta:g}" if summary.delta is not None else ""
+        lines.append(f"{'epsilon spent':<{width}}{summary.epsilon:.4f}{at}" + (
+            "  (formal: false: NO differential-privacy guarantee, see privacy.json)" if summary.formal is False
+            else "  (formal: true)"))
     lines.append(f"{'wall time':<{width}}{summary.seconds:.1f} s")
     return "\n".join(lines)
 

@@ -1,13 +1,21 @@
 """The results directory: ``config.json``, ``metrics.jsonl``, ``summary.json``, ``privacy.json`` and
 ``results.png``. Every file is strict JSON (RFC 8259): a non-finite number is written as ``null`` with a
 sibling key ``<key>_nonfinite`` saying which it was ("nan", "inf" or "-inf"), so ``jq`` and
-``JSON.parse`` read every file."""
+``JSON.parse`` read every file.
+
+A file is written whole or not at all (a temporary file renamed into place), and a metrics row is one
+write; a write the disk refuses (full, read-only) is one line naming the path and the free space
+(``ResultsWriteError``). ``--overwrite`` removes every artefact of the earlier run, checkpoints included,
+before the first round (``prepare_workdir``)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
+import shutil
 
 import numpy as np
 from flax.traverse_util import flatten_dict
@@ -46,6 +54,66 @@ def check_resumable(workdir: str, config_json: str, defaults_json: str | None = 
                          + "; ".join(differences[:8]) + (" ..." if len(differences) > 8 else ""))
 
 
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "privacy.json", "client_accuracies.json", "results.png")
+RUN_FOLDERS = ("checkpoints", "tensorboard")
+"""What a run writes into its workdir (``prepare_workdir`` removes them for ``--overwrite``)."""
+
+
+def prepare_workdir(workdir: str, overwrite: bool) -> None:
+    """Refuses a workdir that holds an earlier run's artefacts unless ``overwrite``, which removes them all."""
+    found = [name for name in RUN_FILES + RUN_FOLDERS if os.path.exists(os.path.join(workdir, name))]
+    if found and not overwrite:
+        raise FileExistsError(f"{workdir} holds an earlier run ({', '.join(found)}): choose another --workdir, pass "
+                              "--overwrite to replace that run, or --resume to continue it")
+    for name in found:
+        path = os.path.join(workdir, name)
+        with _writing(path):
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+class ResultsWriteError(OSError):
+    """A results file the disk would not take; the message is one line naming it and the free space."""
+
+
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+@contextlib.contextmanager
+def _writing(path: str):
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in DISK_ERRORS or isinstance(error, ResultsWriteError):
+            raise
+        raise ResultsWriteError(error.errno, f"cannot write {path}: {error.strerror}; {free_space(path)}") from None
+
+
+def free_space(path: str) -> str:
+    """'N MB free on the disk of PATH' (or why that is unknown)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    try:
+        return f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free on the disk of {folder}"
+    except OSError as error:
+        return f"free space unknown ({error.strerror})"
+
+
+def _replace_whole(path: str, text: str) -> None:
+    """``path`` holds ``text`` or its old content, never a part: written beside it, then renamed."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with _writing(path):
+        try:
+            with open(temporary, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+
+
 class ResultsWriter:
     """Appends one JSON line per round; refuses to overwrite a previous run unless told to."""
 
@@ -58,27 +126,29 @@ class ResultsWriter:
         self.metrics_path = os.path.join(workdir, "metrics.jsonl")
         if append:
             check_resumable(workdir, config_json, defaults_json)
-            self._file = open(self.metrics_path, "a")
+            if not os.path.exists(os.path.join(workdir, "config.json")):  # lost; the checkpoint verified the config
+                _replace_whole(os.path.join(workdir, "config.json"), config_json)
+            with _writing(self.metrics_path):
+                self._file = open(self.metrics_path, "a")
             return
-        if os.path.exists(self.metrics_path) and not overwrite:
-            raise FileExistsError(
-                f"{self.metrics_path} exists: choose another --workdir or pass --overwrite to replace that run"
-            )
-        os.makedirs(workdir, exist_ok=True)
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(config_json)
-        self._file = open(self.metrics_path, "w")
+        if not overwrite:
+            prepare_workdir(workdir, overwrite=False)
+        with _writing(workdir):
+            os.makedirs(workdir, exist_ok=True)
+        _replace_whole(os.path.join(workdir, "config.json"), config_json)
+        with _writing(self.metrics_path):
+            self._file = open(self.metrics_path, "w")
 
     def log(self, row: dict) -> None:
-        self._file.write(dumps(row) + "\n")
-        self._file.flush()
+        with _writing(self.metrics_path):  # one write and a flush: a row is whole (a torn last one is dropped on resume)
+            self._file.write(dumps(row) + "\n")
+            self._file.flush()
         if self.scalars is not None:
             self.scalars.log(row)
 
     def write_json(self, name: str, payload: dict) -> str:
         path = os.path.join(self.workdir, name)
-        with open(path, "w") as f:
-            f.write(dumps(payload, indent=2))
+        _replace_whole(path, dumps(payload, indent=2))
         return path
 
     def close(self) -> None:
@@ -95,10 +165,10 @@ def dumps(value, indent: int | None = None) -> str:
 
 
 def write_json(path: str, value, indent: int | None = 1) -> None:
-    """Write ``value`` to ``path`` as strict JSON (``dumps``), creating the folder it goes in."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(dumps(value, indent=indent))
+    """Write ``value`` to ``path`` as strict JSON (``dumps``), whole or not at all, creating the folder it goes in."""
+    with _writing(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    _replace_whole(path, dumps(value, indent=indent))
 
 
 def _nonfinite_name(value: float) -> str:

@@ -35,6 +35,8 @@ class SeedsSummary:
     formal: bool | None
     rounds: list
     stop_reasons: list
+    interrupted: bool = False  # a seed's run was interrupted (the CLI exits 130)
+    diverged: bool = False  # a seed's run diverged (the CLI exits 3)
 
     @property
     def rounds_min(self) -> int:
@@ -70,7 +72,8 @@ def summarize(workdir: str, seeds: list[int], summaries: list, workdirs: list[st
         interval([s.best_accuracy for s in summaries]),
         interval(epsilons) if any(e is not None for e in epsilons) else None,
         None if all(s.formal is None for s in summaries) else all(s.formal is not False for s in summaries),
-        [s.rounds for s in summaries], [s.stop_reason for s in summaries])
+        [s.rounds for s in summaries], [s.stop_reason for s in summaries],
+        any(s.interrupted for s in summaries), any(s.diverged for s in summaries))
 
 
 def curves(metrics_per_seed: list[list[dict]]) -> dict[str, tuple]:

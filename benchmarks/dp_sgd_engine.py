@@ -66,11 +66,12 @@ def prepared_round(spec: str, overrides: dict, engine: dict):
         ids, np.random.default_rng(1), cohort_slots(cfg, dataset.num_clients, len(ids)))
     slots = cohort["mask"].shape[0]
     cohort["client_id"] = np.pad(np.asarray(ids, np.int32), (0, slots - len(ids)))
-    cohort["per_client"] = privacy_tracker(cfg, runner, dataset).client_inputs(1, ids, slots)
+    step_noise = privacy_tracker(cfg, runner, dataset).step_inputs(1, ids, slots)
     stacked = store.gather(ids, slots) if store is not None else None
     uploads = runner.specialized(state)
     key = rng_lib.round_key(jax.random.key(0), 1)
-    return (lambda: runner(state, cohort, key, 1, stacked, uploads, noise_key=key).state.params), choice
+    return (lambda: runner(state, cohort, key, 1, stacked, uploads, noise_key=key, step_noise=step_noise).state.params,
+            choice)
 
 
 def main():

@@ -91,7 +91,8 @@ def split_round(cfg, dataset, repeats: int) -> dict:
     tracker = privacy_tracker(cfg, runner, dataset)
     if tracker is not None:
         rounds = iter(range(1, 10**6))
-        stages["accounting"] = timed(lambda: (tracker.record(next(rounds), ids), tracker.epsilon())[1], repeats)
+        stages["accounting"] = timed(lambda: (tracker.record(next(rounds), ids, uploads.releases(1, state.uploads)),
+                                              tracker.epsilon())[1], repeats)
     stages["evaluate"] = timed(lambda: len(evaluate_state(model, algorithm, state, dataset, store)), repeats)
     total = sum(s["median_s"] for s in stages.values())
     return {"stages": stages, "round_s": total,

@@ -116,7 +116,7 @@ def main():
             curves[f"K={k} {name}"] = rows
             run = {"K": k, "variant": name, "ACC": summary.best_accuracy, "CR": summary.best_round,
                    "CC": summary.best_round * m if summary.best_round > 0 else 0, "rounds_run": summary.rounds,
-                   "CC_total": summary.client_updates, "epsilon": summary.epsilon, "delta": cfg.dp.delta,
+                   "CC_total": summary.client_updates, "epsilon": summary.epsilon, "delta": cfg.privacy.delta,
                    "stopped_by_budget": summary.stopped_early, "seconds": time.perf_counter() - start}
             report["runs"].append(run)
             print(json.dumps(run), flush=True)

@@ -25,7 +25,7 @@ from preflight import checked_runs
 
 
 def config(mode: str, epsilon: float, args):
-    """DP-FedAvg with z calibrated (``dp.calibrate_epsilon``) so that ``args.rounds`` rounds spend
+    """DP-FedAvg with z calibrated (``privacy.target_epsilon``) so that ``args.rounds`` rounds spend
     ``epsilon``: central, the Poisson event under PLD; local, a client in every round (the library's
     ``dp_section.calibrated_noise_multiplier``)."""
     c = default_config()
@@ -35,8 +35,8 @@ def config(mode: str, epsilon: float, args):
         c.data.source, c.data.data_dir, c.data.test_fraction = "mnist", args.data_dir, 0.0
     c.client.epochs, c.client.batch_size = 1, args.batch
     c.sampling.method, c.sampling.rate = "poisson", args.rate
-    c.dp.noise_mode, c.dp.calibrate_epsilon, c.dp.clip_norm = mode, epsilon, args.clip
-    c.dp.accountant, c.dp.delta = "pld", args.delta
+    c.dp.noise_mode, c.privacy.target_epsilon, c.dp.clip_norm = mode, epsilon, args.clip
+    c.privacy.accountant, c.privacy.delta = "pld", args.delta
     return c
 
 
@@ -45,7 +45,7 @@ def plan(args):
     if min(args.seeds) < 0:
         raise ValueError(f"--seeds must be >= 0, got {args.seeds}")
     for eps in args.epsilons:
-        if eps <= 0:  # dp.calibrate_epsilon = 0 would mean "not calibrated"
+        if eps <= 0:  # privacy.target_epsilon = 0 would mean "not calibrated"
             raise ValueError(f"--epsilons: every target epsilon must be > 0, got {eps:g}")
         for mode in ("central", "local"):
             yield f"{mode}-eps{eps:g}", config(mode, eps, args), eps, mode

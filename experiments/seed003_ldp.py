@@ -59,7 +59,10 @@ def base(args):
 def ldp(args, eps, **ldp_fields):
     c = base(args)
     c.algorithm = "ldp_minibatch"
-    c.ldp.update(thresholds=str(eps), local_steps=args.steps, clip_norm=args.clip, delta=DELTA,
+    if ldp_fields.get("step_sampling") == "poisson":
+        c.privacy.accountant = "pld"  # Poisson steps are accounted by the PLD ledger
+    c.privacy.delta = DELTA
+    c.ldp.update(thresholds=str(eps), local_steps=args.steps, clip_norm=args.clip,
                  noise_multiplier=args.z0, max_noise_multiplier=args.zmax, alpha=args.alpha, temperature=args.tau)
     c.ldp.update(ldp_fields)
     return c
@@ -69,7 +72,8 @@ def dp_fedavg(args, eps):
     c = base(args)
     c.algorithm = "dp_fedavg"
     participations = max(1, args.cohort / args.clients * args.rounds)
-    c.dp.update(noise_mode="local", clip_norm=args.clip, delta=DELTA, client_epsilon_budget=eps,
+    c.privacy.update(delta=DELTA, client_epsilon_budget=eps)
+    c.dp.update(noise_mode="local", clip_norm=args.clip,
                 noise_multiplier=2 * math.sqrt(participations) / gdp.mu_from_epsilon(eps, DELTA))
     return c
 
@@ -96,7 +100,7 @@ def plan_runs(args):
         fedavg.algorithm = "fedavg"
         runs.append(("fedavg", fedavg, {"method": "fedavg", "epsilon": None}))
     variants = {"ldp": {}, "ldp_fixed": {"adaptive": False, "fixed_noise": "calibrated"},
-                "ldp_mean": {"weighting": "uniform"}, "ldp_poisson": {"step_sampling": "poisson", "accountant": "pld"}}
+                "ldp_mean": {"weighting": "uniform"}, "ldp_poisson": {"step_sampling": "poisson"}}
     for eps in args.epsilons:
         if eps <= 0:
             raise ValueError(f"--epsilons: every per-client epsilon must be > 0, got {eps:g}")

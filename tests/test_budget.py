@@ -81,16 +81,17 @@ def test_client_ledger_takes_each_clients_own_noise():
 def test_tracker_composes_per_client_multipliers_of_a_local_release():
     from fedjax_dp.core.uploads import Release
     from fedjax_dp.privacy.client_sampling import FixedSizeSampling
-    from fedjax_dp.privacy.tracker import PrivacyTracker
+    from fedjax_dp.privacy.settings import PrivacySettings
+    from fedjax_dp.privacy.tracker import tracker_for
 
-    cfg = default_config()
+    settings = PrivacySettings()
     z = (1.0, 2.0, 4.0)
     release = Release("noise", "local", min(z), "S", client_multipliers=z)
-    tracker = PrivacyTracker(lambda t: [release], cfg.dp, FixedSizeSampling(3, 2))
-    tracker.record(1, np.array([0, 2]))
-    tracker.record(2, np.array([1, 2]))
+    tracker = tracker_for([release], settings, FixedSizeSampling(3, 2))
+    tracker.record(1, np.array([0, 2]), [release])
+    tracker.record(2, np.array([1, 2]), [release])
     mu = np.sqrt([1.0, 0.25, 2 / 16]) * 2  # replace-one under local noise: sensitivity 2S
-    np.testing.assert_allclose(tracker.ledger.epsilons(), [gdp.epsilon_from_mu(m, cfg.dp.delta) for m in mu])
+    np.testing.assert_allclose(tracker.ledger.epsilons(), [gdp.epsilon_from_mu(m, settings.delta) for m in mu])
     assert tracker.epsilon() == tracker.ledger.epsilons().max()
 
 
@@ -100,10 +101,10 @@ def test_dp_run_writes_privacy_report_and_stops_on_budget(tmp_path):
     cfg.model.name = "logistic"
     cfg.client.epochs = 1
     cfg.sampling.method, cfg.sampling.rate = "poisson", 0.1
-    cfg.dp.noise_multiplier, cfg.dp.max_epsilon, cfg.dp.accountant = 1.0, 2.0, "pld"
+    cfg.dp.noise_multiplier, cfg.privacy.max_epsilon, cfg.privacy.accountant = 1.0, 2.0, "pld"
     summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
     report = json.load(open(tmp_path / "run" / "privacy.json"))
-    expected_stop = first_round_over_pld(cfg.dp.max_epsilon)
+    expected_stop = first_round_over_pld(cfg.privacy.max_epsilon)
     assert summary.stopped_early and summary.rounds == expected_stop - 1
     assert report["formal"] and report["epsilon"] <= 2.0 and report["rounds"] == expected_stop - 1
     assert set(report["epsilons"]) == {"rdp", "pld", "gdp_clt_approximation"}

@@ -142,10 +142,10 @@ def test_invalid_config_lists_every_error_before_loading(tmp_path):
 def test_a_run_that_cannot_train_one_round_exits_non_zero_with_the_reason(tmp_path):
     """A budget stop below what one round spends: the configuration check refuses it (exit 2); per-client
     budgets too small for any client's first round stop the run before round 1 (exit 1, the reason)."""
-    out = run_cli("--config.algorithm=dp_fedavg", "--config.dp.noise_multiplier=0.3", "--config.dp.max_epsilon=0.5",
+    out = run_cli("--config.algorithm=dp_fedavg", "--config.dp.noise_multiplier=0.3", "--config.privacy.max_epsilon=0.5",
                   f"--workdir={tmp_path}/nb", cwd=tmp_path)
-    assert out.returncode == 2 and "dp.max_epsilon=0.5 is spent before round 1 ends" in out.stderr
-    out = run_cli("--config.algorithm=dp_fedavg", "--config.dp.client_epsilon_budget=0.01", "--config.rounds=3",
+    assert out.returncode == 2 and "privacy.max_epsilon=0.5 is spent before round 1 ends" in out.stderr
+    out = run_cli("--config.algorithm=dp_fedavg", "--config.privacy.client_epsilon_budget=0.01", "--config.rounds=3",
                   f"--workdir={tmp_path}/nb", cwd=tmp_path)
     assert out.returncode == 1 and "no round could run (privacy budget)" in out.stderr
 
@@ -167,14 +167,14 @@ def test_several_seeds_report_mean_and_interval(tmp_path, flag):
 
 
 def test_a_value_of_the_wrong_type_is_one_line_saying_what_the_key_takes():
-    """``--config.dp.calibrate_epsilon=None`` (a new user turning calibration off) said only "could not convert
+    """``--config.privacy.target_epsilon=None`` (a new user turning calibration off) said only "could not convert
     string to float: 'None'"; the line now adds the key's meaning, which says that 0 turns it off."""
     from absl import flags
 
     from fedjax_dp.cli import _one_line
 
-    error = flags.IllegalFlagValueError("flag --config.dp.calibrate_epsilon=None: could not convert string to "
+    error = flags.IllegalFlagValueError("flag --config.privacy.target_epsilon=None: could not convert string to "
                                         "float: 'None'")
     line = _one_line(error)
-    assert line.startswith("--config.dp.calibrate_epsilon=None: could not convert string to float: 'None' (")
+    assert line.startswith("--config.privacy.target_epsilon=None: could not convert string to float: 'None' (")
     assert "0: off" in line and "\n" not in line

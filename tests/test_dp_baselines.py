@@ -16,7 +16,7 @@ from fedjax_dp.algorithms.scaffold import Scaffold
 from fedjax_dp.core.strategy import StrategyChoice
 from fedjax_dp.data.packing import pack_sampled_cohort
 from fedjax_dp.models import get_model
-from fedjax_dp.privacy.example_tracker import STEP_NOISE_KEY
+from fedjax_dp.core.round import STEP_NOISE as STEP_NOISE_KEY
 from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
 from fedjax_dp.training.build import build_round
 from fedjax_dp.training.default_config import default_config
@@ -63,6 +63,16 @@ def _population(num_clients=10, size=100):
     return SimpleNamespace(num_clients=num_clients, train_sizes=lambda: np.full(num_clients, size))
 
 
+def _tracker(cfg, num_clients=10, size=100):
+    """The run's tracker as the loop builds it (``training.build.privacy_tracker``)."""
+    from fedjax_dp.training.build import privacy_tracker
+
+    model = get_model("logistic", (28, 28, 1), 10)
+    choice = StrategyChoice(strategy="vmap", chunk_size=None, unroll=1, conv_impl="xla")
+    runner = build_round(cfg, model, choice, num_clients, client_sizes=(size,) * num_clients)
+    return privacy_tracker(cfg, runner, _population(num_clients, size))
+
+
 def test_udp_paper_noise_is_wei_et_als_record_level_calibration_and_its_figures_are_composed_unformally():
     cfg = _config("udp")
     cfg.rounds = 5
@@ -73,9 +83,9 @@ def test_udp_paper_noise_is_wei_et_als_record_level_calibration_and_its_figures_
         assert uploads.inputs(t)[1]["z"] == pytest.approx(2 * c * math.sqrt(t) / (10.0 * 100), rel=1e-12)
         assert release.noise_multiplier == pytest.approx(2 * c * math.sqrt(t) / 10.0, rel=1e-12)  # per C / m
         assert not release.formal
-    tracker = udp.make_tracker(cfg, _population(), uploads)
-    tracker.record(1, np.array([0, 1]))
-    tracker.record(4, np.array([0, 2]))
+    tracker = _tracker(cfg)
+    tracker.record(1, np.array([0, 1]), uploads.releases(1))
+    tracker.record(4, np.array([0, 2]), uploads.releases(4))
     eps = tracker.ledger.epsilons()
     z = {t: releases[t].noise_multiplier for t in (1, 4)}
     mu0 = math.sqrt((2 / z[1]) ** 2 + (2 / z[4]) ** 2)  # client 0 ran rounds 1 and 4
@@ -103,11 +113,11 @@ def test_udp_sound_noise_keeps_the_sqrt_t_growth_and_any_k_participations_fit_th
     np.testing.assert_allclose(z / z[0], np.sqrt(np.arange(1, 21)), rtol=1e-12)
     worst = math.sqrt(np.sum((2 / z[:4]) ** 2))  # rounds 1-4, the costliest four, spend exactly the budget
     assert _gdp_delta(worst, 10.0) == pytest.approx(1e-5, rel=1e-6)  # (a hair under: kappa is 1e-9 above)
-    tracker = udp.make_tracker(cfg, _population(), uploads)
-    assert tracker.eligible(1).all()  # a first-round participation fits (an expected-cost calibration would not)
-    for t in range(1, 5):
-        tracker.record(t, np.array([0]))
-    assert tracker.ledger.epsilons()[0] <= 10.0 and not tracker.eligible(5)[0]  # the budget is spent: 0 stops
+    tracker = _tracker(cfg)
+    assert tracker.eligible(1, uploads.releases(1)).all()  # a first-round participation fits (an expected-cost
+    for t in range(1, 5):  # calibration would not)
+        tracker.record(t, np.array([0]), uploads.releases(t))
+    assert tracker.ledger.epsilons()[0] <= 10.0 and not tracker.eligible(5, uploads.releases(5))[0]  # spent: 0 stops
 
 
 def test_prifedsync_noise_is_alg4s_at_a_fixed_sigma_its_epsilon_exact_and_the_seeds_figure_beside_it():
@@ -116,9 +126,9 @@ def test_prifedsync_noise_is_alg4s_at_a_fixed_sigma_its_epsilon_exact_and_the_se
     z = 2 * 0.45 / (8 * math.sqrt(2))  # 2 sigma / (B sqrt(L)): logistic regression has L = 2 layers, B = 8
     assert [r.noise_multiplier for r in uploads.releases(7)] == [pytest.approx(z, rel=1e-12)]
     assert uploads.releases(1)[0].locality == "local" and uploads.releases(1)[0].formal
-    tracker = prifedsync.make_tracker(cfg, _population(size=100), uploads)
+    tracker = _tracker(cfg, size=100)
     for t, ids in enumerate(([0, 1], [0, 2], [0, 1]), start=1):
-        tracker.record(t, np.array(ids))
+        tracker.record(t, np.array(ids), uploads.releases(t))
     eps = tracker.ledger.epsilons()
     assert _gdp_delta(math.sqrt(3) * 2 / z, eps[0]) == pytest.approx(1e-5, rel=1e-6)
     assert _gdp_delta(math.sqrt(2) * 2 / z, eps[1]) == pytest.approx(1e-5, rel=1e-6)
@@ -184,7 +194,7 @@ def test_dp_scaffold_with_a_clip_that_never_binds_and_no_noise_is_scaffold():
 
 
 def test_dp_scaffold_clients_hold_the_configured_steps_and_clip_and_the_ledger_accounts_them():
-    """The ledger is built from the clients that run (``make_tracker``'s ``algorithm``), and the built
+    """The ledger is built from the clients that run (``make_ledger``'s ``algorithm``), and the built
     clients hold the config's steps, clip and clip rule (their fields are keyword-only: a field added to
     Scaffold cannot shift them, as one added to FedAvg once shifted LdpMinibatch's)."""
     cfg = _config("dp_scaffold", **{"dp_scaffold.clip_norm": 0.3, "dp_scaffold.clip": "fixed"})
@@ -192,8 +202,8 @@ def test_dp_scaffold_clients_hold_the_configured_steps_and_clip_and_the_ledger_a
     choice = StrategyChoice(strategy="vmap", chunk_size=None, unroll=1, conv_impl="xla")
     clients = build_round(cfg, model, choice, 10, client_sizes=(100,) * 10).algorithm
     assert (clients.local_steps, clients.clip_norm, clients.median_clip) == (3, 0.3, False)
-    tracker = dp_scaffold.make_tracker(cfg, _population(), None, clients)
-    assert tracker.ledger.steps == 3 and tracker.clip_norm == 0.3 and tracker.private
+    accounting = dp_scaffold.make_ledger(cfg, _population(), clients)
+    assert accounting.ledger.steps == 3 and accounting.clip_norm == 0.3 and accounting.formal
     with pytest.raises(TypeError, match="positional"):
         dp_scaffold.DpScaffold(_quadratic_loss, optax.sgd(0.1), 0.1, 2, optax.sgd(1.0), 1.0, 1, 0.3)
 
@@ -206,7 +216,7 @@ def test_dp_scaffold_as_written_is_labelled_and_its_fixed_clip_is_formal_with_th
     assert fixed["formal"] is True and fixed["unit"] == "example"
     assert fixed["epsilon"] == pytest.approx(written["epsilon"])  # same z, same steps: same composition
     _, capped = _run(tmp_path, "capped", "dp_scaffold", **{"dp_scaffold.clip": "fixed",
-                                                           "dp_scaffold.epsilon_threshold": 8.0})
+                                                           "privacy.client_epsilon_budget": 8.0})
     spread = capped["epsilons"]["per_client"]
     assert capped["epsilon"] <= 8.0 and spread["thresholds_min_max"] == [8.0, 8.0]
     assert spread["stopped_before_round"]  # a client's second participation would pass 8 (one costs ~7)
@@ -219,7 +229,7 @@ def test_dp_scaffold_as_written_is_labelled_and_its_fixed_clip_is_formal_with_th
     ("prifedsync", "pfldyn.alpha", 0.0, "pfldyn.alpha must be > 0"),
     ("udp", "udp.mode", "claimed", "udp.mode 'claimed' unknown"),
     ("dp_scaffold", "dp_scaffold.clip", "mean", "dp_scaffold.clip 'mean' unknown"),
-    ("dp_scaffold", "dp_scaffold.accountant", "gdp", "dp_scaffold.accountant 'gdp' unknown"),
+    ("dp_scaffold", "privacy.accountant", "gdp", "privacy.accountant 'gdp' unknown"),
     ("dp_scaffold", "client.momentum", 0.9, "plain SGD clients"),
     ("fedavg", "udp.epsilon", 5.0, "udp.epsilon=5.0 is set, but algorithm 'fedavg' does not read section 'udp'"),
 ])

@@ -112,7 +112,7 @@ def test_a_run_compiles_its_round_and_evaluation_programs_once(tmp_path, caplog)
     cfg = configs.get("dp_fedavg_mnist")
     cfg.update(rounds=2, eval_every=1)
     cfg.data.num_clients, cfg.sampling.rate = 50, 0.2
-    cfg.dp.calibrate_epsilon, cfg.dp.noise_multiplier = 0.0, 1.0
+    cfg.privacy.target_epsilon, cfg.dp.noise_multiplier = 0.0, 1.0
     with jax.log_compiles(True), caplog.at_level("WARNING"):
         run_experiment(cfg, str(tmp_path / "run"), progress=False)
     compiled = collections.Counter(m.group(1) for r in caplog.records

@@ -280,8 +280,7 @@ def test_alpha_one_and_uniform_weights_is_the_plain_mean_and_alpha_scales_it(tmp
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(60, 4, 4, 1)).astype(np.float32), rng.integers(0, 3, 60)
     cohort = pack_sampled_cohort(x, y, [np.arange(20), np.arange(20, 40), np.arange(40, 60)], 5, 3, rng)
-    cohort["per_client"] = {"step_noise_multiplier": np.full(3, 0.5, np.float32)}
-    from fedjax_dp.core.round import client_inputs
+    from fedjax_dp.core.round import STEP_NOISE, client_inputs
 
     def runner_for(**ldp):
         cfg = default_config()
@@ -295,11 +294,12 @@ def test_alpha_one_and_uniform_weights_is_the_plain_mean_and_alpha_scales_it(tmp
     state = stacked.init(params)
     engine, _ = stacked._program(uploads)
     shared = (stacked.algorithm.broadcast(state), state.uploads, uploads.inputs(1))
-    _, per_client = engine(shared, client_inputs(cohort, jax.random.key(1)))
+    step_noise = np.full(3, 0.5, np.float32)
+    _, per_client = engine(shared, {**client_inputs(cohort, jax.random.key(1)), STEP_NOISE: step_noise})
     mean = jax.tree_util.tree_map(lambda u: u.mean(0), per_client["upload"])
     for alpha in (1.0, 0.25):
         runner, _ = runner_for(alpha=alpha, weighting="uniform")
-        new = runner(runner.init(params), cohort, jax.random.key(1)).state
+        new = runner(runner.init(params), cohort, jax.random.key(1), step_noise=step_noise).state
         delta = jax.tree_util.tree_map(jnp.subtract, new.params, params)
         for got, want in zip(jax.tree_util.tree_leaves(delta), jax.tree_util.tree_leaves(mean)):
             np.testing.assert_allclose(got, alpha * want, rtol=1e-5, atol=1e-7)
@@ -354,7 +354,11 @@ def test_a_poisson_pld_run_reports_what_ran_and_resumes_its_ledgers(tmp_path, mo
     from fedjax_dp.training.loop import run_experiment
     from test_checkpoint_resume import _interrupt_at
 
-    config = lambda: _ldp_config(step_sampling="poisson", accountant="pld")  # noqa: E731
+    def config():
+        c = _ldp_config(step_sampling="poisson")
+        c.privacy.accountant = "pld"
+        return c
+
     full = run_experiment(config(), str(tmp_path / "full"), progress=False)
     with monkeypatch.context() as m:
         _interrupt_at(m, 2)
@@ -374,7 +378,7 @@ def test_a_poisson_pld_run_reports_what_ran_and_resumes_its_ledgers(tmp_path, mo
     ("ldp__alpha", 1.5, r"ldp.alpha must lie in \(0, 1\]"),
     ("server_data__overlap", -1.0, "must be held out of every client's data"),
     ("ldp__step_sampling", "shuffle", "ldp.step_sampling 'shuffle' unknown"),
-    ("ldp__accountant", "gdp", "ldp.accountant 'gdp' unknown"),
+    ("privacy__accountant", "gdp", "privacy.accountant 'gdp' unknown"),
     ("ldp__fixed_noise", "median", "ldp.fixed_noise 'median' unknown"),
     ("ldp__fixed_noise", "calibrated", "set ldp.adaptive=False, got ldp.adaptive=True"),
 ])
@@ -408,9 +412,9 @@ def test_the_clients_run_the_configured_steps_and_clip_and_the_ledger_accounts_w
     clients must hold the config's mechanism, and the ledgers must be built from the clients."""
     import types
 
-    from fedjax_dp.algorithms.ldp_minibatch import build_ldp_minibatch, make_tracker
+    from fedjax_dp.algorithms.ldp_minibatch import build_ldp_minibatch, make_ledger
     from fedjax_dp.algorithms.registry import BuildContext
-    from fedjax_dp.core.round import client_inputs
+    from fedjax_dp.core.round import STEP_NOISE, client_inputs
     from fedjax_dp.data.packing import pack_sampled_cohort
     from fedjax_dp.models import get_model
     from fedjax_dp.privacy.poisson_truncation import batch_cap
@@ -420,24 +424,24 @@ def test_the_clients_run_the_configured_steps_and_clip_and_the_ledger_accounts_w
     sizes = (40,) * cfg.data.num_clients
     model = get_model("logistic", (4, 4, 1), 3)
     algorithm, _ = build_ldp_minibatch(BuildContext(cfg, model, len(sizes), client_sizes=sizes))
-    cap = batch_cap(np.asarray(sizes), 10, cfg.rounds * 3, cfg.ldp.delta, 3.0) if step_sampling == "poisson" else 0  # the largest threshold
+    cap = batch_cap(np.asarray(sizes), 10, cfg.rounds * 3, cfg.privacy.delta, 3.0) if step_sampling == "poisson" else 0  # the largest threshold
     assert (algorithm.local_steps, algorithm.requirements.sampled_steps, algorithm.clip_norm) == (3, 3, 0.7)
     assert algorithm.per_example is per_example and algorithm.batch_size == 10
     assert algorithm.poisson_batch_cap == algorithm.requirements.poisson_batch_cap == cap
 
     dataset = types.SimpleNamespace(num_clients=len(sizes), train_sizes=lambda: np.asarray(sizes))
-    tracker = make_tracker(cfg, dataset, None, algorithm)
-    assert (tracker.ledger.steps, tracker.ledger.step_sampling, tracker.ledger.per_example) == (
+    accounting = make_ledger(cfg, dataset, algorithm)
+    assert (accounting.ledger.steps, accounting.ledger.step_sampling, accounting.ledger.per_example) == (
         3, step_sampling, per_example)
-    assert tracker.clip_norm == 0.7 and tracker.per_example is per_example
+    assert accounting.clip_norm == 0.7 and accounting.per_example is per_example
 
     # what one client does: three steps of lr 1, each a clipped gradient (noise 0): 0 < ||Delta|| <= 3 C
     params = model.init(jax.random.key(0))
     rng = np.random.default_rng(0)
     x, y = 30 * rng.normal(size=(40, 4, 4, 1)).astype(np.float32), rng.integers(0, 3, 40)
     cohort = pack_sampled_cohort(x, y, [np.arange(40)], 10, 3, rng)
-    cohort["per_client"] = {"step_noise_multiplier": np.zeros(1, np.float32)}
-    client = jax.tree_util.tree_map(lambda v: v[0], client_inputs(cohort, jax.random.key(1)))
+    client = jax.tree_util.tree_map(lambda v: v[0], {**client_inputs(cohort, jax.random.key(1)),
+                                                     STEP_NOISE: np.zeros(1, np.float32)})
     out = algorithm.client_update((params, jnp.int32(0)), client, None, jax.random.key(2))
     norm = float(jnp.linalg.norm(jax.flatten_util.ravel_pytree(out.upload)[0]))
     assert 0.1 < norm <= 3 * 0.7 * (1 + 1e-5)

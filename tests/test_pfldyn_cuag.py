@@ -340,7 +340,7 @@ def test_paper_mode_names_the_papers_claim_only_for_the_sigma_t_schedule_it_was_
     notes = " ".join(privacy["notes"])
     assert privacy["formal"] is False
     if claims:
-        assert privacy["epsilons"]["paper_claim"] == pytest.approx(gdp.epsilon_from_mu(0.25, c.cuag.delta))
+        assert privacy["epsilons"]["paper_claim"] == pytest.approx(gdp.epsilon_from_mu(0.25, c.privacy.delta))
         assert "the paper claims mu = 0.25" in notes
     else:
         assert privacy["epsilons"].get("paper_claim") is None
@@ -380,7 +380,7 @@ def test_paper_modes_formula_epsilon_is_the_papers_formula_over_the_rounds_run(t
     high = gdp.epsilon_from_mu(np.sqrt(participations[n]) * adaptive_gdp.formula_mu(
         adaptive_gdp.noise_scale(1, 0.25, **setting), 1, **without), 1e-5)
     assert low <= privacy["accounting"]["per_client_epsilon"][n] <= high
-    assert privacy["epsilons"]["per_client_formula_without_sampling_max"] == max(privacy["accounting"]["per_client_epsilon"])
+    assert privacy["epsilons"]["per_client_gdp_exact_max"] == max(privacy["accounting"]["per_client_epsilon"])
 
 
 def test_the_sigma_t_schedule_at_a_fixed_clip_is_accounted_round_by_round(tmp_path):

@@ -13,15 +13,20 @@ from fedjax_dp.core.uploads import ClientContext, Release
 from fedjax_dp.privacy import gdp
 from fedjax_dp.privacy.accounting import Accountant
 from fedjax_dp.privacy.client_sampling import FixedSizeSampling, PoissonSampling
-from fedjax_dp.privacy.tracker import PrivacyTracker
+from fedjax_dp.privacy.settings import PrivacySettings
+from fedjax_dp.privacy.tracker import tracker_for
 from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip
 from fedjax_dp.training.default_config import default_config
 
 
-def _dp_cfg(**values):
-    dp = default_config().dp
-    dp.update(values)
-    return dp
+def _settings(**values) -> PrivacySettings:
+    return PrivacySettings(**values)
+
+
+def _tracker(release, settings, sampler):
+    """The one tracker over ``release`` every round (``tracker_for``: central or local by the release)."""
+    tracker = tracker_for([release], settings, sampler)
+    return tracker
 
 
 def test_2_one_more_unclipped_client_moves_the_count_by_the_sensitivity_the_accounting_assumes():
@@ -45,32 +50,35 @@ def test_2_one_more_unclipped_client_moves_the_count_by_the_sensitivity_the_acco
 def test_3_fixed_size_sampling_is_accounted_over_the_clients_still_eligible():
     """K = 20, m = 2, z = 1, per-client budgets that only some clients keep: once clients drop out,
     m is drawn from |E_t| < K, and the event must say so (it said K)."""
-    cfg = _dp_cfg(client_epsilon_budget=float(gdp.epsilon_from_mu(2.0 * 1.2, 1e-5)))  # one round each (2S)
-    tracker = PrivacyTracker(lambda t: [Release("g", "central", 1.0, "S")], cfg, FixedSizeSampling(20, 2))
-    tracker.ledger.sensitivity_factor = 2.0
-    tracker.record(1, np.array([0, 1]))
-    eligible = tracker.eligible(2)
+    settings = _settings(client_epsilon_budget=float(gdp.epsilon_from_mu(2.0 * 1.2, 1e-5)))  # one round each (2S)
+    release = Release("g", "central", 1.0, "S", bound_value=1.0)
+    tracker = _tracker(release, settings, FixedSizeSampling(20, 2))
+    assert tracker.ledger.clients.sensitivity_factor == 2.0  # fixed-size: replace-one
+    tracker.record(1, np.array([0, 1]), [release])
+    eligible = tracker.eligible(2, [release])
     assert eligible.sum() == 18
-    assert tracker.event(2).population == 18
+    assert tracker.ledger.event(2, [release]).population == 18
 
 
 def test_4_local_noise_obeys_max_epsilon_before_each_round():
-    cfg = _dp_cfg(max_epsilon=1.0)
-    tracker = PrivacyTracker(lambda t: [Release("g", "local", 8.0, "S")], cfg, FixedSizeSampling(5, 5))
-    one_round = gdp.epsilon_from_mu(2.0 / 8.0, cfg.delta)  # replace-one: 2S / (z S)
-    assert one_round < 1.0 < gdp.epsilon_from_mu(math.sqrt(2) * 2.0 / 8.0, cfg.delta)
-    assert tracker.allows(1)
-    tracker.record(1, np.arange(5))
-    assert not tracker.allows(2)  # a second round would take every client past epsilon 1
+    settings = _settings(max_epsilon=1.0)
+    release = Release("g", "local", 8.0, "S", bound_value=1.0)
+    tracker = _tracker(release, settings, FixedSizeSampling(5, 5))
+    one_round = gdp.epsilon_from_mu(2.0 / 8.0, settings.delta)  # replace-one: 2S / (z S)
+    assert one_round < 1.0 < gdp.epsilon_from_mu(math.sqrt(2) * 2.0 / 8.0, settings.delta)
+    assert tracker.allows(1, [release])
+    tracker.record(1, np.arange(5), [release])
+    assert not tracker.allows(2, [release])  # a second round would take every client past epsilon 1
 
 
 def test_11_reported_sampling_rate_is_the_one_used_and_z0_is_not_formal():
-    cfg = _dp_cfg()
-    tracker = PrivacyTracker(lambda t: [Release("g", "central", 1.0, "S")], cfg, FixedSizeSampling(12, 4))
-    tracker.record(1, np.arange(4))
+    release = Release("g", "central", 1.0, "S")
+    tracker = _tracker(release, _settings(), FixedSizeSampling(12, 4))
+    tracker.record(1, np.arange(4), [release])
     assert tracker.report().sampling_rates == [pytest.approx(4 / 12)]
-    noiseless = PrivacyTracker(lambda t: [Release("g", "central", 0.0, "S")], cfg, PoissonSampling(12, 0.3))
-    noiseless.record(1, np.arange(4))
+    silent = Release("g", "central", 0.0, "S")
+    noiseless = _tracker(silent, _settings(), PoissonSampling(12, 0.3))
+    noiseless.record(1, np.arange(4), [silent])
     report = noiseless.report()
     assert report.formal is False and math.isinf(report.epsilon)
 
@@ -79,9 +87,9 @@ def test_privacy_json_is_strict_json_and_lists_each_release(tmp_path):
     from fedjax_dp.training.reporting import privacy_record
     from fedjax_dp.training.results import ResultsWriter
 
-    cfg = _dp_cfg()
-    tracker = PrivacyTracker(lambda t: [Release("Gaussian", "central", 1.0, "S", note="n")], cfg, PoissonSampling(12, 0.3))
-    tracker.record(1, np.arange(4))
+    release = Release("Gaussian", "central", 1.0, "S", note="n")
+    tracker = _tracker(release, _settings(), PoissonSampling(12, 0.3))
+    tracker.record(1, np.arange(4), [release])
     for record in (privacy_record(tracker, []), privacy_record(None, [])):
         text = json.dumps(record, allow_nan=False)  # raises on Infinity / NaN
         assert json.loads(text)["formal"] in (True, False)
@@ -110,29 +118,29 @@ def test_5_local_noise_with_adaptive_clipping_is_refused():
 
 
 def test_14_conflicting_or_hopeless_dp_settings_are_refused_by_name():
-    message = _refusal(dp__calibrate_epsilon=8.0, dp__noise_schedule="1:1.0,50:0.8")
-    assert "dp.calibrate_epsilon=8.0 and dp.noise_schedule='1:1.0,50:0.8' both choose z" in message
-    message = _refusal(dp__max_epsilon=0.01, dp__noise_multiplier=0.5)
-    assert "dp.max_epsilon=0.01 is spent before round 1 ends" in message
-    message = _refusal(dp__max_epsilon=0.5, dp__noise_multiplier=1.0, dp__noise_mode="local")
-    assert "dp.max_epsilon=0.5 is spent before round 1 ends" in message
+    message = _refusal(privacy__target_epsilon=8.0, dp__noise_schedule="1:1.0,50:0.8")
+    assert "privacy.target_epsilon=8.0 and dp.noise_schedule='1:1.0,50:0.8' both choose z" in message
+    message = _refusal(privacy__max_epsilon=0.01, dp__noise_multiplier=0.5)
+    assert "privacy.max_epsilon=0.01 is spent before round 1 ends" in message
+    message = _refusal(privacy__max_epsilon=0.5, dp__noise_multiplier=1.0, dp__noise_mode="local")
+    assert "privacy.max_epsilon=0.5 is spent before round 1 ends" in message
     assert "is not 'round:z'" in _refusal(dp__noise_schedule="1:x")
 
 
 def test_a_noise_multiplier_that_calibration_or_a_schedule_would_replace_is_refused():
     """Bug (found 2026-11-29 by a new-user trial): ``dp.noise_multiplier=1.3`` on ``dp_fedavg_mnist``, whose
-    ``dp.calibrate_epsilon=8`` chooses z, ran z = 0.717 without a word (the same beside ``dp.noise_schedule``);
+    ``privacy.target_epsilon=8`` chooses z, ran z = 0.717 without a word (the same beside ``dp.noise_schedule``);
     its epsilon was true, but the run was not the one asked for. Now the override is refused naming both keys."""
     import fedjax_dp
 
     with pytest.raises(ValueError) as error:
         fedjax_dp.Experiment("dp_fedavg_mnist", {"dp.noise_multiplier": 1.3})
-    assert ("dp.noise_multiplier=1.3 is not read while dp.calibrate_epsilon=8.0 (only with dp.calibrate_epsilon "
-            "0.0): change dp.calibrate_epsilon or drop dp.noise_multiplier") in str(error.value)
+    assert ("dp.noise_multiplier=1.3 is not read while privacy.target_epsilon=8.0 (only with privacy.target_epsilon "
+            "0.0): change privacy.target_epsilon or drop dp.noise_multiplier") in str(error.value)
     with pytest.raises(ValueError, match=r"dp.noise_multiplier=0.5 is not read while dp.noise_schedule='1:1.0,50:0.8'"):
         fedjax_dp.Experiment("fedavg_mnist", {"algorithm": "dp_fedavg", "dp.noise_schedule": "1:1.0,50:0.8",
                                               "dp.noise_multiplier": 0.5})
-    ran = fedjax_dp.Experiment("dp_fedavg_mnist", {"dp.noise_multiplier": 1.3, "dp.calibrate_epsilon": 0.0})
+    ran = fedjax_dp.Experiment("dp_fedavg_mnist", {"dp.noise_multiplier": 1.3, "privacy.target_epsilon": 0.0})
     assert ran.config.dp.noise_multiplier == 1.3
 
 
@@ -156,12 +164,12 @@ def test_13_pld_discretisation_is_a_parameter_checked_against_dp_accounting():
 def test_13_rdp_orders_and_fixed_size_pld_reach_the_tracker_and_the_report():
     from fedjax_dp.training.reporting import privacy_record
 
-    assert "dp.rdp_orders='2,x'" in _refusal(dp__rdp_orders="2,x")
-    assert "dp.rdp_orders='0.5,2'" in _refusal(dp__rdp_orders="0.5,2")
-    cfg = _dp_cfg(accountant="pld", rdp_orders="2,4,8,16,32")
-    tracker = PrivacyTracker(lambda t: [Release("Gaussian", "central", 1.0, "S")], cfg, FixedSizeSampling(100, 10))
+    assert "privacy.rdp_orders='2,x'" in _refusal(privacy__rdp_orders="2,x")
+    assert "privacy.rdp_orders='0.5,2'" in _refusal(privacy__rdp_orders="0.5,2")
+    release = Release("Gaussian", "central", 1.0, "S")
+    tracker = _tracker(release, _settings(accountant="pld", rdp_orders=(2, 4, 8, 16, 32)), FixedSizeSampling(100, 10))
     for t in range(1, 51):
-        tracker.record(t, np.arange(10))
+        tracker.record(t, np.arange(10), [release])
     record = privacy_record(tracker, [])
     assert record["accounting"]["rdp_orders"] == [2.0, 4.0, 8.0, 16.0, 32.0]
     assert record["epsilons"]["pld"] < record["epsilons"]["rdp"]  # Dong-Roth-Su is tighter than the RDP bound
@@ -176,7 +184,8 @@ def test_6_a_non_private_run_says_formal_false_wherever_its_epsilon_appears(tmp_
     cfg.algorithm, cfg.rounds, cfg.eval_every = "dp_fedavg", 2, 2
     cfg.data.num_clients, cfg.model.name, cfg.sampling.cohort_size = 12, "logistic", 4
     cfg.client.update(epochs=1, batch_size=32)
-    cfg.dp.update(clip="median", max_epsilon=50.0)  # a budget rule with a non-private mechanism: not silent
+    cfg.dp.clip = "median"
+    cfg.privacy.max_epsilon = 50.0  # a budget rule with a non-private mechanism: not silent
     summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")][1:]  # [0]: round 0
     saved = json.load(open(tmp_path / "run" / "summary.json"))

@@ -96,9 +96,18 @@ def test_clipping_bounds_each_example_and_noise_is_calibrated():
     np.testing.assert_allclose(deviation.std(), LR * 4.0 * C / 4, rtol=0.05)
 
 
-def test_step_release_states_the_sensitivity():
-    assert ClippedNoisyGradient(1.0, 2.0, per_example=True).step_release().noise_multiplier == 2.0
-    assert ClippedNoisyGradient(1.0, 2.0, per_example=False).step_release().noise_multiplier == 1.0
+def test_step_release_states_the_sensitivity_relation_and_event():
+    """Per example: add/remove one example, sensitivity C, Gaussian(z); the clipped batch mean: replace-one, 2C,
+    Gaussian(z / 2) (replacing one example moves the clipped mean anywhere in the ball of radius C)."""
+    import dp_accounting
+
+    per_example = ClippedNoisyGradient(0.5, 2.0, per_example=True).step_release()
+    assert per_example.unit == "example" and per_example.sensitivity == 0.5
+    assert per_example.relation == dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    assert per_example.event == dp_accounting.GaussianDpEvent(2.0)
+    batch = ClippedNoisyGradient(0.5, 2.0, per_example=False).step_release(noise_multiplier=3.0)
+    assert batch.relation == dp_accounting.NeighboringRelation.REPLACE_ONE and batch.sensitivity == 1.0
+    assert batch.noise_multiplier == 3.0 and batch.event == dp_accounting.GaussianDpEvent(1.5)
     with pytest.raises(ValueError, match="clip_norm C must be > 0, got -1"):
         ClippedNoisyGradient(-1, 1.0)
 

@@ -1,12 +1,19 @@
-"""Federated algorithms, one module each; importing the package registers every one of them by name
-(``registry.names()``; ``registry.register`` adds your own, see ``core.algorithm.Algorithm``)."""
+"""Federated algorithms, one module each; importing the package imports every module in it, which registers
+each algorithm by name (``registry.names()``): a new algorithm is its module and its test, nothing else
+(``registry.register`` adds your own from anywhere, see ``core.algorithm.Algorithm``)."""
 
-from fedjax_dp.algorithms import (cuag_pfl, dp_fedavg, dp_scaffold, dp_uga, fedavg, fedmeta, fedprox,  # noqa: F401
-                                  ldp_minibatch, pfldyn_proto, prifedsync, registry, scaffold, udp, uga)  # (registration)
-from fedjax_dp.algorithms.fedavg import FedAvg
-from fedjax_dp.algorithms.fedprox import FedProx
-from fedjax_dp.algorithms.scaffold import Scaffold
-from fedjax_dp.algorithms.uga import UGA, make_uga_gradient
+import importlib
+import pkgutil
+
+from fedjax_dp.algorithms import registry
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):  # registration, in a fixed order
+    importlib.import_module(f"{__name__}.{_module}")
+
+from fedjax_dp.algorithms.fedavg import FedAvg  # noqa: E402
+from fedjax_dp.algorithms.fedprox import FedProx  # noqa: E402
+from fedjax_dp.algorithms.scaffold import Scaffold  # noqa: E402
+from fedjax_dp.algorithms.uga import UGA, make_uga_gradient  # noqa: E402
 
 DEFAULT_ALGORITHM = "fedavg"
 

@@ -46,6 +46,7 @@ noise of each client follows its mu_n and ``privacy.json`` gives the distributio
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -54,11 +55,9 @@ import numpy as np
 from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.pfldyn_proto import build_pfldyn_algorithm, check_pfldyn
 from fedjax_dp.core.uploads import UniformWeights, chain
-from fedjax_dp.privacy import adaptive_gdp, gdp
-from fedjax_dp.privacy.client_sampling import client_sampler
+from fedjax_dp.privacy import adaptive_gdp, gdp, settings
 from fedjax_dp.privacy.local_calibration import (constant_multipliers, expected_participations,
                                                  worst_case_multipliers)
-from fedjax_dp.privacy.tracker import PrivacyTracker, ledger_settings
 from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, alg4_multipliers, cuag_sound_noise
 from fedjax_dp.privacy.upload_layer_quantile_clip import PerLayerQuantileClip
 
@@ -120,11 +119,15 @@ def build_cuag(ctx) -> tuple:
     heterogeneous = bool(str(c.client_mu).strip())
     sigma = parse_sigma(c.sigma)
     if c.mode == "paper":
+        fixed = isinstance(sigma, float)
         noise = CuagPaperNoise(mu=c.mu, sampling_rate=ctx.sampling_rate(), batch_size=cfg.client.batch_size,
                                dataset_size=int(np.mean(ctx.client_sizes)) if ctx.client_sizes else 500,
                                local_steps=cfg.pfldyn.local_steps,
                                client_mus=tuple(float(m) for m in mus) if heterogeneous else None,
-                               client_sizes=ctx.client_sizes, fixed_sigma=sigma if isinstance(sigma, float) else 0.0)
+                               client_sizes=ctx.client_sizes, fixed_sigma=sigma if fixed else 0.0,
+                               claimed_mu=0.0 if fixed or heterogeneous else float(c.mu),
+                               claim_note=paper_note(sigma if fixed else None, mus),
+                               details=(("per_client_mu", None if fixed else [float(m) for m in mus]),))
         return algorithm, chain(noise, UniformWeights())
     layers = len(jax.tree_util.tree_leaves(ctx.params_template))
     clip = adaptive_layer_clip(cfg, ctx, layers) if c.adaptive_clip else None
@@ -145,8 +148,46 @@ def build_cuag(ctx) -> tuple:
     else:
         z = constant_multipliers(mus, participations, reserved)
         schedule, client_z = ((1, float(z.min())),), tuple(float(v) for v in z) if heterogeneous else None
-    noise = cuag_sound_noise((float(c.clip_norm),) * layers, schedule, client_z, clip=clip)
-    return algorithm, chain(*noise, UniformWeights())
+    clip_transform, noise = cuag_sound_noise((float(c.clip_norm),) * layers, schedule, client_z, clip=clip)
+    calibrated = calibrated_to_budget(c)
+    set_noise = calibrated or sigma == "schedule"  # mu_n set the noise (a budget, or the sigma_t schedule's target)
+    budgets = tuple(gdp.epsilon_from_mu(float(m), cfg.privacy.delta) for m in mus) if calibrated else None
+    noise = dataclasses.replace(noise, client_budgets=budgets, note=sound_note(c, calibrated, participations, mus),
+                                details=(("per_client_mu", [float(m) for m in mus] if set_noise else None),))
+    return algorithm, chain(clip_transform, noise, UniformWeights())
+
+
+def paper_note(fixed_sigma, mus) -> str:
+    """What privacy.json says of paper mode's figures (the claim, the formula, the per-client figures)."""
+    if fixed_sigma is not None:
+        return (f"paper mode with Alg. 4's sigma held fixed at {fixed_sigma:g} (cuag.sigma): the paper's mu is what its "
+                "sigma_t schedule is calibrated to, which did not run, so no claim of the paper's applies (epsilons has "
+                "no paper_claim); epsilon (epsilons.paper_formula) is the paper's CLT formula for the fixed sigma over "
+                "the rounds run, lambda included; the per-client figures are that formula without lambda (a client "
+                "that took part) over the rounds each client ran. Not a guarantee: formal is false.")
+    claimed = sorted({float(m) for m in mus})
+    return ("paper mode: the paper claims mu = " + (f"{claimed[0]:g}" if len(claimed) == 1 else
+            f"mu_n in [{claimed[0]:g}, {claimed[-1]:g}]") + " for the whole run (epsilons.paper_claim); epsilon "
+            "(epsilons.paper_formula) is the paper's formula as the paper states it over the rounds run (mu_t^2 summed "
+            "over the rounds, lambda included: mu sqrt(H_T) for the sigma_t schedule); the per-client figures are that "
+            "formula without lambda (a client that took part) over the rounds each client ran. None is a guarantee: "
+            "formal is false.")
+
+
+def sound_note(c, calibrated: bool, participations: int, mus) -> str:
+    """What privacy.json says of the sound mode's calibration."""
+    if not calibrated:
+        note = ("sound mode with fixed noise (cuag.noise_multiplier or cuag.sigma): no budget; the epsilons listed are "
+                "the exact composition of the participations each client ran")
+        if parse_sigma(c.sigma) != "schedule":
+            note += ("; cuag.mu / cuag.client_mu set no part of this run's noise (sigma or z held fixed), so "
+                     "accounting.per_client_mu is null")
+        return note
+    return (f"sound mode: each client's noise is calibrated so that {participations} participations spend its own "
+            f"budget mu_n (min {mus.min():g}, max {mus.max():g})" + (
+                ", with z_t proportional to Alg. 4's sigma_t (any K participations fit the budget)"
+                if c.sound_noise == "sigma_t" else "") + "; a client whose next participation would exceed it is no "
+            "longer sampled.")
 
 
 def adaptive_layer_clip(cfg, ctx, layers: int) -> PerLayerQuantileClip:
@@ -164,103 +205,12 @@ def calibrated_to_budget(c) -> bool:
     return c.mode == "sound" and not c.noise_multiplier and parse_sigma(c.sigma) is None
 
 
-class CuagTracker(PrivacyTracker):
-    """The chain's releases composed per client (local noise), with the per-client budgets mu_n of the
-    sound mode, the distribution of per-client epsilons, and in paper mode the paper's own claim."""
-
-    def __init__(self, cfg, dataset, uploads):
-        c = cfg.cuag
-        self.mus = parse_client_mu(c.client_mu, c.mu, dataset.num_clients, cfg.seed)
-        budgets = None
-        if calibrated_to_budget(c):  # each client's own budget, as an epsilon at delta
-            budgets = tuple(gdp.epsilon_from_mu(float(m), c.delta) for m in self.mus)
-        super().__init__(uploads.releases, ledger_settings(c.delta, budgets),
-                         client_sampler(cfg.sampling, dataset.num_clients))
-        self.mode, self.participations = c.mode, planned_participations(cfg, dataset.num_clients)
-        self.calibrated, self.shape = calibrated_to_budget(c), c.sound_noise
-        paper_noise = next((t for t in uploads if isinstance(t, CuagPaperNoise)), None)  # the transform that runs
-        self.paper_noise = paper_noise
-        self.paper_mu_squared = 0.0  # the paper's formula over the rounds run (per client where mu_n or |D_n| differ)
-        self.fixed_sigma = paper_noise.fixed_sigma if paper_noise and paper_noise.fixed_sigma else None  # Table 5
-        # mu_n set the noise only as a budget (sound, calibrated), as the target of Alg. 4's sigma_t schedule (paper
-        # mode, or sound with cuag.sigma='schedule'); with sigma or z held fixed they set nothing and are not reported
-        self.mus_set_noise = (self.calibrated or (c.mode == "paper" and self.fixed_sigma is None)
-                              or (c.mode == "sound" and parse_sigma(c.sigma) == "schedule"))
-
-    def record(self, t: int, client_ids) -> None:
-        super().record(t, client_ids)
-        if self.paper_noise is not None:
-            self.paper_mu_squared = self.paper_mu_squared + self.paper_noise.paper_round_mu_squared(t)
-
-    def paper_formula_epsilon(self) -> float:
-        """The paper's formula as the paper states it over the rounds run (lambda inside q), the largest client's:
-        epsilon of ``adaptive_gdp.rounds_mu`` at delta. Paper mode's headline figure: NOT a guarantee."""
-        if not self.rounds:
-            return 0.0
-        return gdp.epsilon_from_mu(float(np.sqrt(np.max(self.paper_mu_squared))), self.cfg.delta)
-
-    def epsilon(self) -> float:
-        return self.paper_formula_epsilon() if self.paper_noise is not None else super().epsilon()
-
-    def report(self):
-        report = super().report()
-        if self.paper_noise is not None:
-            report.epsilon = self.paper_formula_epsilon()
-            report.epsilons["paper_formula"] = report.epsilon
-            del report.epsilons["per_client_gdp_exact_max"]  # super() read the headline figure there
-            ledger = self.ledger.epsilons()
-            report.epsilons["per_client_formula_without_sampling_max"] = float(ledger.max()) if len(ledger) else 0.0
-        all_eps = self.ledger.epsilons()
-        report.accounting.update({"per_client_epsilon": [float(e) for e in all_eps],
-                                  "per_client_mu": [float(m) for m in self.mus] if self.mus_set_noise else None,
-                                  "per_client_participations": [int(k) for k in self.ledger.participations]})
-        report.epsilons.update(self.participant_epsilons())
-        delta = self.cfg.delta
-        claimed = sorted({float(m) for m in self.mus})
-        if self.mode == "paper" and self.fixed_sigma is not None:  # the paper's mu is for the sigma_t schedule
-            report.epsilons["paper_claim"] = None
-            report.notes.append(
-                f"paper mode with Alg. 4's sigma held fixed at {self.fixed_sigma:g} (cuag.sigma): the paper's mu is "
-                "what its sigma_t schedule is calibrated to, which did not run, so no claim of the paper's applies "
-                "(epsilons.paper_claim is null); epsilon (epsilons.paper_formula) is the paper's CLT formula for the "
-                "fixed sigma over the rounds run, lambda included; the per-client figures are that formula without "
-                "lambda (a client that took part) over the rounds each client ran. Not a guarantee: formal is false.")
-        elif self.mode == "paper":
-            report.epsilons["paper_claim"] = gdp.epsilon_from_mu(claimed[0], delta) if len(claimed) == 1 else None
-            report.notes.append(
-                "paper mode: the paper claims mu = " + (f"{claimed[0]:g}" if len(claimed) == 1 else
-                f"mu_n in [{claimed[0]:g}, {claimed[-1]:g}]") + " for the whole run (epsilons.paper_claim); epsilon "
-                "(epsilons.paper_formula) is the paper's formula as the paper states it over the rounds run "
-                "(mu_t^2 summed over the rounds, lambda included: mu sqrt(H_T) for the sigma_t schedule); the "
-                "per-client figures are that formula without lambda (a client that took part) over the rounds each "
-                "client ran. None is a guarantee: formal is false.")
-        elif not self.calibrated:
-            report.notes.append("sound mode with fixed noise (cuag.noise_multiplier or cuag.sigma): no budget; the "
-                                "epsilons listed are the exact composition of the participations each client ran")
-        else:
-            report.notes.append(
-                f"sound mode: each client's noise is calibrated so that {self.participations} participations spend its "
-                f"own budget mu_n (min {self.mus.min():g}, max {self.mus.max():g})" + (
-                    ", with z_t proportional to Alg. 4's sigma_t (any K participations fit the budget)"
-                    if self.shape == "sigma_t" else "") + "; a client whose next participation would exceed it is no "
-                "longer sampled.")
-        if not self.mus_set_noise:
-            report.notes.append("cuag.mu / cuag.client_mu set no part of this run's noise (sigma or z held fixed), so "
-                                "accounting.per_client_mu is null")
-        return report
-
-
-def make_tracker(cfg, dataset, uploads, algorithm=None):
-    return CuagTracker(cfg, dataset, uploads) if uploads.releases_anything else None
-
-
 def check_cuag(cfg, need) -> None:
     check_pfldyn(cfg, need)
     c = cfg.cuag
     need(c.mode in MODES, f"cuag.mode {c.mode!r} unknown; use one of {MODES}")
     need(c.mu > 0, f"cuag.mu must be > 0, got {c.mu}")
     need(c.clip_norm > 0, f"cuag.clip_norm (the sound mode's per-layer C) must be > 0, got {c.clip_norm}")
-    need(0 < c.delta < 1, f"cuag.delta must lie in (0, 1), got {c.delta}")
     need(c.participations >= 0, f"cuag.participations must be >= 0 (0 = ceil(lambda T)), got {c.participations}")
     need(c.noise_multiplier >= 0, f"cuag.noise_multiplier must be >= 0 (0 = calibrated from mu), got {c.noise_multiplier}")
     need(not (c.noise_multiplier and str(c.client_mu).strip()),
@@ -305,7 +255,31 @@ def check_cuag(cfg, need) -> None:
             need(False, str(error))
 
 
-registry.register_section("cuag", {
+SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
+    "mode": "CUAG-PFL noise: paper (Alg. 4 as written: NO formal guarantee, labelled) | sound | none",
+    "mu": "CUAG-PFL: the GDP target mu (paper: 0.25, epsilon 0.92 at delta 1e-5 claimed)",
+    "client_mu": "CUAG-PFL: per-client mu, '0.1:4' (evenly spaced, shuffled) or 'a,b,c' ('' = cuag.mu for all)",
+    "clip_norm": "CUAG-PFL sound mode: C per measured layer",
+    "participations": "CUAG-PFL sound mode: participations each client's mu covers (0 = ceil(lambda T))",
+    "noise_multiplier": "CUAG-PFL sound mode: > 0 fixes z instead of calibrating it (epsilon accounted)",
+    "sound_noise": "CUAG-PFL sound mode calibrated to mu: constant z | sigma_t (z_t proportional to Alg. 4's "
+                   "sigma_t)",
+    "sigma": "CUAG-PFL: Alg. 4's noise 2 C_l sigma / B with sigma fixed (a number) or 'schedule' (sigma_t); C_l the "
+             "own norm (paper, no guarantee) or cuag.clip_norm (sound, accounted)",
+    "adaptive_clip": "CUAG-PFL sound mode: per-layer adaptive quantile clipping (Andrew et al. 2021) from "
+                     "cuag.clip_norm, counts noised locally and accounted",
+    "target_quantile": "CUAG-PFL adaptive_clip: the quantile gamma of each layer's norms to clip at",
+    "clip_learning_rate": "CUAG-PFL adaptive_clip: eta of C_l <- C_l exp(-eta (b_bar - gamma))",
+    "count_noise_std": "CUAG-PFL adaptive_clip: sigma_b of each client's local noise on its per-layer counts (costs "
+                       "L / sigma_b^2 of mu^2 a participation)",
+}
+registry.register_section("cuag", docs=SECTION_DOCS, read_when=(
+    ("cuag.clip_norm", "cuag.mode", ("sound",)),  # paper mode clips each layer at its own norm (Alg. 4)
+    ("cuag.participations", "cuag.mode", ("sound",)),
+    ("cuag.target_quantile", "cuag.adaptive_clip", (True,)),
+    ("cuag.clip_learning_rate", "cuag.adaptive_clip", (True,)),
+    ("cuag.count_noise_std", "cuag.adaptive_clip", (True,)),
+), defaults={
     "mode": "paper",  # paper (Alg. 4 as written, no formal guarantee) | sound | none
     "mu": 0.25,  # the GDP target (paper: 0.25 -> epsilon 0.92 at delta 1e-5)
     "client_mu": "",  # heterogeneous DP: "0.1:4" (evenly spaced, shuffled) or "a,b,c"; "" = mu for all
@@ -317,8 +291,8 @@ registry.register_section("cuag", {
     "adaptive_clip": False,  # sound mode: per-layer adaptive quantile clipping (Andrew et al. 2021) from clip_norm
     "target_quantile": 0.5,  # adaptive_clip: gamma, the quantile of each layer's norms to clip at
     "clip_learning_rate": 0.2,  # adaptive_clip: eta
-    "count_noise_std": 0.0,  # adaptive_clip: sigma_b of each client's local per-layer counts (> 0 required)
-    "delta": 1e-5})
-registry.register("cuag_pfl", build=build_cuag, sections=("pfldyn", "cuag"), validate=check_cuag, tracker=make_tracker,
+    "count_noise_std": 0.0})  # adaptive_clip: sigma_b of each client's local per-layer counts (> 0 required)
+registry.register("cuag_pfl", build=build_cuag, sections=("pfldyn", "cuag"), validate=check_cuag,
+                  privacy_keys=settings.LOCAL,
                   unread=registry.SAMPLED_STEPS + registry.OWN_SERVER_STEP,
                   summary="CUAG-PFL (seed 004): PFLDyn(Proto) + compressed-sensing uploads + adaptive Gaussian DP")

@@ -25,7 +25,7 @@ import math
 import jax
 
 from fedjax_dp.algorithms import registry
-from fedjax_dp.algorithms.dp_section import calibrated_noise_multiplier, check_dp
+from fedjax_dp.algorithms.dp_section import DP_PRIVACY_KEYS, calibrated_noise_multiplier, check_dp
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.uploads import Chain, chain, fixed_denominator
 from fedjax_dp.privacy.update_statistics import UpdateStatistics
@@ -35,11 +35,22 @@ from fedjax_dp.privacy.upload_noise import GaussianNoise, parse_schedule
 
 def noise_schedule(ctx) -> tuple[tuple[int, float], ...]:
     """z_t per round: ``dp.noise_schedule``, or ``dp.noise_multiplier``, or calibrated so that
-    ``rounds`` rounds spend ``dp.calibrate_epsilon`` at ``dp.delta`` (dp_accounting's calibration)."""
+    ``rounds`` rounds spend ``privacy.target_epsilon`` at ``privacy.delta`` (dp_accounting's calibration)."""
     dp = ctx.cfg.dp
-    if not dp.calibrate_epsilon:
+    if not ctx.cfg.privacy.target_epsilon:
         return parse_schedule(dp.noise_schedule, dp.noise_multiplier)
     return ((1, calibrated_noise_multiplier(ctx.cfg, ctx.num_clients)),)
+
+
+def calibration(ctx) -> tuple:
+    """What z was calibrated to (issue 74, item 20), for privacy.json and the printed summary: under local noise
+    for a client taking part in every round (the realised figure is the busiest client's, often less)."""
+    p, rounds = ctx.cfg.privacy, ctx.cfg.rounds
+    if not p.target_epsilon:
+        return ()
+    what = (f"a client taking part in every one of the {rounds} rounds (local noise: no amplification by sampling)"
+            if ctx.cfg.dp.noise_mode == "local" else f"{rounds} rounds of the sampled Gaussian ({p.accountant})")
+    return (("calibrated_epsilon", float(p.target_epsilon)), ("calibrated_for", what))
 
 
 def dp_uploads(ctx) -> Chain:
@@ -60,7 +71,7 @@ def dp_uploads(ctx) -> Chain:
             "median": MedianClip}[dp.clip]()
     adaptive = dp.clip in ("adaptive", "per_layer_adaptive")
     noise = GaussianNoise(noise_schedule(ctx), local=dp.noise_mode == "local",
-                          count_noise_std=count_noise_std if adaptive else 0.0)
+                          count_noise_std=count_noise_std if adaptive else 0.0, details=calibration(ctx))
     return chain(UpdateStatistics(), clip, noise, fixed_denominator(denominator))
 
 
@@ -69,5 +80,5 @@ def build_dp_fedavg(ctx) -> tuple:
                   deferred_dense_rate=ctx.deferred_dense_rate()), dp_uploads(ctx)
 
 
-registry.register("dp_fedavg", build=build_dp_fedavg, sections=("dp",), validate=check_dp,
+registry.register("dp_fedavg", build=build_dp_fedavg, sections=("dp",), validate=check_dp, privacy_keys=DP_PRIVACY_KEYS,
                   summary="DP-FedAvg (Geyer et al. 2017): FedAvg + chain(clip, gaussian, fixed_denominator)")

@@ -17,7 +17,7 @@ norm). That threshold is computed from the raw data and released through the noi
 median clip has NO formal guarantee (``formal: false``; the epsilon shown is what a fixed C would give
 at the same sigma_g). ``clip = 'fixed'`` (C = ``dp_scaffold.clip_norm``, seed 004's "fixed clip 1") is
 the sound variant, Noble et al.'s own algorithm. The noise is fixed, so epsilon grows with the rounds
-(seed 004 reports [1.52, 26.28] over 300 rounds); ``dp_scaffold.epsilon_threshold`` > 0 stops a client
+(seed 004 reports [1.52, 26.28] over 300 rounds); ``privacy.client_epsilon_budget`` > 0 stops a client
 before its next participation would pass it.
 """
 
@@ -31,9 +31,11 @@ from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.scaffold import Scaffold, check_scaffold, correction_regularizer
 from fedjax_dp.core.algorithm import Requirements
 from fedjax_dp.core.local_training import make_local_trainer
+from fedjax_dp.core.round import STEP_NOISE
+from fedjax_dp.privacy import settings
 from fedjax_dp.privacy.accounting import parse_rdp_orders
-from fedjax_dp.privacy.example_ledger import LEDGER_ACCOUNTANTS, LEDGER_ORDERS, ExampleLevelLedger
-from fedjax_dp.privacy.example_tracker import STEP_NOISE_KEY, ExampleLevelTracker
+from fedjax_dp.privacy.example_ledger import LEDGER_ORDERS, ExampleLevelLedger
+from fedjax_dp.privacy.example_tracker import ExampleLevelAccounting
 from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
 
 CLIPS = ("fixed", "median")
@@ -57,7 +59,7 @@ class DpScaffold(Scaffold):
         train = make_local_trainer(self.per_example_loss, self.client_optimizer, unroll=self.unroll,
                                    regularizer=correction_regularizer(correction), gradient_hook=hook)
         return train(params, client["batches"], client["mask"], key, scale, noise_key=client["noise_key"],
-                     noise_multiplier=client[STEP_NOISE_KEY])
+                     noise_multiplier=client[STEP_NOISE])
 
 
 def build_dp_scaffold(ctx) -> tuple:
@@ -67,19 +69,19 @@ def build_dp_scaffold(ctx) -> tuple:
                       local_steps=d.local_steps, median_clip=d.clip == "median"), ()
 
 
-def make_tracker(cfg, dataset, uploads, algorithm) -> ExampleLevelTracker:
+def make_ledger(cfg, dataset, algorithm) -> ExampleLevelAccounting:
     """Per-client example-level ledgers at the fixed sigma_g (no threshold unless one is set); the steps and the
     clip are the built clients' (``algorithm``), what runs."""
     d, s = cfg.dp_scaffold, cfg.sampling
     clients = registry.unwrap(algorithm, DpScaffold)
     rate = s.cohort_size / dataset.num_clients if s.method == "uniform" else s.rate
-    threshold = d.epsilon_threshold or np.inf
+    threshold = cfg.privacy.client_epsilon_budget or np.inf
     ledger = ExampleLevelLedger(
         client_sizes=dataset.train_sizes(), batch_size=cfg.client.batch_size, steps=clients.local_steps,
-        thresholds=threshold, delta=d.delta, base_multiplier=d.noise_multiplier, max_multiplier=d.noise_multiplier,
-        participation_rate=rate, rounds=cfg.rounds, adaptive=False, orders=parse_rdp_orders("", default=LEDGER_ORDERS),
-        accountant=d.accountant)
-    return ExampleLevelTracker(ledger, clients.clip_norm, per_example=True, median_clip=clients.median_clip)
+        thresholds=threshold, delta=cfg.privacy.delta, base_multiplier=d.noise_multiplier,
+        max_multiplier=d.noise_multiplier, participation_rate=rate, rounds=cfg.rounds, adaptive=False,
+        orders=parse_rdp_orders(cfg.privacy.rdp_orders, default=LEDGER_ORDERS), accountant=cfg.privacy.accountant)
+    return ExampleLevelAccounting(ledger, clients.clip_norm, per_example=True, median_clip=clients.median_clip)
 
 
 def check_dp_scaffold(cfg, need) -> None:
@@ -89,21 +91,21 @@ def check_dp_scaffold(cfg, need) -> None:
     need(d.clip_norm > 0, f"dp_scaffold.clip_norm C must be > 0, got {d.clip_norm}")
     need(d.noise_multiplier > 0, f"dp_scaffold.noise_multiplier sigma_g must be > 0, got {d.noise_multiplier}")
     need(d.local_steps >= 1, f"dp_scaffold.local_steps K must be >= 1, got {d.local_steps}")
-    need(d.epsilon_threshold >= 0, f"dp_scaffold.epsilon_threshold must be >= 0 (0 = none), got {d.epsilon_threshold}")
-    need(0 < d.delta < 1, f"dp_scaffold.delta must lie in (0, 1), got {d.delta}")
-    need(d.accountant in LEDGER_ACCOUNTANTS,
-         f"dp_scaffold.accountant {d.accountant!r} unknown; use one of {LEDGER_ACCOUNTANTS}")
 
 
-registry.register_section("dp_scaffold", {
+SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
+    "clip": "DP-SCAFFOLD: median (each step's median gradient norm, as seed 004: NO formal guarantee) | fixed",
+    "clip_norm": "DP-SCAFFOLD: C per example of clip='fixed'",
+    "noise_multiplier": "DP-SCAFFOLD: sigma_g, step noise N(0, (sigma_g C)^2 I) (seed 004: 1.0)",
+    "local_steps": "DP-SCAFFOLD: K local steps, each a fresh batch of client.batch_size",
+}
+registry.register_section("dp_scaffold", docs=SECTION_DOCS, defaults={
     "clip": "median",  # median (seed 004: each step's median gradient norm; no formal guarantee) | fixed
     "clip_norm": 1.0,  # C of clip='fixed'
     "noise_multiplier": 1.0,  # sigma_g: step noise N(0, (sigma_g C)^2 I) (seed 004: 1.0)
-    "local_steps": 25,  # K local steps, each a fresh batch of client.batch_size without replacement
-    "epsilon_threshold": 0.0,  # > 0: a client stops before its next participation would pass it (0 = none)
-    "delta": 1e-5,
-    "accountant": "rdp"})  # rdp | pld: the per-client ledgers
+    "local_steps": 25})  # K local steps, each a fresh batch of client.batch_size without replacement
 registry.register("dp_scaffold", build=build_dp_scaffold, sections=("dp_scaffold",), validate=check_dp_scaffold,
-                  tracker=make_tracker, unread=registry.SAMPLED_STEPS,
+                  ledger=make_ledger, privacy_keys=settings.ACCOUNTING + ("client_epsilon_budget",),
+                  unread=registry.SAMPLED_STEPS,
                   summary="DP-SCAFFOLD (Noble et al. 2022): SCAFFOLD with DP-SGD local steps, per-client "
                           "example-level ledgers")

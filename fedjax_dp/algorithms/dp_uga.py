@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.dp_fedavg import dp_uploads
-from fedjax_dp.algorithms.dp_section import check_dp
+from fedjax_dp.algorithms.dp_section import DP_PRIVACY_KEYS, check_dp
 from fedjax_dp.algorithms.uga import build_uga, check_uga
 
 
@@ -22,4 +22,5 @@ def check_dp_uga(cfg, need) -> None:
 
 
 registry.register("dp_uga", build=build_dp_uga, sections=("dp", "uga"), validate=check_dp_uga,
+                  privacy_keys=DP_PRIVACY_KEYS,
                   summary="DP-UGA: UGA + DP-FedAvg's upload chain")

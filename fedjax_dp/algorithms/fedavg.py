@@ -89,6 +89,7 @@ def build_fedavg(ctx) -> tuple:
                   deferred_dense_rate=ctx.deferred_dense_rate()), ()
 
 
-registry.register("fedavg", build=build_fedavg, summary="FedAvg (McMahan et al. 2017) with a server optimizer")
-registry.register("fedshare", build=build_fedavg, shares_server_set=True,
+registry.register("fedavg", build=build_fedavg, privacy_keys=(),
+                  summary="FedAvg (McMahan et al. 2017) with a server optimizer")
+registry.register("fedshare", build=build_fedavg, shares_server_set=True, privacy_keys=(),
                   summary="FedShare (Zhao et al. 2018): FedAvg on client data mixed with a globally shared set")

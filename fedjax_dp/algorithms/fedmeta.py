@@ -136,10 +136,18 @@ def check_fedmeta(cfg, need) -> None:
     need(m.batch_size >= 0, f"fedmeta.batch_size must be >= 0, got {m.batch_size}")
 
 
+SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
+    "enabled": "FedMeta: meta step(s) on the server-held set D_meta after every aggregation",
+    "learning_rate": "FedMeta: eta_meta",
+    "steps": "FedMeta: meta steps per round",
+    "lr_decay": "FedMeta: eta_meta x lr_decay**t",
+    "batch_size": "FedMeta: meta batch size (0 = all of D_meta at once)",
+}
 registry.register_wrapper(
-    "fedmeta", {"enabled": False,  # meta step(s) on D_meta after every aggregation (wraps any algorithm)
-                "learning_rate": 0.002, "steps": 1, "lr_decay": 1.0,
-                "batch_size": 0},  # batch_size 0: all of D_meta at once
+    "fedmeta", docs=SECTION_DOCS, defaults={
+        "enabled": False,  # meta step(s) on D_meta after every aggregation (wraps any algorithm)
+        "learning_rate": 0.002, "steps": 1, "lr_decay": 1.0,
+        "batch_size": 0},  # batch_size 0: all of D_meta at once
     wrap=wrap_fedmeta, validate=check_fedmeta, needs_server_set=True,
     privacy_note="FedMeta's server meta step uses only the server-held set D_meta, without noise: it reads no "
                  "client upload, and the guarantee holds only if D_meta holds no protected client's data")

@@ -51,6 +51,9 @@ def check_fedprox(cfg, need) -> None:
     need(cfg.fedprox.mu >= 0, f"fedprox.mu must be >= 0, got {cfg.fedprox.mu}")
 
 
-registry.register_section("fedprox", {"mu": 2e-4})  # the seed-002 baseline's proximal coefficient
-registry.register("fedprox", build=build_fedprox, sections=("fedprox",), validate=check_fedprox,
+SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
+    "mu": "FedProx: proximal coefficient mu",
+}
+registry.register_section("fedprox", docs=SECTION_DOCS, defaults={"mu": 2e-4})  # the seed-002 baseline's proximal coefficient
+registry.register("fedprox", build=build_fedprox, sections=("fedprox",), validate=check_fedprox, privacy_keys=(),
                   summary="FedProx (Li et al. 2020): FedAvg with a proximal term")

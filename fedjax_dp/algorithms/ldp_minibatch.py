@@ -43,11 +43,12 @@ from fedjax_dp.core.algorithm import ClientOut, Requirements, lr_scale
 from fedjax_dp.core.correlation_weights import CorrelationWeights
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.optimizers import build_optimizer
+from fedjax_dp.core.round import STEP_NOISE
 from fedjax_dp.core.uploads import UniformWeights, chain
+from fedjax_dp.privacy import poisson_truncation, settings
 from fedjax_dp.privacy.accounting import parse_rdp_orders
-from fedjax_dp.privacy import poisson_truncation
-from fedjax_dp.privacy.example_ledger import LEDGER_ACCOUNTANTS, LEDGER_ORDERS, STEP_SAMPLINGS, ExampleLevelLedger
-from fedjax_dp.privacy.example_tracker import STEP_NOISE_KEY, ExampleLevelTracker
+from fedjax_dp.privacy.example_ledger import LEDGER_ORDERS, STEP_SAMPLINGS, ExampleLevelLedger
+from fedjax_dp.privacy.example_tracker import ExampleLevelAccounting
 from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
 
 WEIGHTINGS = ("correlation", "uniform")
@@ -79,7 +80,7 @@ class LdpMinibatch(FedAvg):
                                    gradient_hook=hook)
         trained, stats = train(params, client["batches"], client["mask"], client["key"],
                                lr_scale(self.client_lr_decay, round_index), noise_key=client["noise_key"],
-                               noise_multiplier=client[STEP_NOISE_KEY])
+                               noise_multiplier=client[STEP_NOISE])
         delta = jax.tree_util.tree_map(jnp.subtract, trained, params)
         ok = tree.is_finite(delta) & jnp.isfinite(stats.loss)
         return ClientOut(delta, jnp.float32(1.0), None, stats.loss, ok)
@@ -108,9 +109,7 @@ def check_ldp(cfg, need) -> None:
     need(c.temperature >= 0, f"ldp.temperature tau must be >= 0, got {c.temperature}")
     need(c.weighting in WEIGHTINGS, f"ldp.weighting {c.weighting!r} unknown; use one of {WEIGHTINGS}")
     need(c.local_steps >= 1, f"ldp.local_steps S must be >= 1, got {c.local_steps}")
-    need(0 < c.delta < 1, f"ldp.delta must lie in (0, 1), got {c.delta}")
     need(c.step_sampling in STEP_SAMPLINGS, f"ldp.step_sampling {c.step_sampling!r} unknown; use one of {STEP_SAMPLINGS}")
-    need(c.accountant in LEDGER_ACCOUNTANTS, f"ldp.accountant {c.accountant!r} unknown; use one of {LEDGER_ACCOUNTANTS}")
     need(cfg.server_data.overlap == 0,
          f"server_data.overlap={cfg.server_data.overlap}: ldp_minibatch validates on a server-held set that must be "
          "held out of every client's data (overlap 0); a set drawn from the clients would be their data")
@@ -118,10 +117,6 @@ def check_ldp(cfg, need) -> None:
         parse_thresholds(c.thresholds, max(cfg.data.num_clients, 1), cfg.seed)
     except ValueError as error:
         need(False, str(error))
-    try:
-        parse_rdp_orders(c.rdp_orders)
-    except ValueError as error:
-        need(False, f"ldp.rdp_orders={c.rdp_orders!r}: {error}")
 
 
 def build_ldp_minibatch(ctx) -> tuple:
@@ -132,7 +127,7 @@ def build_ldp_minibatch(ctx) -> tuple:
             raise ValueError("ldp.step_sampling='poisson' needs the clients' data sizes to size its batches")
         design = poisson_truncation.design_epsilon(parse_thresholds(c.thresholds, ctx.num_clients, cfg.seed))
         cap = poisson_truncation.batch_cap(ctx.client_sizes, cfg.client.batch_size, cfg.rounds * c.local_steps,
-                                           c.delta, design)
+                                           cfg.privacy.delta, design)
     algorithm = LdpMinibatch(per_example_loss=ctx.model.per_example_loss, client_optimizer=ctx.client_optimizer(),
                              server_optimizer=build_optimizer("sgd", c.alpha, 0.0), client_lr_decay=cfg.client.lr_decay,
                              unroll=ctx.unroll, clip_norm=c.clip_norm, per_example=c.per_example,
@@ -142,28 +137,44 @@ def build_ldp_minibatch(ctx) -> tuple:
     return algorithm, chain(CorrelationWeights(c.temperature), UniformWeights())
 
 
-def make_tracker(cfg, dataset, uploads, algorithm) -> ExampleLevelTracker:
+def make_ledger(cfg, dataset, algorithm) -> ExampleLevelAccounting:
     """The per-client ledgers of a run (sizes known once the data is loaded; B checked against them). The
     steps, their sampling and the clip are the built clients' (``algorithm``), what runs; the thresholds and
     noise schedule are the ledger's own (it hands each client its z)."""
     c, s = cfg.ldp, cfg.sampling
     clients = registry.unwrap(algorithm, LdpMinibatch)
     rate = s.cohort_size / dataset.num_clients if s.method == "uniform" else s.rate
-    orders = parse_rdp_orders(c.rdp_orders, default=LEDGER_ORDERS)
+    orders = parse_rdp_orders(cfg.privacy.rdp_orders, default=LEDGER_ORDERS)
     ledger = ExampleLevelLedger(
         client_sizes=dataset.train_sizes(), batch_size=cfg.client.batch_size, steps=clients.local_steps,
-        thresholds=parse_thresholds(c.thresholds, dataset.num_clients, cfg.seed), delta=c.delta,
+        thresholds=parse_thresholds(c.thresholds, dataset.num_clients, cfg.seed), delta=cfg.privacy.delta,
         base_multiplier=c.noise_multiplier, max_multiplier=c.max_noise_multiplier, participation_rate=rate,
         rounds=cfg.rounds, adaptive=c.adaptive, orders=orders,
         step_sampling="poisson" if clients.poisson_batch_cap else "fixed", per_example=clients.per_example,
-        accountant=c.accountant, calibrated=c.fixed_noise == "calibrated")
+        accountant=cfg.privacy.accountant, calibrated=c.fixed_noise == "calibrated")
     if clients.poisson_batch_cap and ledger.batch_cap != clients.poisson_batch_cap:
         raise ValueError(f"the ledger's Poisson batch cap {ledger.batch_cap} is not the clients' "
                          f"{clients.poisson_batch_cap}: it would account batches that did not run")
-    return ExampleLevelTracker(ledger, clients.clip_norm, clients.per_example)
+    return ExampleLevelAccounting(ledger, clients.clip_norm, clients.per_example)
 
 
-registry.register_section("ldp", {
+SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
+    "clip_norm": "local mini-batch DP: C, per example (or per batch)",
+    "per_example": "local mini-batch DP: False clips the batch's mean gradient (sensitivity 2C)",
+    "noise_multiplier": "local mini-batch DP: z_0, the least noise a step gets",
+    "max_noise_multiplier": "local mini-batch DP: z_max; a client that cannot afford a participation at it stops",
+    "adaptive": "local mini-batch DP: the threshold-driven noise schedule (False: fixed noise, same stop rule)",
+    "fixed_noise": "local mini-batch DP, adaptive=False: z0 (every client at z_0) | calibrated (each client's own z "
+                   "for its q T expected participations and threshold, kept for the run)",
+    "thresholds": "local mini-batch DP: per-client epsilon thresholds epsilon_n, one value or a comma list",
+    "local_steps": "local mini-batch DP: steps S per participation, each a fresh batch of client.batch_size",
+    "alpha": "local mini-batch DP: history weight, w_{t+1} = (1 - alpha) w_t + alpha sum_k a_k w_k",
+    "weighting": "local mini-batch DP: correlation (softmax of cosine to the mean update) | uniform",
+    "temperature": "local mini-batch DP: tau of a_k = softmax(tau cos(Delta_k, mean Delta))",
+    "step_sampling": "local mini-batch DP: fixed (B without replacement per step) | poisson (each example w.p. "
+                     "B/n_k)",
+}
+registry.register_section("ldp", docs=SECTION_DOCS, defaults={
     "clip_norm": 1.0,  # C, per example (or per batch)
     "per_example": True,  # False: clip the minibatch's mean gradient (sensitivity 2C)
     "noise_multiplier": 1.0,  # z_0: the least noise a step gets
@@ -171,16 +182,13 @@ registry.register_section("ldp", {
     "adaptive": True,  # the threshold schedule; False: fixed noise (same stopping rule), see fixed_noise
     "fixed_noise": "z0",  # with adaptive=False: z0 (every client at z_0) | calibrated (each client's own z)
     "thresholds": "4.0",  # epsilon_n: one value, or a comma list assigned to clients at random
-    "delta": 1e-5,
     "local_steps": 10,  # S steps per participation, each a fresh batch of client.batch_size
     "alpha": 1.0,  # history weight: w_{t+1} = (1 - alpha) w_t + alpha sum_k a_k w_k
     "weighting": "correlation",  # correlation | uniform
     "temperature": 1.0,  # tau of a_k = softmax(tau cos(Delta_k, mean Delta))
-    "rdp_orders": "",  # the ledgers' RDP orders ("" = privacy.example_ledger.LEDGER_ORDERS)
-    "step_sampling": "fixed",  # fixed: B without replacement per step | poisson: each example w.p. B / n_k
-    "accountant": "rdp"})  # rdp | pld: the per-client ledger that decides the schedule and stops, and reports
+    "step_sampling": "fixed"})  # fixed: B without replacement per step | poisson: each example w.p. B / n_k
 registry.register("ldp_minibatch", build=build_ldp_minibatch, sections=("ldp",), validate=check_ldp,
-                  server_validation=True, tracker=make_tracker,
+                  server_validation=True, ledger=make_ledger, privacy_keys=settings.ACCOUNTING,
                   unread=registry.SAMPLED_STEPS + registry.OWN_SERVER_STEP,
                   summary="Local mini-batch gradient DP with per-client thresholds and history/correlation-weighted "
                           "aggregation (seed 003)")

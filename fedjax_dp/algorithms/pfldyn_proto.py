@@ -188,12 +188,21 @@ def check_pfldyn(cfg, need) -> None:
          f"algorithm='pfldyn_proto' without DP, got algorithm={cfg.algorithm!r}")
 
 
-registry.register_section("pfldyn", {
+SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
+    "alpha": "PFLDyn: alpha of the dynamic regulariser (CUAG-PFL Eqs. 9-12)",
+    "local_steps": "PFLDyn: local steps P, each two fresh batches of client.batch_size",
+    "representation": "PFLDyn: r_W for the prototypes: output (the model's last layer) | penultimate (the last "
+                      "hidden layer after its ReLU, as the PFLDyn authors' code)",
+    "evaluated_model": "PFLDyn: the model personalised from: server (w^{t+1}, Alg. 1) | client_mean (the mean of "
+                       "every client's latest local model, as the authors' code reports; pfldyn_proto only)",
+    "server_mean": "PFLDyn: cohort (as written) | population (FedDyn's 1/N)",
+}
+registry.register_section("pfldyn", docs=SECTION_DOCS, defaults={
     "alpha": 0.1,  # the dynamic regulariser's alpha (Eq. 9-12)
     "local_steps": 25,  # P local steps, each two fresh batches of client.batch_size
     "server_mean": "cohort",  # cohort (seed as written) | population (FedDyn's 1/N)
     "representation": "output",  # r_W: output (the model's last layer) | penultimate (the authors' code)
     "evaluated_model": "server"})  # server: w^{t+1} (Alg. 1) | client_mean: mean of the clients' latest models
 registry.register("pfldyn_proto", build=lambda ctx: (build_pfldyn_algorithm(ctx), ()), sections=("pfldyn",),
-                  validate=check_pfldyn, unread=registry.SAMPLED_STEPS + registry.OWN_SERVER_STEP,
+                  validate=check_pfldyn, unread=registry.SAMPLED_STEPS + registry.OWN_SERVER_STEP, privacy_keys=(),
                   summary="PFLDyn(Proto) (Acar et al. 2021, seed 004): dynamic regularisation + prototype personalisation")

@@ -24,6 +24,7 @@ Two epsilons are recorded:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -31,10 +32,8 @@ import numpy as np
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.pfldyn_proto import build_pfldyn_algorithm, check_pfldyn
-from fedjax_dp.core.uploads import UniformWeights, chain
-from fedjax_dp.privacy import gdp
-from fedjax_dp.privacy.client_sampling import client_sampler
-from fedjax_dp.privacy.tracker import PrivacyTracker, ledger_settings
+from fedjax_dp.core.uploads import Claim, UniformWeights, chain
+from fedjax_dp.privacy import settings
 from fedjax_dp.privacy.upload_cuag_noise import alg4_multipliers, cuag_sound_noise
 
 
@@ -48,33 +47,20 @@ def claimed_mu(sigma: float, rounds: int, sampling_rate: float, batch_size: int,
 def build_prifedsync(ctx) -> tuple:
     p, batch = ctx.cfg.prifedsync, ctx.cfg.client.batch_size
     layers = len(jax.tree_util.tree_leaves(ctx.params_template))
-    noise = cuag_sound_noise((float(p.clip_norm),) * layers, alg4_multipliers([p.sigma], batch, layers))
-    return build_pfldyn_algorithm(ctx), chain(*noise, UniformWeights())
+    clip, noise = cuag_sound_noise((float(p.clip_norm),) * layers, alg4_multipliers([p.sigma], batch, layers))
+    size = float(np.mean(ctx.client_sizes)) if ctx.client_sizes else 500.0
+    noise = dataclasses.replace(noise, claims=(seed_claim(float(p.sigma), ctx.sampling_rate(), batch, size),))
+    return build_pfldyn_algorithm(ctx), chain(clip, noise, UniformWeights())
 
 
-class PriFedSyncTracker(PrivacyTracker):
-    """Per-client exact GDP composition (the guarantee) and the seed's CLT figure beside it."""
-
-    def __init__(self, cfg, dataset, uploads):
-        super().__init__(uploads.releases, ledger_settings(cfg.prifedsync.delta),
-                         client_sampler(cfg.sampling, dataset.num_clients))
-        self.sigma, self.batch_size = float(cfg.prifedsync.sigma), cfg.client.batch_size
-        self.dataset_size = float(np.mean(dataset.train_sizes()))
-
-    def report(self):
-        report = super().report()
-        mu = claimed_mu(self.sigma, max(self.rounds, 1), self.rate, self.batch_size, self.dataset_size)
-        report.epsilons["paper_claim"] = gdp.epsilon_from_mu(mu, self.cfg.delta) if math.isfinite(mu) else math.inf
-        report.notes.append(
-            f"PriFedSync: epsilons.paper_claim is the seed's f-DP CLT figure mu = q sqrt(t (e^(1/sigma^2) - 1)), "
-            f"q = lambda B / |D| = {self.rate * self.batch_size / self.dataset_size:.4g}, sigma = {self.sigma:g}, "
-            f"t = {self.rounds} rounds: NOT a guarantee (it assumes one per-example-clipped step a round); the epsilon "
-            "of the run is the exact client-level composition of the noise that ran")
-        return report
-
-
-def make_tracker(cfg, dataset, uploads, algorithm=None):
-    return PriFedSyncTracker(cfg, dataset, uploads)
+def seed_claim(sigma: float, rate: float, batch_size: int, dataset_size: float) -> Claim:
+    """The seed's f-DP CLT figure, mu^2 = q^2 (e^(1/sigma^2) - 1) a round (``claimed_mu`` over t rounds)."""
+    mu = claimed_mu(sigma, 1, rate, batch_size, dataset_size)
+    return Claim("paper_claim", mu_squared=mu * mu if math.isfinite(mu) else math.inf, note=(
+        f"PriFedSync: the seed's f-DP CLT figure mu = q sqrt(t (e^(1/sigma^2) - 1)), q = lambda B / |D| = "
+        f"{rate * batch_size / dataset_size:.4g}, sigma = {sigma:g}, over the t rounds run: NOT a guarantee (it assumes "
+        "one per-example-clipped step a round); the epsilon of the run is the exact client-level composition of the "
+        "noise that ran"))
 
 
 def check_prifedsync(cfg, need) -> None:
@@ -82,14 +68,16 @@ def check_prifedsync(cfg, need) -> None:
     p = cfg.prifedsync
     need(p.clip_norm > 0, f"prifedsync.clip_norm C must be > 0, got {p.clip_norm}")
     need(p.sigma > 0, f"prifedsync.sigma must be > 0 (noise 2 C sigma / B per entry), got {p.sigma}")
-    need(0 < p.delta < 1, f"prifedsync.delta must lie in (0, 1), got {p.delta}")
 
 
-registry.register_section("prifedsync", {
+SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
+    "clip_norm": "PriFedSync: C, the fixed per-layer clip of each PFLDyn(Proto) upload",
+    "sigma": "PriFedSync: fixed sigma of the local noise N(0, (2 C sigma / B)^2) per entry (seed 004: 0.45)",
+}
+registry.register_section("prifedsync", docs=SECTION_DOCS, defaults={
     "clip_norm": 1.0,  # C: the fixed per-layer clip of each upload (seed 004: 1)
-    "sigma": 0.45,  # the fixed sigma of the noise N(0, (2 C sigma / B)^2) per entry (seed 004: 0.45)
-    "delta": 1e-5})
+    "sigma": 0.45})  # the fixed sigma of the noise N(0, (2 C sigma / B)^2) per entry (seed 004: 0.45)
 registry.register("prifedsync", build=build_prifedsync, sections=("pfldyn", "prifedsync"), validate=check_prifedsync,
-                  tracker=make_tracker, unread=registry.SAMPLED_STEPS + registry.OWN_SERVER_STEP,
+                  privacy_keys=settings.LOCAL, unread=registry.SAMPLED_STEPS + registry.OWN_SERVER_STEP,
                   summary="PriFedSync (Zheng et al. 2021) as seed 004 runs it: PFLDyn(Proto) + fixed per-layer clip + "
                           "fixed local Gaussian noise 2 C sigma / B")

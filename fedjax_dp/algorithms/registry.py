@@ -20,6 +20,11 @@ import ml_collections
 
 from fedjax_dp.core import deferred_dense
 from fedjax_dp.core.optimizers import build_optimizer
+from fedjax_dp.privacy import settings as privacy_settings
+
+DEFAULT_PRIVACY_KEYS = privacy_settings.ACCOUNTING + privacy_settings.BUDGETS
+"""What an algorithm reads of the ``privacy`` section unless it says otherwise: what the generic tracker uses (a
+toy DP algorithm registered from a test takes ``privacy.delta``); non-private algorithms register ``()``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,10 +83,12 @@ class Entry:
     shares_server_set: bool = False  # data side: the server-held set is mixed into every client (FedShare)
     summary: str = ""
     server_validation: bool = False  # the server validates each evaluated model on a held-out server set
-    tracker: Callable | None = None  # ``tracker(cfg, dataset, uploads, algorithm)``: the algorithm's own privacy
-    # tracker, built from the mechanisms that run (the built upload chain and algorithm), not re-read from cfg
+    ledger: Callable | None = None  # ``ledger(cfg, dataset, algorithm)``: the algorithm's own ledger of the privacy
+    # tracker (``privacy.ledgers.Ledger``: example-level DP in local steps), built from the algorithm that runs;
+    # None: the tracker's central or local ledger over the upload chain's releases
     unread: tuple[str, ...] = ()  # generic keys it never reads (``SAMPLED_STEPS``, ``OWN_SERVER_STEP``): an
     # override of one is refused (``training.unread_keys``)
+    privacy_keys: tuple[str, ...] = DEFAULT_PRIVACY_KEYS  # the ``privacy`` section keys it reads (secure_rng: all)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +109,8 @@ class Wrapper:
 _ENTRIES: dict[str, Entry] = {}
 _SECTIONS: dict[str, dict] = {}
 _WRAPPERS: dict[str, Wrapper] = {}
+_DOCS: dict[str, str] = {}  # "section.key" -> what it means (``fedjax-dp --help``)
+_READ_WHEN: list[tuple] = []  # (key, the key that decides, the values under which the first is read)
 
 
 SAMPLED_STEPS = ("client.epochs",)
@@ -111,24 +120,27 @@ OWN_SERVER_STEP = ("server.optimizer", "server.learning_rate", "server.momentum"
 
 
 def register(name: str, *, build, sections=(), validate=None, shares_server_set=False, summary="",
-             server_validation=False, tracker=None, unread=()) -> Entry:
+             server_validation=False, ledger=None, unread=(), privacy_keys=DEFAULT_PRIVACY_KEYS) -> Entry:
     if name in _ENTRIES:
         raise ValueError(f"algorithm {name!r} is already registered")
     for section in sections:
         if section not in _SECTIONS:
             raise ValueError(f"algorithm {name!r} reads config section {section!r}, which is not registered "
                              "(register_section first)")
+    unknown = [k for k in privacy_keys if k not in privacy_settings.SECTION]
+    if unknown:
+        raise ValueError(f"algorithm {name!r} reads privacy keys {unknown} the privacy section does not have")
     _ENTRIES[name] = Entry(name, build, tuple(sections), validate, shares_server_set, summary, server_validation,
-                           tracker, tuple(unread))
+                           ledger, tuple(unread), tuple(privacy_keys))
     return _ENTRIES[name]
 
 
 def register_wrapper(name: str, defaults: dict, *, wrap, validate=None, needs_server_set=False,
-                     privacy_note="") -> Wrapper:
+                     privacy_note="", docs=None, read_when=()) -> Wrapper:
     """A wrapper with its config section ``name`` (which must hold ``enabled``)."""
     if "enabled" not in defaults:
         raise ValueError(f"wrapper section {name!r} needs an 'enabled' key")
-    register_section(name, defaults)
+    register_section(name, defaults, docs=docs, read_when=read_when)
     _WRAPPERS[name] = Wrapper(name, wrap, validate, needs_server_set, privacy_note)
     return _WRAPPERS[name]
 
@@ -151,11 +163,25 @@ def unregister(name: str) -> None:
     _ENTRIES.pop(name, None)
 
 
-def register_section(name: str, defaults: dict) -> None:
-    """An algorithm-owned config section and its defaults (added to every default config)."""
+def register_section(name: str, defaults: dict, docs: dict | None = None, read_when: tuple = ()) -> None:
+    """An algorithm-owned config section and its defaults (added to every default config), what each key means
+    (``docs``: key -> meaning, for ``fedjax-dp --help``) and the keys read only under another key's value
+    (``read_when``: (key, deciding key, the values that read it), dotted keys: ``training.unread_keys``)."""
     if name in _SECTIONS and _SECTIONS[name] != defaults:
         raise ValueError(f"config section {name!r} is already registered with other defaults")
     _SECTIONS[name] = dict(defaults)
+    _DOCS.update({f"{name}.{key}": text for key, text in (docs or {}).items()})
+    _READ_WHEN.extend(rule for rule in read_when if rule not in _READ_WHEN)
+
+
+def section_docs() -> dict[str, str]:
+    """Every registered section key's meaning, by dotted key."""
+    return dict(_DOCS)
+
+
+def read_when() -> tuple:
+    """The registered sections' conditional keys (``register_section(read_when=...)``)."""
+    return tuple(_READ_WHEN)
 
 
 def names() -> tuple[str, ...]:
@@ -189,5 +215,11 @@ def validate(cfg, need) -> None:
             value = cfg[section].get(key, default)
             need(value == default, f"{section}.{key}={value!r} is set, but algorithm {entry.name!r} does not read "
                                    f"section {section!r} (it reads: {', '.join(entry.sections) or 'none'})")
+    defaults = privacy_settings.SECTION
+    for key, default in defaults.items():
+        value = cfg.privacy.get(key, default)
+        need(key == "secure_rng" or key in entry.privacy_keys or value == default,
+             f"privacy.{key}={value!r} is set, but algorithm {entry.name!r} does not read it (it reads privacy: "
+             f"{', '.join(entry.privacy_keys) or 'nothing but secure_rng'})")
     if entry.validate is not None:
         entry.validate(cfg, need)

@@ -114,5 +114,5 @@ def check_scaffold(cfg, need) -> None:
          f"client.optimizer={cfg.client.optimizer!r}, client.momentum={cfg.client.momentum}")
 
 
-registry.register("scaffold", build=build_scaffold, validate=check_scaffold,
+registry.register("scaffold", build=build_scaffold, validate=check_scaffold, privacy_keys=(),
                   summary="SCAFFOLD (Karimireddy et al. 2020), option II, per-client control variates")

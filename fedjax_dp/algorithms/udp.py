@@ -42,11 +42,9 @@ import numpy as np
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.fedavg import FedAvg
-from fedjax_dp.core.uploads import Release, UniformWeights, chain
-from fedjax_dp.privacy import gdp
-from fedjax_dp.privacy.client_sampling import client_sampler
+from fedjax_dp.core.uploads import Claim, Release, UniformWeights, chain
+from fedjax_dp.privacy import gdp, settings
 from fedjax_dp.privacy.local_calibration import expected_participations, worst_case_multipliers
-from fedjax_dp.privacy.tracker import PrivacyTracker, ledger_settings
 from fedjax_dp.privacy.upload_clipping import FlatClip
 from fedjax_dp.privacy.upload_noise import GaussianNoise
 
@@ -67,21 +65,34 @@ class UdpPaperNoise(GaussianNoise):
 
     records: float = 1.0  # m: the clients' (mean) data size in Delta s = 2C / m
 
-    def releases(self, inputs: dict) -> tuple[Release, ...]:
+    def releases(self, inputs: dict, bound: float = math.nan) -> tuple[Release, ...]:
         return (Release("UDP local Gaussian noise, paper calibration (Wei et al.)", "local",
                         float(inputs["z"]) * self.records,
                         f"claimed: C / m per record (Delta s = 2C / m, m = {self.records:g}); not a bound of "
-                        "multi-step local training", formal=False,
+                        "multi-step local training", formal=False, bound_value=bound / self.records,
+                        claims=tuple(self.claims),
                         note="the paper's record-level sensitivity 2C / m assumes one mean of per-example-clipped "
                              "gradients; E epochs of local SGD clipped once are bounded only at the client level"),)
 
 
 def sound_multipliers(cfg, num_clients: int) -> tuple:
-    """z_t = kappa sqrt(t): any K planned participations spend at most mu(udp.epsilon, udp.delta)."""
+    """z_t = kappa sqrt(t): any K planned participations spend at most mu(udp.epsilon, privacy.delta)."""
     u = cfg.udp
     participations = expected_participations(cfg.sampling, cfg.rounds, num_clients, u.participations)
-    return worst_case_multipliers(np.sqrt(np.arange(1, cfg.rounds + 1)), gdp.mu_from_epsilon(u.epsilon, u.delta),
-                                  participations)
+    return worst_case_multipliers(np.sqrt(np.arange(1, cfg.rounds + 1)),
+                                  gdp.mu_from_epsilon(u.epsilon, cfg.privacy.delta), participations)
+
+
+def paper_claim(epsilon: float, sound: bool) -> Claim:
+    """The paper's claim, epsilon for every client at any round, and what the run's epsilons are beside it."""
+    return Claim("paper_claim", epsilon=float(epsilon), note=(
+        f"UDP: the paper claims epsilon = {epsilon:g} for every client at any round (epsilons.paper_claim); the "
+        "epsilons listed are the exact composition of the participations each client ran" + (
+            "; sound mode: the noise is calibrated to it and a client whose next participation would exceed it is no "
+            "longer sampled" if sound else "; paper mode (as written): NO formal guarantee, the epsilons are the "
+            "composition of the paper's record-level figures (sensitivity 2C / m); the claim is not enforced and its "
+            "calibration holds for epsilon <= 1 only: epsilons.clients_over_claim counts the clients that spent more "
+            "than the claim even by those figures")))
 
 
 def build_udp(ctx) -> tuple:
@@ -93,41 +104,13 @@ def build_udp(ctx) -> tuple:
             raise ValueError("udp.mode='paper' calibrates to the clients' data size m (Delta s = 2C / m): build it "
                              "with the clients' sizes")
         records = float(np.mean(ctx.client_sizes))
-        noise = UdpPaperNoise(udp_multipliers(cfg.rounds, u.epsilon, u.delta, records), local=True, records=records)
+        noise = UdpPaperNoise(udp_multipliers(cfg.rounds, u.epsilon, cfg.privacy.delta, records), local=True,
+                              records=records, claims=(paper_claim(u.epsilon, sound=False),))
     else:
-        noise = GaussianNoise(sound_multipliers(cfg, ctx.num_clients), local=True)
+        noise = GaussianNoise(sound_multipliers(cfg, ctx.num_clients), local=True,
+                              claims=(paper_claim(u.epsilon, sound=True),),
+                              client_budgets=(float(u.epsilon),) * ctx.num_clients)
     return algorithm, chain(FlatClip(u.clip_norm), noise, UniformWeights())
-
-
-class UdpTracker(PrivacyTracker):
-    """Per-client exact GDP composition, the paper's claim beside it, and in sound mode the budget."""
-
-    def __init__(self, cfg, dataset, uploads):
-        u = cfg.udp
-        budgets = (u.epsilon,) * dataset.num_clients if u.mode == "sound" else None
-        super().__init__(uploads.releases, ledger_settings(u.delta, budgets),
-                         client_sampler(cfg.sampling, dataset.num_clients))
-        self.claimed, self.enforced = float(u.epsilon), u.mode == "sound"
-
-    def report(self):
-        report = super().report()
-        eps = self.ledger.epsilons()
-        report.epsilons.update({"paper_claim": self.claimed, **self.participant_epsilons()})
-        if report.epsilons.get("clients_participated"):
-            report.epsilons["clients_over_claim"] = int((eps > self.claimed * (1 + 1e-9)).sum())
-        report.notes.append(
-            f"UDP: the paper claims epsilon = {self.claimed:g} for every client at any round (epsilons.paper_claim); "
-            "the epsilons listed are the exact composition of the participations each client ran" + (
-                "; sound mode: the noise is calibrated to it and a client whose next participation would exceed it "
-                "is no longer sampled" if self.enforced else "; paper mode (as written): NO formal guarantee, the "
-                "epsilons are the composition of the paper's record-level figures (sensitivity 2C / m); the claim is "
-                "not enforced and its calibration holds for epsilon <= 1 only: epsilons.clients_over_claim counts "
-                "the clients that spent more than the claim even by those figures"))
-        return report
-
-
-def make_tracker(cfg, dataset, uploads, algorithm=None):
-    return UdpTracker(cfg, dataset, uploads)
 
 
 def check_udp(cfg, need) -> None:
@@ -136,15 +119,20 @@ def check_udp(cfg, need) -> None:
     need(u.participations >= 0, f"udp.participations must be >= 0 (0 = ceil(lambda T)), got {u.participations}")
     need(u.clip_norm > 0, f"udp.clip_norm C must be > 0, got {u.clip_norm}")
     need(u.epsilon > 0, f"udp.epsilon (the fixed budget) must be > 0, got {u.epsilon}")
-    need(0 < u.delta < 1, f"udp.delta must lie in (0, 1), got {u.delta}")
 
 
-registry.register_section("udp", {
+SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
+    "clip_norm": "UDP: C, the fixed clip of each upload",
+    "epsilon": "UDP: the fixed budget epsilon the per-round noise z_t = 2 c sqrt(t) / epsilon is calibrated to",
+    "mode": "UDP: paper (Wei et al.'s record-level calibration 2 c sqrt(t) C / (epsilon m): NO formal guarantee) | "
+            "sound (client-level, z_t = kappa sqrt(t) calibrated to epsilon, enforced per client)",
+    "participations": "UDP sound mode: participations each client's budget covers (0 = ceil(lambda T))",
+}
+registry.register_section("udp", docs=SECTION_DOCS, defaults={
     "clip_norm": 1.0,  # C: the fixed clip of each upload (seed 004: 1)
-    "epsilon": 10.0,  # the fixed budget the noise is calibrated to (seed 004: 10)
-    "delta": 1e-5,
+    "epsilon": 10.0,  # the fixed budget the noise is calibrated to (seed 004: 10), at privacy.delta
     "mode": "paper",  # paper (Wei et al.'s calibration per round, as written) | sound (calibrated, enforced)
     "participations": 0})  # sound mode: K participations the budget covers (0 = ceil(lambda T))
-registry.register("udp", build=build_udp, sections=("udp",), validate=check_udp, tracker=make_tracker,
+registry.register("udp", build=build_udp, sections=("udp",), validate=check_udp, privacy_keys=settings.LOCAL,
                   summary="UDP (Wei et al. 2022): FedAvg + fixed clip + local Gaussian noise calibrated per round to a "
                           "fixed epsilon")

@@ -118,10 +118,16 @@ def check_uga(cfg, need) -> None:
     need(u.eval_batch_size >= 0, f"uga.eval_batch_size must be >= 0, got {u.eval_batch_size}")
 
 
-registry.register_section("uga", {
+SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
+    "remat": "UGA: off | step | sqrt | <k>: rematerialise every step / sqrt(S)-step / k-step segments",
+    "first_order": "UGA: stop gradients through inner gradients (first-order UGA)",
+    "gradient_reduction": "UGA: mean (Eq. 13 as written) | sum_of_batch_means",
+    "eval_batch_size": "UGA: batch of the whole-data gradient evaluation (0 = client.batch_size)",
+}
+registry.register_section("uga", docs=SECTION_DOCS, defaults={
     "remat": "off",  # off | step | sqrt | <k>: checkpoint every step / sqrt(S)-step / k-step segments
     "first_order": False,  # stop gradients through inner gradients (first-order UGA)
     "gradient_reduction": "mean",  # mean (Eq. 13 as written) | sum_of_batch_means (see UGA)
     "eval_batch_size": 0})  # batch of the whole-data gradient evaluation; 0 = client.batch_size
-registry.register("uga", build=build_uga, sections=("uga",), validate=check_uga,
+registry.register("uga", build=build_uga, sections=("uga",), validate=check_uga, privacy_keys=(),
                   summary="UGA (seed 002): gradients through unrolled local training")

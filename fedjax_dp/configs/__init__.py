@@ -88,7 +88,13 @@ def all_keys(cfg, prefix: str = "") -> list[str]:
 
 
 def unknown_key_message(dotted: str, cfg) -> str:
-    """"unknown config key X; did you mean Y?" (Y: the closest dotted key of ``cfg``)."""
+    """"unknown config key X; did you mean Y?" (Y: the closest dotted key of ``cfg``), or for a key that moved
+    to the privacy section, its new name."""
+    from fedjax_dp.privacy.settings import moved_message
+
+    moved = moved_message(dotted)
+    if moved:
+        return moved
     close = difflib.get_close_matches(dotted, all_keys(cfg), n=1, cutoff=0.6)
     return f"unknown config key {dotted!r}" + (f"; did you mean {close[0]!r}?" if close else
                                                  "; `fedjax-dp --help` lists the keys")

@@ -37,7 +37,8 @@ def get_config(variant: str = ""):
     c.client.update(batch_size=50, learning_rate=0.1, lr_decay=0.997, weight_decay=1e-3)  # every method's
     c.pfldyn.update(alpha=0.1, local_steps=25)
     c.compression.update(enabled=True, kind="block", rates="dynamic", r_min=0.2, r_max=0.5)
-    c.cuag.update(mode="paper", mu=0.25, delta=1e-5)
+    c.cuag.update(mode="paper", mu=0.25)
+    c.privacy.delta = 1e-5
     c.sampling.cohort_size = 10
     if variant == "authors":
         c.data.normalize = "channel"

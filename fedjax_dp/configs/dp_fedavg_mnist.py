@@ -19,5 +19,6 @@ def get_config():
     c.data.update(partition="iid", num_clients=500)
     c.sampling.update(method="poisson", rate=0.2)
     c.client.update(epochs=1, batch_size=4, learning_rate=0.1)
-    c.dp.update(clip_norm=0.5, accountant="pld", calibrate_epsilon=8.0, delta=1e-5)
+    c.dp.clip_norm = 0.5
+    c.privacy.update(accountant="pld", target_epsilon=8.0, delta=1e-5)
     return c

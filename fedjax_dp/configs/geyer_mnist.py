@@ -37,10 +37,10 @@ def get_config(spec: str = "100"):
     c.model.name = "mlp_600_100"
     c.client.learning_rate, c.client.batch_size, c.client.epochs = 0.1, 10, 1
     if sampling == "poisson":
-        c.sampling.method, c.sampling.rate, c.dp.accountant = "poisson", m / k, "pld"
+        c.sampling.method, c.sampling.rate, c.privacy.accountant = "poisson", m / k, "pld"
     else:
         c.sampling.method, c.sampling.cohort_size = "uniform", m
     c.dp.noise_multiplier, c.dp.clip, c.dp.clip_norm = 1.0, "adaptive", 1.0
-    c.dp.delta = q_budget
-    c.dp.target_epsilon, c.dp.max_delta = 8.0, q_budget
+    c.privacy.delta = q_budget
+    c.privacy.stop_epsilon, c.privacy.stop_max_delta = 8.0, q_budget
     return c

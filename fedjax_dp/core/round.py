@@ -34,6 +34,10 @@ EVALUATION_PASS_KEYS = ("eval_batches", "eval_mask")
 
 CLIENT_STATE = "client_state"
 UPLOAD_CLIENT_STATE = "upload_client_state"  # the chain's per-client states (``Chain.client_state_init``)
+STEP_NOISE = "step_noise_multiplier"
+"""Each client's noise multiplier for its local DP-SGD steps (``Requirements.step_noise``): one value per cohort
+slot, chosen by the privacy tracker's ledger before the round (``PrivacyTracker.step_inputs``) and passed to the
+round as ``step_noise``."""
 
 
 def client_inputs(cohort, key: jax.Array, noise_key: jax.Array | None = None) -> dict:
@@ -50,7 +54,6 @@ def client_inputs(cohort, key: jax.Array, noise_key: jax.Array | None = None) ->
               "count_key": per_client(noise_key, rng.Purpose.CLIENT_COUNT_NOISE)}
     inputs.update({k: cohort[k] for k in EVALUATION_PASS_KEYS if k in cohort})
     inputs["client_id"] = cohort.get("client_id", np.zeros(n, np.int32))
-    inputs.update(cohort.get("per_client", {}))  # per-slot values a privacy tracker chose (step noise)
     return inputs
 
 
@@ -61,6 +64,7 @@ class RoundResult:
     dropped: np.ndarray  # per cohort slot: a real client whose update was not finite (or raised)
     client_states: Any = None  # stacked new per-client states (algorithms with client state)
     upload_client_states: Any = None  # stacked new per-client states of the upload chain (error feedback)
+    releases: list = dataclasses.field(default_factory=list)  # the chain's releases this round (``core.release``)
 
 
 class FederatedRound:
@@ -105,16 +109,21 @@ class FederatedRound:
 
     def __call__(self, state, cohort, key: jax.Array, round_index: int | None = None, client_states=None,
                  uploads: Chain | None = None, noise_key: jax.Array | None = None,
-                 upload_client_states=None) -> RoundResult:
+                 upload_client_states=None, step_noise=None) -> RoundResult:
         """``uploads``: the chain already specialised for ``state`` (saves the host-side rate computation).
         ``noise_key``: every DP noise draw of the round derives from it (a separate stream, ``core.rng``);
         ``None`` derives the noise from ``key`` under purposes distinct from training.
         ``upload_client_states``: the cohort's stacked states of the chain (``Chain.client_state_init``),
-        where a transform keeps per-client state."""
+        where a transform keeps per-client state. ``step_noise``: each slot's local DP-SGD noise multiplier, where
+        the algorithm's steps draw noise (``Requirements.step_noise``; ``STEP_NOISE``).
+        The result's ``releases`` are those of the chain that ran (``Chain.releases`` with the round's states)."""
         noise_key = key if noise_key is None else noise_key
         if self.algorithm.requirements.client_state and client_states is None:
             raise ValueError("this algorithm keeps per-client state: pass the cohort's stacked states "
                              "(core.client_states.ClientStateStore.gather) as client_states")
+        if self.algorithm.requirements.step_noise and step_noise is None:
+            raise ValueError(f"{type(self.algorithm).__name__}'s local steps draw DP noise: pass each slot's noise "
+                             "multiplier as step_noise (the privacy tracker's step_inputs)")
         if self.uploads.keeps_client_state and upload_client_states is None:
             raise ValueError("an upload transform keeps per-client state (error feedback): pass the cohort's stacked "
                              "states (ClientStateStore(chain.client_state_init(template)).gather) as "
@@ -128,13 +137,17 @@ class FederatedRound:
             clients[CLIENT_STATE] = client_states
         if self.uploads.keeps_client_state:
             clients[UPLOAD_CLIENT_STATE] = upload_client_states
+        if step_noise is not None:
+            clients[STEP_NOISE] = np.asarray(step_noise, np.float32)
+        releases = uploads.releases(t, state.uploads)  # before the server step changes the states
         sums, per_client = engine((self.algorithm.broadcast(state), state.uploads, inputs), clients)
         new_state, metrics = server_step(state, sums, per_client, key, noise_key, inputs,
                                          (clients["noise_key"], clients["count_key"]))
         present = np.asarray(cohort["num_examples"]) > 0
         dropped = present & ~np.asarray(per_client["finite"])
         metrics = {**metrics, "dropped_clients": int(dropped.sum())}
-        return RoundResult(new_state, metrics, dropped, per_client.get(CLIENT_STATE), per_client.get(UPLOAD_CLIENT_STATE))
+        return RoundResult(new_state, metrics, dropped, per_client.get(CLIENT_STATE), per_client.get(UPLOAD_CLIENT_STATE),
+                           releases)
 
     def round(self, state, cohort, key: jax.Array, client_states=None):
         """``(new_state, metrics)``: the round without per-slot details, for notebooks and short scripts."""

@@ -7,9 +7,11 @@ which needs every norm) and a server side (on the summed uploads: central noise,
 REVERSE chain order, as a decoder undoes the last encoding first: ``chain(clip, compress, gaussian)``
 clips x, measures y = Phi x, noises y, and the server noises the sum of y before reconstructing it.
 
-Each transform declares ``releases``: the mechanisms it runs in a round (``Release``: central or
-local Gaussian noise relative to the per-client L2 bound, formal or not). The privacy tracker composes
-the releases of the transforms that actually ran; nothing re-derives them from the configuration.
+Each transform declares ``releases``: the mechanisms it runs in a round (``core.release.Release``: its
+dp_accounting event, sensitivity and neighbouring relation, central or local, formal or not). The round
+returns the releases of the chain that ran (``Chain.releases`` with the round's states, so a bound that
+is state, an adaptive clip's, is a number); the privacy tracker composes those; nothing re-derives them
+from the configuration.
 
 A transform may keep per-client state between rounds (``keeps_client_state``: error feedback's residual):
 the loop stores it per client like an algorithm's (``core.client_states``), the round passes each client
@@ -28,38 +30,10 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from fedjax_dp.core.release import Claim, Release  # noqa: F401  (re-exported: transforms state releases)
 
 UNBOUNDED = math.inf
-
-
-@dataclasses.dataclass(frozen=True)
-class Release:
-    """One mechanism a transform runs per round.
-
-    locality: ``central`` (one noise draw on the cohort's sum: the accountant composes a subsampled
-      Gaussian per round) or ``local`` (one draw per client before sending: each participating client's
-      own ledger composes a Gaussian, without amplification by sampling).
-    noise_multiplier: noise std / the per-client L2 bound of what is noised (0: nothing private).
-    bound: a description of the per-client bound (unit and value).
-    formal: False when no DP proof covers the step (a clip threshold computed from raw data, say).
-    client_multipliers: for a local release whose noise differs per client (heterogeneous DP), each
-      population client's multiplier, indexed by client id; ``noise_multiplier`` is then their minimum.
-    """
-
-    mechanism: str
-    locality: str
-    noise_multiplier: float
-    bound: str
-    formal: bool = True
-    note: str = ""
-    client_multipliers: tuple | None = None
-
-    def multipliers_for(self, client_ids):
-        """Each listed client's noise multiplier under this release."""
-        if self.client_multipliers is None:
-            return np.full(len(client_ids), self.noise_multiplier)
-        return np.asarray(self.client_multipliers, float)[np.asarray(client_ids, dtype=np.int64)]
 
 
 class ClientContext(NamedTuple):
@@ -144,7 +118,9 @@ class UploadTransform:
         """``(total, new_state, metrics)`` from the summed uploads."""
         return total, ctx.state, {}
 
-    def releases(self, inputs: dict) -> tuple[Release, ...]:
+    def releases(self, inputs: dict, bound: float = math.nan) -> tuple[Release, ...]:
+        """The mechanisms this transform runs with ``inputs``; ``bound``: the per-client L2 bound of the upload it
+        receives, as a number where the chain knows it (``Chain.releases`` with the states), else nan."""
         return ()
 
     def key_uses(self) -> tuple:
@@ -221,8 +197,16 @@ class Chain(tuple):
     def static_key(self) -> tuple:
         return tuple((type(t).__name__, t.static_key()) for t in self)
 
-    def releases(self, round_index: int) -> list[Release]:
-        return [r for t in self for r in t.releases(t.inputs(round_index))]
+    def releases(self, round_index: int, states=None) -> list[Release]:
+        """Every transform's releases in round ``round_index``; with the chain's ``states`` (the server state's
+        ``uploads``) each is given the numeric bound of what it receives (an adaptive clip's current norm)."""
+        out, bound = [], UNBOUNDED if states is not None else math.nan
+        for i, t in enumerate(self):
+            inputs = t.inputs(round_index)
+            out += t.releases(inputs, bound)
+            if states is not None:
+                bound = float(t.bound_after(bound, states[i], {k: _traced_input(v) for k, v in inputs.items()}))
+        return out
 
     def key_uses(self) -> tuple:
         """Every round key the chain's transforms draw from (``UploadTransform.key_uses``)."""

@@ -1,6 +1,7 @@
-"""Privacy: upload transforms that declare their releases (clipping, Gaussian noise), client samplers
+"""Privacy: upload transforms that state their typed releases (clipping, Gaussian noise), client samplers
 that carry their own accounting event, accountants on Google's ``dp_accounting`` (RDP, PLD,
-calibration), Gaussian DP, budget rules, per-client ledgers, the run's tracker and report, auditing.
+calibration), Gaussian DP, budget rules, the ledgers and the one tracker that composes what ran, the
+``privacy`` config section (``PrivacySettings``), the report, auditing and release checks.
 
 Sampling and accounting from one object, so they cannot be mismatched::
 
@@ -15,9 +16,11 @@ from fedjax_dp.privacy.audit import audit_training_run, epsilon_lower_bound
 from fedjax_dp.privacy.budget import BudgetRule, ClientLedger
 from fedjax_dp.privacy.client_sampling import FixedSizeSampling, PoissonSampling, client_sampler
 from fedjax_dp.privacy.gdp import delta_from_mu, epsilon_from_mu, mu_clt, mu_from_epsilon
+from fedjax_dp.privacy.ledgers import CentralLedger, Ledger, LocalLedger
 from fedjax_dp.privacy.release_check import ReleaseCheck, check_upload_noise
 from fedjax_dp.privacy.report import PrivacyReport
-from fedjax_dp.privacy.tracker import PrivacyTracker
+from fedjax_dp.privacy.settings import PrivacySettings
+from fedjax_dp.privacy.tracker import PrivacyTracker, tracker_for
 from fedjax_dp.privacy.update_statistics import UpdateStatistics
 from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, FlatClip, MedianClip, PerLayerClip
 from fedjax_dp.privacy.upload_noise import GaussianNoise
@@ -25,5 +28,6 @@ from fedjax_dp.privacy.upload_noise import GaussianNoise
 __all__ = ["Accountant", "RoundEvent", "analytic_gaussian_sigma", "calibrate_noise_multiplier", "epsilon_of",
            "audit_training_run", "epsilon_lower_bound", "BudgetRule", "ClientLedger", "FixedSizeSampling",
            "PoissonSampling", "client_sampler", "delta_from_mu", "epsilon_from_mu", "mu_clt", "mu_from_epsilon",
-           "PrivacyReport", "PrivacyTracker", "ReleaseCheck", "check_upload_noise", "UpdateStatistics", "AdaptiveQuantileClip", "FlatClip", "MedianClip",
+           "CentralLedger", "Ledger", "LocalLedger", "PrivacyReport", "PrivacySettings", "PrivacyTracker", "tracker_for",
+           "ReleaseCheck", "check_upload_noise", "UpdateStatistics", "AdaptiveQuantileClip", "FlatClip", "MedianClip",
            "PerLayerClip", "GaussianNoise"]

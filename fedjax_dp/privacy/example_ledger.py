@@ -94,7 +94,7 @@ step is 8.5 % for [0.8, 10]): it is chosen once per client, so the precision is 
 LEDGER_ORDERS = (1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0, 128.0)
 """The RDP orders of the per-client ledgers: a subsampled-without-replacement Gaussian costs about 30 ms
 per (n_k, z) on these 18 orders against 0.5 s on ``RDP_ORDERS``; a coarser grid can only raise epsilon
-(conservative). ``ldp.rdp_orders`` chooses another."""
+(conservative). ``privacy.rdp_orders`` chooses another."""
 
 
 @dataclasses.dataclass(kw_only=True)  # fifteen fields, five of them floats: by name only, none can shift

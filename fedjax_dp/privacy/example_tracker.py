@@ -1,9 +1,11 @@
-"""The loop's privacy tracker for example-level DP inside local training (seed 003): per-client
-ledgers with thresholds (``example_ledger``) behind the interface of ``tracker.PrivacyTracker``.
+"""Example-level DP inside local training (seed 003, DP-SCAFFOLD) as a ledger of the one privacy tracker
+(``privacy.ledgers.Ledger``): per-client ledgers with thresholds (``example_ledger``).
 
-Before round t: ``eligible(t)`` (clients whose next participation still fits their threshold),
-``client_inputs(t, ids, slots)`` (each sampled client's step noise multiplier, into the cohort); after
-it: ``record(t, ids)``. The run's epsilon is the largest client's; the report gives the distribution.
+Before round t: ``eligible`` (clients whose next participation still fits their threshold) and
+``step_multipliers`` (each sampled client's step noise multiplier: the typed input of
+``Requirements.step_noise``, ``core.round.STEP_NOISE``); after it: ``record``. The run's epsilon is the
+largest client's; the report gives the distribution. The local steps' release is the hook's
+(``step_dp.ClippedNoisyGradient.step_release``); the upload chain releases nothing.
 """
 
 from __future__ import annotations
@@ -14,11 +16,7 @@ import numpy as np
 
 from fedjax_dp.privacy.example_ledger import LEDGER_PLD_DISCRETIZATION, ExampleLevelLedger
 from fedjax_dp.privacy.poisson_truncation import TRUNCATION_SHARE
-from fedjax_dp.privacy.report import PrivacyReport
-
-STEP_NOISE_KEY = "step_noise_multiplier"
-"""The cohort entry (one value per slot) each client's local steps take their noise multiplier from."""
-
+from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
 
 def _rule(ledger: ExampleLevelLedger) -> str:
     if ledger.adaptive:
@@ -29,15 +27,18 @@ def _rule(ledger: ExampleLevelLedger) -> str:
     return "fixed noise"
 
 
-class ExampleLevelTracker:
+class ExampleLevelAccounting:
+    local = True
+    rule = None  # no run-wide budget rule: each client's own threshold decides (``eligible``)
+
     def __init__(self, ledger: ExampleLevelLedger, clip_norm: float, per_example: bool, median_clip: bool = False):
         """``median_clip``: the steps clip at their batch's median gradient norm (``step_dp``): the ledger
         then composes what a fixed C would give at the same z, and the run has NO formal guarantee."""
         self.ledger, self.clip_norm, self.per_example, self.median_clip = ledger, clip_norm, per_example, median_clip
-        self.rounds, self.stopped_at, self.private = 0, None, not median_clip
-        self._chosen = None  # (round, ids, z) of client_inputs, recorded as run
+        self.rounds, self.formal = 0, not median_clip
+        self._chosen = None  # (round, ids, z) of step_multipliers, recorded as run
 
-    def eligible(self, t: int) -> np.ndarray:
+    def eligible(self, t: int, releases=()) -> np.ndarray:
         before = self.ledger.stopped_round > 0
         eligible = self.ledger.eligible(t)
         stopped = np.flatnonzero((self.ledger.stopped_round > 0) & ~before)
@@ -46,17 +47,18 @@ class ExampleLevelTracker:
                          stopped.tolist())
         return eligible
 
-    def allows(self, t: int) -> bool:
+    def allows(self, t: int, releases=()) -> bool:
         return True  # each client's own threshold decides (``eligible``); no run-wide rule
 
-    def client_inputs(self, t: int, client_ids, slots: int) -> dict:
+    def step_multipliers(self, t: int, client_ids, slots: int) -> np.ndarray:
+        """Each cohort slot's step noise multiplier for round t (padding slots 0)."""
         chosen = self.ledger.multipliers(client_ids, t)
         self._chosen = (t, tuple(int(i) for i in client_ids), chosen)
         z = np.zeros(slots, np.float32)
         z[:len(client_ids)] = chosen
-        return {STEP_NOISE_KEY: z}
+        return z
 
-    def record(self, t: int, client_ids) -> None:
+    def record(self, t: int, client_ids, releases=()) -> None:
         ids = tuple(int(i) for i in client_ids)
         if self._chosen is not None and self._chosen[:2] == (t, ids):
             self.ledger.record(ids, t, self._chosen[2])  # the z the clients ran with
@@ -71,6 +73,9 @@ class ExampleLevelTracker:
         return {"rounds": self.rounds, "noise_multipliers": [float(z) for z in led.multipliers_used],
                 "steps": int(led.steps_run.sum()), "epsilon": float(self.epsilon())}
 
+    def epsilons(self) -> np.ndarray:
+        return self.ledger.epsilons()
+
     def epsilon(self) -> float:
         eps = self.ledger.epsilons()
         return float(eps.max()) if len(eps) else 0.0
@@ -79,7 +84,8 @@ class ExampleLevelTracker:
         """``{client id: the round before which it stopped}`` for clients out of budget."""
         return {int(k): int(r) for k, r in enumerate(self.ledger.stopped_round) if r}
 
-    def report(self) -> PrivacyReport:
+    def describe(self) -> dict:
+        """The report's fields (the tracker adds the generic ones)."""
         led = self.ledger
         eps = led.epsilons()
         took_part = led.steps_run > 0
@@ -130,19 +136,19 @@ class ExampleLevelTracker:
                 "design_epsilon": led.design_epsilon, "design_share_of_delta": TRUNCATION_SHARE,
                 "step_tail_max": float(led.step_tails.max()),
                 "charged_delta_max": float(np.max((1 + np.exp(np.minimum(eps, 700.0))) * eta))}}
-        return PrivacyReport(
-            mechanism=f"per-step clipped gradient + Gaussian ({'per example' if self.per_example else 'per batch'})",
-            unit="example", neighboring_relation="add-or-remove-one" if poisson else "replace-one",
-            sampling=f"per step: {'Poisson, rate B / n_k' if poisson else 'B of n_k without replacement'}",
-            noise_mode="local (every step)", accountant=f"per-client {led.accountant.upper()} ledger", delta=led.delta,
-            epsilon=float(eps.max()), epsilons={f"per_client_{led.accountant}_max": float(eps.max()), "per_client": spread},
-            rounds=self.rounds, noise_multipliers=z[:1] + z[-1:] if len(z) > 2 else z,
-            sampling_rates=[led.batch_size / int(led.client_sizes.max()), led.batch_size / int(led.client_sizes.min())],
-            formal=self.private, notes=notes,
-            releases=[{"mechanism": "clipped gradient + Gaussian at every local step", "locality": "local",
-                       "bound": bound, "formal": self.private,
-                       "neighboring_relation": "add-or-remove-one" if poisson else "replace-one",
-                       "unit": "example", "steps_per_participation": led.steps}],
-            accounting={"rdp_orders": list(led.orders), "noise_grid_points": len(led.grid),
-                        "step_sampling": led.step_sampling, "batch_cap": led.batch_cap,
-                        **({} if poisson else {"accounting_delta": led.delta}), **truncation})
+        step = ClippedNoisyGradient(self.clip_norm, z[0] if z else led.base_multiplier, self.per_example,
+                                    median_clip=self.median_clip).step_release()
+        release = {**step.declared(), "steps_per_participation": led.steps,
+                   "noise_multipliers": [float(v) for v in (z[:1] + z[-1:] if len(z) > 2 else z)]}
+        return {"mechanism": f"per-step clipped gradient + Gaussian ({'per example' if self.per_example else 'per batch'})",
+                "unit": "example", "neighboring_relation": "add-or-remove-one" if poisson else "replace-one",
+                "sampling": f"per step: {'Poisson, rate B / n_k' if poisson else 'B of n_k without replacement'}",
+                "noise_mode": "local (every step)", "accountant": f"per-client {led.accountant.upper()} ledger",
+                "epsilons": {f"per_client_{led.accountant}_max": float(eps.max()), "per_client": spread},
+                "noise_multipliers": z[:1] + z[-1:] if len(z) > 2 else z,
+                "sampling_rates": [led.batch_size / int(led.client_sizes.max()),
+                                   led.batch_size / int(led.client_sizes.min())],
+                "notes": notes, "releases": [release],
+                "accounting": {"rdp_orders": list(led.orders), "noise_grid_points": len(led.grid),
+                               "step_sampling": led.step_sampling, "batch_cap": led.batch_cap,
+                               **({} if poisson else {"accounting_delta": led.delta}), **truncation}}

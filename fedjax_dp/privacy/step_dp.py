@@ -19,13 +19,16 @@ sensitivity, the neighbouring relation, the unit); the caller composes it over t
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_dp.core import tree
 from fedjax_dp.core.local_training import masked_mean
-from fedjax_dp.core.uploads import Release
+from dp_accounting import NeighboringRelation
+
+from fedjax_dp.core.release import Release
 from fedjax_dp.privacy.clipping import clip_by_global_norm, example_clip_weights
 from fedjax_dp.privacy.ghost_clipping import clipped_gradient_sum
 from fedjax_dp.privacy.mechanisms import add_gaussian_noise
@@ -93,14 +96,18 @@ class ClippedNoisyGradient:
         batch_size = self.normalizer or mask.shape[0]
         return masked_mean(losses, mask), jax.tree_util.tree_map(lambda g: g / batch_size, noised)
 
-    def step_release(self) -> Release:
-        """What one step releases about one example of this client."""
+    def step_release(self, noise_multiplier: float | None = None) -> Release:
+        """What one step at ``noise_multiplier`` (default: the field) releases about one example of this client:
+        per example, add/remove one example (sensitivity C); the clipped batch mean, replace-one (2C)."""
+        z = self.noise_multiplier if noise_multiplier is None else float(noise_multiplier)
         if self.median_clip:
-            return Release("per-example gradient clipped at the batch's median norm + Gaussian", "local",
-                           self.noise_multiplier, "none: C = the step's median per-example gradient norm (data-dependent)",
-                           formal=False)
+            return Release("per-example gradient clipped at the batch's median norm + Gaussian", "local", z,
+                           "none: C = the step's median per-example gradient norm (data-dependent)", formal=False,
+                           bound_value=math.inf, unit="example", relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
         if self.per_example:
-            return Release("per-example clipped gradient + Gaussian (DP-SGD)", "local", self.noise_multiplier,
-                           f"C = {self.clip_norm} per example (add/remove one example)")
-        return Release("clipped minibatch gradient + Gaussian", "local", self.noise_multiplier / 2,
-                       f"2C = {2 * self.clip_norm} (replace one example moves the clipped mean up to 2C)")
+            return Release("per-example clipped gradient + Gaussian (DP-SGD)", "local", z,
+                           f"C = {self.clip_norm} per example (add/remove one example)", bound_value=self.clip_norm,
+                           unit="example", relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
+        return Release("clipped minibatch gradient + Gaussian", "local", z,
+                       f"C = {self.clip_norm} on the batch mean; replacing one example moves it up to 2C",
+                       bound_value=self.clip_norm, unit="example", relation=NeighboringRelation.REPLACE_ONE)

@@ -142,9 +142,10 @@ class AdaptiveQuantileClip(UploadTransform):
     def key_uses(self) -> tuple:
         return (rng.Purpose.CLIP_ADAPTATION,)
 
-    def releases(self, inputs: dict) -> tuple[Release, ...]:
+    def releases(self, inputs: dict, bound: float = math.nan) -> tuple[Release, ...]:
         return (Release("adaptive-clip count of unclipped clients (Andrew et al. 2021)", "central",
-                        self.count_noise_std / self.COUNT_BOUND, "1/2 per client (b - 1/2)"),)
+                        self.count_noise_std / self.COUNT_BOUND, "1/2 per client (b - 1/2)",
+                        bound_value=self.COUNT_BOUND),)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +166,7 @@ class MedianClip(UploadTransform):
     def server(self, total, ctx: ServerContext):
         return total, ctx.state, clip_metrics(ctx, jnp.nanmedian(jnp.where(ctx.kept, ctx.stats["norm"], jnp.nan)))
 
-    def releases(self, inputs: dict) -> tuple[Release, ...]:
+    def releases(self, inputs: dict, bound: float = math.nan) -> tuple[Release, ...]:
         return (Release("median clipping threshold (Geyer et al. 2017)", "central", 0.0,
-                        "none: S is the median of raw update norms", formal=False,
+                        "none: S is the median of raw update norms", formal=False, bound_value=math.inf,
                         note="the clip threshold is computed from the clients' updates without noise"),)

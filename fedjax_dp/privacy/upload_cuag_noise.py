@@ -19,6 +19,7 @@ noise at a fixed C (std 2 C sigma_t / B, Table 5's fixed-C cells) is this with `
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from typing import ClassVar
 
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.core import rng, tree
-from fedjax_dp.core.uploads import UNBOUNDED, ClientContext, Flow, Release, UploadTransform
+from fedjax_dp.core.uploads import UNBOUNDED, Claim, ClientContext, Flow, Release, UploadTransform
 from fedjax_dp.privacy import adaptive_gdp
 from fedjax_dp.privacy.upload_clipping import PerLayerClip
 from fedjax_dp.privacy.upload_noise import GaussianNoise
@@ -48,6 +49,9 @@ class CuagPaperNoise(UploadTransform):
     client_mus: tuple | None = None  # heterogeneous DP: mu_n per population client (Table 8)
     client_sizes: tuple | None = None  # |D_n| per population client (else ``dataset_size`` for all)
     fixed_sigma: float = 0.0  # > 0: Alg. 4's sigma held fixed instead of the sigma_t schedule (Table 5)
+    claimed_mu: float = 0.0  # > 0: the paper's claim for the whole run (where sigma follows the schedule made for it)
+    claim_note: str = ""  # what privacy.json says of the paper's figures
+    details: tuple = ()  # (key, value) pairs for privacy.json's accounting
 
     def __post_init__(self):
         if not (self.fixed_sigma >= 0 and np.isfinite(self.fixed_sigma)):
@@ -99,7 +103,7 @@ class CuagPaperNoise(UploadTransform):
     def key_uses(self) -> tuple:
         return (rng.Purpose.CLIENT_NOISE,)
 
-    def releases(self, inputs: dict) -> tuple[Release, ...]:
+    def releases(self, inputs: dict, bound: float = math.nan) -> tuple[Release, ...]:
         sigmas = np.atleast_1d(np.asarray(inputs["sigma"], float))
         mu_t = np.array([adaptive_gdp.formula_mu(float(sigma), 1, **self.setting(size, participating=True))
                          for sigma, (_, size) in zip(sigmas, self._clients())])
@@ -107,16 +111,22 @@ class CuagPaperNoise(UploadTransform):
         # compose the paper's per-round figure, lambda = 1 (the client took part), over the rounds each client ran.
         z = 2.0 / mu_t
         figure = f"mu_t = {mu_t[0]:.6g}" if len(mu_t) == 1 else f"mu_t in [{mu_t.min():.6g}, {mu_t.max():.6g}] per client"
+        stated = self.paper_round_mu_squared(sigmas)  # the paper's own figure, lambda inside q
+        formula = Claim("paper_formula", mu_squared=tuple(stated.tolist()) if self.per_client else float(stated[0]),
+                        headline=True, note=self.claim_note)
+        claims = (formula,) + ((Claim("paper_claim", mu=self.claimed_mu),) if self.claimed_mu else ())
         return (Release("CUAG-PFL adaptive GDP noise, paper mode (Alg. 4)", "local", float(z.min()),
                         "none: C_l = ||layer l|| (the layer's own norm)", formal=False,
                         note=adaptive_gdp.PAPER_MODE_NOTE + " Per-round CLT figure of the paper for a client that "
-                        f"takes part (lambda = 1): {figure}.",
+                        f"takes part (lambda = 1): {figure}.", bound_value=math.inf, claims=claims,
+                        details=dict(self.details) or None,
                         client_multipliers=tuple(float(v) for v in z) if self.per_client else None),)
 
-    def paper_round_mu_squared(self, round_index: int) -> np.ndarray:
-        """The paper's one-round mu_t^2 as it states it (lambda inside q) at round t's sigma, per (mu_n, |D_n|):
-        summed over the rounds run it is ``adaptive_gdp.rounds_mu``^2, the paper's figure. Not a guarantee."""
-        sigmas = np.atleast_1d(np.asarray(self.inputs(round_index)["sigma"], float))
+    def paper_round_mu_squared(self, sigmas) -> np.ndarray:
+        """The paper's one-round mu_t^2 as it states it (lambda inside q) at the round's ``sigmas``, per
+        (mu_n, |D_n|): summed over the rounds run it is ``adaptive_gdp.rounds_mu``^2, the paper's figure (the run's
+        headline under ``formal: false``; not a guarantee)."""
+        sigmas = np.atleast_1d(np.asarray(sigmas, float))
         return np.array([adaptive_gdp.formula_mu(float(sigma), 1, **self.setting(size)) ** 2
                          for sigma, (_, size) in zip(sigmas, self._clients())])
 

@@ -105,8 +105,9 @@ class PerLayerQuantileClip(UploadTransform):
     def key_uses(self) -> tuple:
         return (rng.Purpose.CLIENT_COUNT_NOISE if self.local else rng.Purpose.CLIP_ADAPTATION,)
 
-    def releases(self, inputs: dict) -> tuple[Release, ...]:
+    def releases(self, inputs: dict, bound: float = math.nan) -> tuple[Release, ...]:
         where = "each client noises its own counts" if self.local else "the server noises the summed counts"
         return (Release(f"per-layer adaptive-clip counts of unclipped layers (Andrew et al. 2021, {self.layers} layers)",
                         "local" if self.local else "central", self.count_multiplier,
-                        f"1/2 per client and layer (b - 1/2): sqrt({self.layers}) / 2", note=where),)
+                        f"1/2 per client and layer (b - 1/2): sqrt({self.layers}) / 2", note=where,
+                        bound_value=COUNT_BOUND * math.sqrt(self.layers)),)

@@ -12,6 +12,7 @@ tracker composes both releases, so the accounting follows from the noise that ra
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar
 
 import jax
@@ -53,8 +54,14 @@ class GaussianNoise(UploadTransform):
     local: bool = False
     count_noise_std: float = 0.0  # sigma_b of an adaptive clip's count released with the update (0: none)
     client_multipliers: tuple | None = None  # local only: z_n per population client (heterogeneous DP)
+    client_budgets: tuple | None = None  # local only: the per-client epsilon budgets the noise is calibrated to
+    claims: tuple = ()  # what the method's paper claims (``core.release.Claim``), reported beside the epsilon
+    note: str = ""  # said of the release in privacy.json (how the noise was calibrated)
+    details: tuple = ()  # (key, value) pairs for privacy.json's accounting (``Release.details``)
 
     def __post_init__(self):
+        if (self.client_budgets is not None) and not self.local:
+            raise ValueError("per-client budgets are held by per-client ledgers: they need local noise")
         if self.client_multipliers is not None:
             if not self.local or self.count_noise_std:
                 raise ValueError("per-client noise multipliers need local noise and a fixed clip")
@@ -95,16 +102,19 @@ class GaussianNoise(UploadTransform):
     def key_uses(self) -> tuple:
         return (rng.Purpose.CLIENT_NOISE if self.local else rng.Purpose.SERVER_NOISE,)
 
-    def releases(self, inputs: dict) -> tuple[Release, ...]:
+    def releases(self, inputs: dict, bound: float = math.nan) -> tuple[Release, ...]:
         where = "local" if self.local else "central"
+        stated = dict(client_budgets=self.client_budgets, claims=tuple(self.claims), details=dict(self.details) or None)
         if self.client_multipliers is not None:
             return (Release("Gaussian noise on the clipped update (local, z_n per client)", where,
                             min(self.client_multipliers), "the clip before it (S, or sqrt(sum C_l^2))",
-                            client_multipliers=tuple(self.client_multipliers)),)
+                            client_multipliers=tuple(self.client_multipliers), bound_value=bound, note=self.note,
+                            **stated),)
         note = ""
         if self.count_noise_std:
             note = (f"z = {inputs['z']:.6g} for the round; the update noise is raised to z_Delta = "
                     f"{inputs['z_update']:.6g} for the adaptive clip's count released beside it (sigma_b = "
                     f"{self.count_noise_std:.6g}, count sensitivity 1/2 per client: z_count = {2 * self.count_noise_std:.6g})")
+        note = "; ".join(n for n in (note, self.note) if n)
         return (Release(f"Gaussian noise on the clipped update ({where})", where, float(inputs["z_update"]),
-                        "the clip before it (S, or sqrt(sum C_l^2))", note=note),)
+                        "the clip before it (S, or sqrt(sum C_l^2))", note=note, bound_value=bound, **stated),)

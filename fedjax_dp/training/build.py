@@ -14,7 +14,8 @@ from fedjax_dp.core.uploads import Chain, chain
 from fedjax_dp.data.packing import num_steps
 from fedjax_dp.models import get_model
 from fedjax_dp.privacy.client_sampling import client_sampler
-from fedjax_dp.privacy.tracker import PrivacyTracker
+from fedjax_dp.privacy.settings import PrivacySettings
+from fedjax_dp.privacy.tracker import PrivacyTracker, tracker_for
 from fedjax_dp.training.cohorts import expected_cohort
 
 
@@ -129,13 +130,15 @@ def validates_on_server_set(cfg) -> bool:
 
 
 def privacy_tracker(cfg, runner: FederatedRound, dataset):
-    """The run's privacy tracker: the algorithm's own (example-level ledgers), else one composing the
-    upload chain's declared releases, else None (nothing private released)."""
-    own = registry.get(cfg.algorithm).tracker
+    """The run's privacy tracker (one kind for every algorithm): on the algorithm's own ledger where it declares
+    one (example-level DP in its local steps), else on a central or local ledger over the releases its upload
+    chain states; None where nothing private is released."""
+    settings = PrivacySettings.from_config(cfg)
+    own = registry.get(cfg.algorithm).ledger
     if own is not None:
-        return own(cfg, dataset, runner.uploads, runner.algorithm)
+        return PrivacyTracker(own(cfg, dataset, runner.algorithm), settings)
     if runner.uploads.releases_anything:
-        return PrivacyTracker(runner.uploads.releases, cfg.dp, client_sampler(cfg.sampling, dataset.num_clients))
+        return tracker_for(runner.uploads.releases(1), settings, client_sampler(cfg.sampling, dataset.num_clients))
     return None
 
 

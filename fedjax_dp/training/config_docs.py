@@ -1,9 +1,14 @@
-"""What every config key means (``fedjax-dp --help`` prints these beside the defaults). A test checks
-that each key of ``default_config()`` has its line here and that no line is stale."""
+"""What every config key means (``fedjax-dp --help`` prints these beside the defaults): the generic sections'
+here, the ``privacy`` section's from ``privacy.settings``, and each algorithm's section from where it is
+registered (``registry.register_section(docs=...)``): adding an algorithm edits no file of ``training/``. A test
+checks that each key of ``default_config()`` has its line and that no line is stale."""
 
 from __future__ import annotations
 
-KEY_DOCS = {
+from fedjax_dp.algorithms import registry
+from fedjax_dp.privacy.settings import DOCS as PRIVACY_DOCS
+
+GENERIC_DOCS = {
     "seed": "seed of every random stream (model init, sampling, shuffles, noise; see privacy.secure_rng)",
     "rounds": "federated rounds T",
     "eval_every": "evaluate the global (and personalised) models every this many rounds",
@@ -81,7 +86,6 @@ KEY_DOCS = {
     "sampling.method": "uniform (exactly m clients, replace-one) | poisson (each client with probability q, add/remove-one)",
     "sampling.cohort_size": "uniform sampling: clients per round m",
     "sampling.rate": "poisson sampling: probability q that a client takes part in a round",
-    "privacy.secure_rng": "True: DP noise, sampling and shuffles from OS entropy, never written (not reproducible)",
     "engine.strategy": "how clients run: auto | vmap | chunked | sequential | loop (same numbers, different speed)",
     "engine.chunk_size": "chunked strategy: clients per vmapped chunk",
     "engine.unroll": "local-training scan unroll: auto | full | an integer",
@@ -95,89 +99,43 @@ KEY_DOCS = {
     "engine.deferred_dense": "on: plain-SGD clients update a large dense kernel once, at the end of local training, "
                              "from the layer's inputs and output gradients (core/deferred_dense.py; equal up to float "
                              "rounding) | auto: on CPU and GPU backends (where it was measured) | off",
-    "dp.noise_multiplier": "z: Gaussian noise std on the clipped sum / S",
-    "dp.noise_schedule": "piecewise-constant z_t, e.g. '1:1.2,100:1.0' ('' = constant z)",
-    "dp.calibrate_epsilon": "> 0: choose z so that `rounds` rounds spend this epsilon at dp.delta; 0: off (dp.noise_multiplier is z)",
-    "dp.clip": "fixed | per_layer | adaptive (private quantile, Andrew et al. 2021) | per_layer_adaptive (the same per "
-               "layer from S / sqrt(L) each; counts noised by the server, or by each client under local noise) | "
-               "median (NOT private, labelled)",
-    "dp.clip_norm": "S: per-client clip norm (initial S for adaptive)",
-    "dp.target_quantile": "adaptive clipping: the quantile of update norms S tracks",
-    "dp.clip_learning_rate": "adaptive clipping: geometric step of S per round",
-    "dp.noise_mode": "central (server adds noise to the sum) | local (each client noises its own update)",
-    "dp.accountant": "rdp | pld (dp_accounting)",
-    "dp.pld_discretization": "PLD value discretisation (pessimistic: epsilon over-reported by about this)",
-    "dp.rdp_orders": "RDP order grid, e.g. '1.5,2,4,8,16,32,64' ('' = privacy.accounting.RDP_ORDERS)",
-    "dp.delta": "delta at which epsilon is reported",
-    "dp.target_epsilon": "Geyer's stop: with dp.max_delta, stop when delta(target_epsilon) would exceed max_delta",
-    "dp.max_delta": "Geyer's stop: Q, the largest delta allowed at dp.target_epsilon",
-    "dp.max_epsilon": "stop before a round that would take epsilon(dp.delta) above this (0 = no stop)",
-    "dp.client_epsilon_budget": "per-client epsilon budget (ledger): a client that would exceed it is no longer sampled",
-    "fedmeta.enabled": "FedMeta: meta step(s) on the server-held set D_meta after every aggregation",
-    "fedmeta.learning_rate": "FedMeta: eta_meta",
-    "fedmeta.steps": "FedMeta: meta steps per round",
-    "fedmeta.lr_decay": "FedMeta: eta_meta x lr_decay**t",
-    "fedmeta.batch_size": "FedMeta: meta batch size (0 = all of D_meta at once)",
-    "fedprox.mu": "FedProx: proximal coefficient mu",
-    "uga.remat": "UGA: off | step | sqrt | <k>: rematerialise every step / sqrt(S)-step / k-step segments",
-    "uga.first_order": "UGA: stop gradients through inner gradients (first-order UGA)",
-    "uga.gradient_reduction": "UGA: mean (Eq. 13 as written) | sum_of_batch_means",
-    "uga.eval_batch_size": "UGA: batch of the whole-data gradient evaluation (0 = client.batch_size)",
-    "ldp.clip_norm": "local mini-batch DP: C, per example (or per batch)",
-    "ldp.per_example": "local mini-batch DP: False clips the batch's mean gradient (sensitivity 2C)",
-    "ldp.noise_multiplier": "local mini-batch DP: z_0, the least noise a step gets",
-    "ldp.max_noise_multiplier": "local mini-batch DP: z_max; a client that cannot afford a participation at it stops",
-    "ldp.adaptive": "local mini-batch DP: the threshold-driven noise schedule (False: fixed noise, same stop rule)",
-    "ldp.fixed_noise": "local mini-batch DP, adaptive=False: z0 (every client at z_0) | calibrated (each client's own z "
-                       "for its q T expected participations and threshold, kept for the run)",
-    "ldp.thresholds": "local mini-batch DP: per-client epsilon thresholds epsilon_n, one value or a comma list",
-    "ldp.delta": "local mini-batch DP: delta of the per-client ledgers",
-    "ldp.local_steps": "local mini-batch DP: steps S per participation, each a fresh batch of client.batch_size",
-    "ldp.alpha": "local mini-batch DP: history weight, w_{t+1} = (1 - alpha) w_t + alpha sum_k a_k w_k",
-    "ldp.weighting": "local mini-batch DP: correlation (softmax of cosine to the mean update) | uniform",
-    "ldp.temperature": "local mini-batch DP: tau of a_k = softmax(tau cos(Delta_k, mean Delta))",
-    "ldp.rdp_orders": "local mini-batch DP: the ledgers' RDP orders ('' = privacy.example_ledger.LEDGER_ORDERS)",
-    "ldp.step_sampling": "local mini-batch DP: fixed (B without replacement per step) | poisson (each example w.p. B/n_k)",
-    "ldp.accountant": "local mini-batch DP: rdp | pld, the per-client ledger that decides the noise schedule and stops and reports each epsilon",
-    "pfldyn.alpha": "PFLDyn: alpha of the dynamic regulariser (CUAG-PFL Eqs. 9-12)",
-    "pfldyn.local_steps": "PFLDyn: local steps P, each two fresh batches of client.batch_size",
-    "pfldyn.representation": "PFLDyn: r_W for the prototypes: output (the model's last layer) | penultimate (the last "
-                             "hidden layer after its ReLU, as the PFLDyn authors' code)",
-    "pfldyn.evaluated_model": "PFLDyn: the model personalised from: server (w^{t+1}, Alg. 1) | client_mean (the mean of "
-                              "every client's latest local model, as the authors' code reports; pfldyn_proto only)",
-    "pfldyn.server_mean": "PFLDyn: cohort (as written) | population (FedDyn's 1/N)",
-    "cuag.mode": "CUAG-PFL noise: paper (Alg. 4 as written: NO formal guarantee, labelled) | sound | none",
-    "cuag.mu": "CUAG-PFL: the GDP target mu (paper: 0.25, epsilon 0.92 at delta 1e-5 claimed)",
-    "cuag.client_mu": "CUAG-PFL: per-client mu, '0.1:4' (evenly spaced, shuffled) or 'a,b,c' ('' = cuag.mu for all)",
-    "cuag.clip_norm": "CUAG-PFL sound mode: C per measured layer",
-    "cuag.participations": "CUAG-PFL sound mode: participations each client's mu covers (0 = ceil(lambda T))",
-    "cuag.noise_multiplier": "CUAG-PFL sound mode: > 0 fixes z instead of calibrating it (epsilon accounted)",
-    "cuag.sound_noise": "CUAG-PFL sound mode calibrated to mu: constant z | sigma_t (z_t proportional to Alg. 4's sigma_t)",
-    "cuag.sigma": "CUAG-PFL: Alg. 4's noise 2 C_l sigma / B with sigma fixed (a number) or 'schedule' (sigma_t); "
-                  "C_l the own norm (paper, no guarantee) or cuag.clip_norm (sound, accounted)",
-    "cuag.adaptive_clip": "CUAG-PFL sound mode: per-layer adaptive quantile clipping (Andrew et al. 2021) from cuag.clip_norm, "
-                          "counts noised locally and accounted",
-    "cuag.target_quantile": "CUAG-PFL adaptive_clip: the quantile gamma of each layer's norms to clip at",
-    "cuag.clip_learning_rate": "CUAG-PFL adaptive_clip: eta of C_l <- C_l exp(-eta (b_bar - gamma))",
-    "cuag.count_noise_std": "CUAG-PFL adaptive_clip: sigma_b of each client's local noise on its per-layer counts "
-                            "(costs L / sigma_b^2 of mu^2 a participation)",
-    "cuag.delta": "CUAG-PFL: delta at which epsilon is reported",
-    "udp.clip_norm": "UDP: C, the fixed clip of each upload",
-    "udp.epsilon": "UDP: the fixed budget epsilon the per-round noise z_t = 2 c sqrt(t) / epsilon is calibrated to",
-    "udp.delta": "UDP: delta of the calibration and of the reported epsilons",
-    "udp.mode": "UDP: paper (Wei et al.'s record-level calibration 2 c sqrt(t) C / (epsilon m): NO formal guarantee) | sound (client-level, z_t = kappa sqrt(t) calibrated to epsilon, enforced per client)",
-    "udp.participations": "UDP sound mode: participations each client's budget covers (0 = ceil(lambda T))",
-    "prifedsync.clip_norm": "PriFedSync: C, the fixed per-layer clip of each PFLDyn(Proto) upload",
-    "prifedsync.sigma": "PriFedSync: fixed sigma of the local noise N(0, (2 C sigma / B)^2) per entry (seed 004: 0.45)",
-    "prifedsync.delta": "PriFedSync: delta at which epsilon is reported",
-    "dp_scaffold.clip": "DP-SCAFFOLD: median (each step's median gradient norm, as seed 004: NO formal guarantee) | fixed",
-    "dp_scaffold.clip_norm": "DP-SCAFFOLD: C per example of clip='fixed'",
-    "dp_scaffold.noise_multiplier": "DP-SCAFFOLD: sigma_g, step noise N(0, (sigma_g C)^2 I) (seed 004: 1.0)",
-    "dp_scaffold.local_steps": "DP-SCAFFOLD: K local steps, each a fresh batch of client.batch_size",
-    "dp_scaffold.epsilon_threshold": "DP-SCAFFOLD: > 0 stops a client before its next participation would pass it (0 = none)",
-    "dp_scaffold.delta": "DP-SCAFFOLD: delta of the per-client ledgers",
-    "dp_scaffold.accountant": "DP-SCAFFOLD: rdp | pld, the per-client ledgers",
 }
+
+
+def key_docs() -> dict[str, str]:
+    """Every documented key: generic, privacy and the registered sections'."""
+    return {**GENERIC_DOCS, **PRIVACY_DOCS, **registry.section_docs()}
+
+
+class _KeyDocs(dict):
+    """``KEY_DOCS`` read at use, so sections registered after import (a test's toy algorithm) are in it."""
+
+    def _all(self):
+        return key_docs()
+
+    def __getitem__(self, key):
+        return self._all()[key]
+
+    def __contains__(self, key):
+        return key in self._all()
+
+    def get(self, key, default=None):
+        return self._all().get(key, default)
+
+    def keys(self):
+        return self._all().keys()
+
+    def items(self):
+        return self._all().items()
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __len__(self):
+        return len(self._all())
+
+
+KEY_DOCS = _KeyDocs()
 
 
 def describe_keys(cfg=None) -> str:

@@ -17,6 +17,7 @@ from fedjax_dp.core.optimizers import OPTIMIZERS
 from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES, PENULTIMATE_MODELS
 from fedjax_dp.models.conv import CONV_IMPLS
 from fedjax_dp.models.pfl_cnn import check_input_shape
+from fedjax_dp.privacy.settings import check_privacy
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.unread_keys import check_unread_keys
 
@@ -124,6 +125,7 @@ def validate_config(cfg, overridden=()) -> None:
          f"engine.max_replicated_gb must be a number >= 0 (0 = never copy: one device), got {e.max_replicated_gb!r}")
     need(e.deferred_dense in DEFERRED_DENSE, f"engine.deferred_dense {e.deferred_dense!r} unknown; available: {DEFERRED_DENSE}")
     _refuse_unknown_keys(cfg, default_config(), "", need)
+    check_privacy(cfg, need)  # the privacy section itself; which of its keys the algorithm reads: the registry
     check_unread_keys(cfg, overridden, need)  # an override where the chosen value of another key does not read it
     registry.validate(cfg, need)  # the algorithm's own section, and sections it does not read left alone
     if errors:

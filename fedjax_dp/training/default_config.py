@@ -6,6 +6,7 @@ import ml_collections
 
 import fedjax_dp.algorithms  # noqa: F401  (registers every algorithm)
 from fedjax_dp.algorithms import registry
+from fedjax_dp.privacy import settings as privacy_settings
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -51,8 +52,7 @@ def default_config() -> ml_collections.ConfigDict:
         overlap=-1.0,           # < 0: IID from the training clients; [0, 1]: writer overlap (natural partitions)
         num_writers=20))
     c.sampling = ml_collections.ConfigDict(dict(method="uniform", cohort_size=10, rate=0.1))
-    c.privacy = ml_collections.ConfigDict(dict(
-        secure_rng=False))      # True: DP noise, sampling and shuffles from OS entropy, never written (core.rng)
+    c.privacy = ml_collections.ConfigDict(dict(privacy_settings.SECTION))  # delta, accountant, budgets, stops, secure RNG
     c.engine = ml_collections.ConfigDict(dict(strategy="auto", chunk_size=0, unroll="auto", conv_impl="auto", num_devices=0,
                                               stream_clients=0, max_replicated_gb=1.0,
                                               deferred_dense="auto"))

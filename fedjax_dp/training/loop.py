@@ -117,7 +117,8 @@ def _run_locked(cfg, workdir: str, overwrite: bool, progress: bool, resume: bool
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint_keep or None)
     divergence = DivergenceMonitor(cfg.divergence_rounds)
     if resume:
-        state = loop.restore(checkpointer, state, tracker, workdir, json.loads(default_config().to_json_best_effort()))
+        state = loop.restore(checkpointer, state, tracker, workdir, json.loads(default_config().to_json_best_effort()),
+                             runner.uploads.releases)
         divergence.load(loop.divergence)
     writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite, append=resume,
                                    scalars=scalars, defaults_json=default_config().to_json_best_effort() if resume else None)
@@ -134,8 +135,10 @@ def _run_locked(cfg, workdir: str, overwrite: bool, progress: bool, resume: bool
                initial=loop.rounds_run, total=cfg.rounds)
     with interruption.installed():
         for t in bar:
-            eligible = tracker.eligible(t) if tracker is not None else None
-            if tracker is not None and (not tracker.allows(t) or (
+            uploads = runner.specialized(state)  # compression rates: fixed once per round, on the host
+            releases = uploads.releases(t, state.uploads) if tracker is not None else []  # what round t will release
+            eligible = tracker.eligible(t, releases) if tracker is not None else None
+            if tracker is not None and (not tracker.allows(t, releases) or (
                     cfg.sampling.method == "uniform" and eligible.sum() < cfg.sampling.cohort_size)):
                 tracker.stopped_at, stop_reason = t, "privacy budget"
                 break
@@ -145,18 +148,18 @@ def _run_locked(cfg, workdir: str, overwrite: bool, progress: bool, resume: bool
                 cohort = pack(ids, loop.shuffle_rng, cohort_slots(cfg, dataset.num_clients, len(ids)))
                 slots = cohort["mask"].shape[0]
                 cohort["client_id"] = np.pad(np.asarray(ids, np.int32), (0, slots - len(ids)))
-                cohort["per_client"] = tracker.client_inputs(t, ids, slots) if tracker is not None else {}
+                step_noise = tracker.step_inputs(t, ids, slots) if tracker is not None else None
                 stacked = loop.client_states.gather(ids, slots) if loop.client_states is not None else None
                 stacked_uploads = (loop.upload_client_states.gather(ids, slots)
                                    if loop.upload_client_states is not None else None)
-                uploads = runner.specialized(state)  # compression rates: fixed once per round, on the host
                 upload_bytes, rates = uploads.upload_bytes(template_bytes), compression_rates(uploads)
                 previous = state
                 result = runner(state, cohort, rng_lib.round_key(streams.rounds, t), t, stacked, uploads,
-                                noise_key=rng_lib.round_key(streams.noise, t), upload_client_states=stacked_uploads)
+                                noise_key=rng_lib.round_key(streams.noise, t), upload_client_states=stacked_uploads,
+                                step_noise=step_noise)
                 state = result.state
                 if tracker is not None:  # accounted even if the result is discarded below (conservative)
-                    tracker.record(t, ids)
+                    tracker.record(t, ids, result.releases)
                     row.update(epsilon=tracker.epsilon(), formal=tracker.private)
                 loop.participation.append([t, [int(i) for i in ids]])
                 if not bool(tree.is_finite(state.params)):
@@ -228,6 +231,11 @@ def _run_locked(cfg, workdir: str, overwrite: bool, progress: bool, resume: bool
     if tracker is not None:
         report = tracker.report()
         summary.epsilon, summary.formal, summary.delta = report.epsilon, record["formal"], report.delta
+        if "calibrated_epsilon" in report.accounting:
+            target = report.accounting["calibrated_epsilon"]
+            summary.calibration = (f"epsilon {target:.4g} for {report.accounting['calibrated_for']}; realised "
+                                   + (f"max over clients {report.epsilon:.4g}" if tracker.local else
+                                      f"{report.epsilon:.4g}"))
         summary.stopped_early = diverged or tracker.stopped_at is not None
     writer.write_json("summary.json", {**dataclasses.asdict(summary),
                                        "engine": {**dataclasses.asdict(choice), "ran_on_one_device": runner.ran_on_one_device},

@@ -33,6 +33,7 @@ class RunSummary:
     epsilon: float | None = None
     formal: bool | None = None  # whether a DP proof covers that epsilon (False: a figure, no guarantee)
     delta: float | None = None  # the delta that epsilon is at
+    calibration: str = ""  # what the noise was calibrated to, where it was (``privacy.target_epsilon``)
     stopped_early: bool = False
     uplink_gb: float = 0.0  # bytes actually sent by clients (compression.traffic), all rounds
     traffic_gb: float = 0.0  # uplink + downlink
@@ -138,6 +139,8 @@ def format_summary(summary: RunSummary) -> str:
         lines.append(f"{'epsilon spent':<{width}}{summary.epsilon:.4f}{at}" + (
             "  (formal: false: NO differential-privacy guarantee, see privacy.json)" if summary.formal is False
             else "  (formal: true)"))
+        if summary.calibration:
+            lines.append(f"{'calibrated':<{width}}{summary.calibration}")
     lines.append(f"{'wall time':<{width}}{summary.seconds:.1f} s")
     return "\n".join(lines)
 

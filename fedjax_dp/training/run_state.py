@@ -72,10 +72,12 @@ class LoopState:
             "seconds": self.earlier_seconds + seconds, "divergence": self.divergence, **ids})
         self.checkpointed.add(self.rounds_run)
 
-    def restore(self, checkpointer: Checkpointer, state, tracker, workdir: str, defaults: dict | None = None):
+    def restore(self, checkpointer: Checkpointer, state, tracker, workdir: str, defaults: dict | None = None,
+                releases_for=lambda t: []):
         """Loads the newest intact checkpoint into this loop state; returns the server state. Refuses one whose
         config is not this run's (``defaults``: keys added to the library since, at their defaults, are no
-        difference) or whose privacy history the replay does not reproduce (module docstring)."""
+        difference) or whose privacy history the replay does not reproduce (module docstring); ``releases_for(t)``:
+        round t's releases, which the replay composes."""
         def targets(saved):
             trees = {"state": state}
             for name, (ids_key, store) in self._stores().items():
@@ -107,7 +109,7 @@ class LoopState:
         self.earlier_seconds, self.divergence = saved.get("seconds", 0.0), saved.get("divergence")
         if tracker is not None:
             for t, ids in self.participation:
-                tracker.record(t, np.asarray(ids, dtype=np.int64))
+                tracker.record(t, np.asarray(ids, dtype=np.int64), releases_for(t))
             mismatch = _composition_mismatch(saved.get("privacy"), tracker.composed())
             if mismatch:
                 raise ValueError(f"cannot resume from {where}: replaying its {len(self.participation)} rounds does not "

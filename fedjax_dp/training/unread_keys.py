@@ -1,6 +1,6 @@
 """Overrides of keys that are read only under another key's value. Such an override, where nothing
 reads it, would be ignored without a word (``sampling.cohort_size=50`` under Poisson sampling ran q K
-clients a round; ``dp.noise_multiplier=1.3`` beside ``dp.calibrate_epsilon=8`` ran the calibrated z),
+clients a round; ``dp.noise_multiplier=1.3`` beside ``privacy.target_epsilon=8`` ran the calibrated z),
 so the configuration check refuses it, naming the key, its value and what would read it.
 
 Keys an algorithm never reads are declared where it is registered (``registry.register(unread=...)``:
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from fedjax_dp.algorithms import registry
 
-ADAPTIVE_CLIPS = ("adaptive", "per_layer_adaptive")
-
 READ_ONLY_WHEN = (
     # (key, the key that decides, the values under which the first key is read)
     ("sampling.cohort_size", "sampling.method", ("uniform",)),
@@ -32,18 +30,9 @@ READ_ONLY_WHEN = (
     ("client.momentum", "client.optimizer", ("sgd",)),
     ("server.momentum", "server.optimizer", ("sgd",)),
     ("engine.chunk_size", "engine.strategy", ("chunked",)),
-    ("dp.noise_multiplier", "dp.calibrate_epsilon", (0.0,)),  # calibration chooses z
-    ("dp.noise_multiplier", "dp.noise_schedule", ("",)),  # the schedule gives z_t
-    ("dp.target_quantile", "dp.clip", ADAPTIVE_CLIPS),  # Andrew et al. 2021's gamma and eta
-    ("dp.clip_learning_rate", "dp.clip", ADAPTIVE_CLIPS),
-    ("cuag.clip_norm", "cuag.mode", ("sound",)),  # paper mode clips each layer at its own norm (Alg. 4)
-    ("cuag.participations", "cuag.mode", ("sound",)),
-    ("cuag.target_quantile", "cuag.adaptive_clip", (True,)),
-    ("cuag.clip_learning_rate", "cuag.adaptive_clip", (True,)),
-    ("cuag.count_noise_std", "cuag.adaptive_clip", (True,)),
 )
-"""The generic sections' and the algorithm sections' conditional keys (checked against the source:
-each is read nowhere else)."""
+"""The generic sections' conditional keys (checked against the source: each is read nowhere else); the
+algorithm sections register theirs with the section (``registry.register_section(read_when=...)``)."""
 
 
 def _value(cfg, dotted: str):
@@ -67,7 +56,7 @@ def check_unread_keys(cfg, overridden, need) -> None:
     entry = registry.get(cfg.algorithm) if cfg.algorithm in registry.names() else None
     owned, switched = set(registry.sections()), ("compression", *(w.name for w in registry.wrappers()))
     conditions = {}
-    for key, decider, reading in READ_ONLY_WHEN:
+    for key, decider, reading in READ_ONLY_WHEN + registry.read_when():
         conditions.setdefault(key, []).append((decider, reading))
     for key in _expand(cfg, overridden):
         section, _, leaf = key.partition(".")

@@ -27,9 +27,14 @@ def _base():
 
 
 def _dp(clip="fixed", noise_mode="central", **dp):
+    """DP-FedAvg; the keyword arguments of the ``privacy`` section (issue 73: delta, accountant, budgets, stops) go
+    there, the rest to ``dp`` (the runs were recorded when all of them were ``dp`` keys)."""
     c = _base()
     c.algorithm = "dp_fedavg"
-    c.dp.update({"clip": clip, "noise_mode": noise_mode, "clip_norm": 0.5, "noise_multiplier": 0.8, **dp})
+    privacy = {k: v for k, v in dp.items() if k in c.privacy}
+    c.dp.update({"clip": clip, "noise_mode": noise_mode, "clip_norm": 0.5, "noise_multiplier": 0.8,
+                 **{k: v for k, v in dp.items() if k not in privacy}})
+    c.privacy.update(privacy)
     return c
 
 
@@ -65,9 +70,9 @@ def configs() -> dict:
         "dp_local_per_layer": _dp("per_layer", noise_mode="local"),
         "dp_poisson_pld": _with(_dp(accountant="pld"), sampling__method="poisson", sampling__rate=0.3),
         "dp_schedule_budget": _dp(noise_schedule="1:0.8,2:1.2", max_epsilon=30.0),
-        "dp_geyer_stop": _with(_dp(target_epsilon=6.0, max_delta=1e-5, noise_multiplier=2.5), rounds=8),
+        "dp_geyer_stop": _with(_dp(stop_epsilon=6.0, stop_max_delta=1e-5, noise_multiplier=2.5), rounds=8),
         "dp_client_budget": _with(_dp(client_epsilon_budget=6.0, noise_multiplier=2.0), rounds=6),
-        "dp_calibrated": _dp(calibrate_epsilon=5.0),
+        "dp_calibrated": _dp(target_epsilon=5.0),
         "dp_uga": _with(_dp(), algorithm="dp_uga", client__epochs=2),
         "dp_fedmeta": _with(_dp(), fedmeta__enabled=True, fedmeta__learning_rate=0.05, server_data__fraction=0.02),
         "compression_dynamic": _with(_base(), compression__enabled=True),
@@ -110,7 +115,7 @@ def later_configs() -> dict:
         "udp_sound": _later("udp", udp__mode="sound", udp__participations=2),
         "prifedsync": _later("prifedsync"),
         "dp_scaffold_median": _later("dp_scaffold"),
-        "dp_scaffold_fixed_pld": _later("dp_scaffold", dp_scaffold__clip="fixed", dp_scaffold__accountant="pld"),
+        "dp_scaffold_fixed_pld": _later("dp_scaffold", dp_scaffold__clip="fixed", privacy__accountant="pld"),
         "ldp_minibatch": _with(_later("ldp_minibatch", server_data__overlap=0.0), ldp__local_steps=3,
                                ldp__thresholds="1,3"),
         "ldp_minibatch_mlp_poisson": _with(_later("ldp_minibatch", server_data__overlap=0.0, model__name="mlp_2nn"),

@@ -29,8 +29,8 @@ Re-recorded on purpose (issue 74; old and new values in CHANGELOG.md): ``cuag_pf
 ``dp_central_adaptive`` (the clamp), ``compression_gaussian_fixed`` (measurement matrices from their own
 public stream, disjoint from the run's keys) and ``ldp_minibatch_mlp_poisson`` (the cut of Poisson batches
 charged at (1 + e^eps) eta, its cap over n and n + 1 points, F03), and ``cuag_pfl_paper`` (the paper's formula
-over the rounds run, per-client figures without lambda: item 3). Their epsilons are unchanged except the last
-two's.
+over the rounds run, per-client figures without lambda: item 3; issue 73 renamed its per-client key). Their epsilons
+are unchanged except the last two's.
 """
 
 from __future__ import annotations

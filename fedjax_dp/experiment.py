@@ -45,14 +45,16 @@ class Experiment:
         self.config = cfg
 
     def run(self, workdir: str | None = None, *, overwrite: bool = False, progress: bool = True,
-            resume: bool = False, tensorboard: bool = False, verbose: bool = False) -> RunSummary:
+            resume: bool = False, tensorboard: bool = False, verbose: bool = False, callbacks=()) -> RunSummary:
         """Trains, evaluates and writes ``workdir`` (default ``results/<algorithm>``); returns the summary
-        (``.final`` metrics, ``.epsilon`` and ``.formal`` where privacy is tracked, ``.format()``)."""
+        (``.final`` metrics, ``.epsilon`` and ``.formal`` where privacy is tracked, ``.format()``).
+        ``callbacks``: your own ``training.callbacks.Callback``s (log each round's row elsewhere, ``StopWhen``)."""
         if tensorboard:
             require_tensorboardx()
         with quiet_console(verbose):
             return run_experiment(self.config, workdir or os.path.join("results", self.config.algorithm),
-                                  overwrite=overwrite, progress=progress, resume=resume, tensorboard=tensorboard)
+                                  overwrite=overwrite, progress=progress, resume=resume, tensorboard=tensorboard,
+                                  callbacks=callbacks)
 
     def run_seeds(self, seeds, workdir: str | None = None, **options) -> SeedsSummary:
         """One run per seed in ``<workdir>/seed_<s>``; writes ``seeds_summary.json`` (mean and 95 %

@@ -23,9 +23,9 @@ def test_every_subpackage_exports_what_its_all_names(name):
 
 
 def test_experiment_refuses_a_typo_naming_the_closest_key_before_loading(monkeypatch):
-    import fedjax_dp.training.loop as loop
+    import fedjax_dp.training.run_context as run_context
 
-    monkeypatch.setattr(loop, "build_dataset", lambda *a: pytest.fail("data was loaded"))
+    monkeypatch.setattr(run_context, "build_dataset", lambda *a: pytest.fail("data was loaded"))
     with pytest.raises(KeyError, match="did you mean 'dp.noise_multiplier'"):
         fedjax_dp.Experiment("dp_fedavg_mnist", {"dp.noise_multipler": 2.0})
     with pytest.raises(ValueError, match="sampling.rate q must lie in"):
@@ -40,9 +40,9 @@ def test_an_override_that_the_chosen_value_of_another_key_does_not_read_is_refus
     (``dp_fedavg_mnist``), ``sampling.rate=0.5`` under uniform sampling, ``data.alpha`` without the
     Dirichlet partition, ``compression.rates`` with compression off and ``client.epochs`` for CUAG-PFL
     (P sampled steps) all ran without a word and without effect. Now each override is refused, before any data is loaded, naming the key and what would read it."""
-    import fedjax_dp.training.loop as loop
+    import fedjax_dp.training.run_context as run_context
 
-    monkeypatch.setattr(loop, "build_dataset", lambda *a: pytest.fail("data was loaded"))
+    monkeypatch.setattr(run_context, "build_dataset", lambda *a: pytest.fail("data was loaded"))
     for name, overrides, message in (
             ("dp_fedavg_mnist", {"sampling.cohort_size": 50},
              "sampling.cohort_size=50 is not read while sampling.method='poisson' (only with sampling.method "

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import fedjax_dp.training.loop as loop_module
+import fedjax_dp.training.run_context as run_context
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
@@ -102,7 +103,7 @@ def test_a_resume_with_another_config_is_refused_before_data_or_checkpoint_is_re
     c = _config("fedavg")
     c.rounds = 2
     run_experiment(c, str(tmp_path / "d"), progress=False)
-    monkeypatch.setattr(loop_module, "build_dataset", lambda *a: pytest.fail("data was loaded"))
+    monkeypatch.setattr(run_context, "build_dataset", lambda *a: pytest.fail("data was loaded"))
     with pytest.raises(ValueError, match="config.json differs .*algorithm: saved 'fedavg', now 'dp_fedavg'"):
         run_experiment(_config("dp_fedavg"), str(tmp_path / "d"), progress=False, resume=True)
 
@@ -150,8 +151,8 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
             calls.append(1)
             return len(calls) < 3
 
-    monkeypatch.setattr(loop_module, "tree_module", loop_module.tree, raising=False)
-    monkeypatch.setattr(loop_module, "tree", DivergesInRound3())
+    monkeypatch.setattr(loop_module, "tree_module", run_context.tree, raising=False)
+    monkeypatch.setattr(run_context, "tree", DivergesInRound3())
     c = _config("fedavg")
     summary = run_experiment(c, str(tmp_path), progress=False)
     assert summary.rounds == 2 and "round 3" in summary.stop_reason
@@ -159,7 +160,7 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
 
 
 def test_a_non_finite_client_update_is_dropped_and_named_with_its_client_id(tmp_path, monkeypatch):
-    real_pack = loop_module.make_packer
+    real_pack = run_context.make_packer
 
     def poisoning_packer(cfg, dataset, algorithm):
         pack = real_pack(cfg, dataset, algorithm)
@@ -172,7 +173,7 @@ def test_a_non_finite_client_update_is_dropped_and_named_with_its_client_id(tmp_
         return poisoned
 
     poison = [1]
-    monkeypatch.setattr(loop_module, "make_packer", poisoning_packer)
+    monkeypatch.setattr(run_context, "make_packer", poisoning_packer)
     c = _config("fedavg")
     c.rounds = 2
     summary = run_experiment(c, str(tmp_path), progress=False)

@@ -297,8 +297,10 @@ def test_7_sampling_does_not_depend_on_the_shuffles(tmp_path, monkeypatch):
     from fedjax_dp.training import loop as loop_module
 
     cohorts = []
-    original = loop_module.sample_cohort
-    monkeypatch.setattr(loop_module, "sample_cohort", lambda *a, **k: cohorts.append(original(*a, **k)) or cohorts[-1])
+    from fedjax_dp.training import run_context
+
+    original = run_context.sample_cohort
+    monkeypatch.setattr(run_context, "sample_cohort", lambda *a, **k: cohorts.append(original(*a, **k)) or cohorts[-1])
     runs = []
     for epochs in (1, 3):
         cohorts.clear()

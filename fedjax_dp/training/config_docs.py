@@ -24,8 +24,6 @@ GENERIC_DOCS = {
     "checkpoint_every": "orbax checkpoint every k rounds (0: only at exit); continue with --resume",
     "checkpoint_keep": "how many of the newest checkpoints to keep (0: every one, e.g. to analyse each round's model "
                        "afterwards)",
-    "algorithm": "fedavg | fedprox | fedshare | uga | scaffold | dp_fedavg | dp_uga | ldp_minibatch | pfldyn_proto | "
-                 "cuag_pfl | udp | prifedsync | dp_scaffold (algorithms.registry.names())",
     "data.source": "mnist_5k (embedded, no download) | mnist | cifar10 | cifar100 | femnist | shakespeare | tfds:<name>",
     "data.data_dir": "folder of the local files, or the TFDS data_dir",
     "data.cache_dir": "decoded-array cache: '' = $FEDJAX_DP_CACHE or ~/.cache/fedjax_dp, 'off' = none",
@@ -104,7 +102,8 @@ GENERIC_DOCS = {
 
 def key_docs() -> dict[str, str]:
     """Every documented key: generic, privacy and the registered sections'."""
-    return {**GENERIC_DOCS, **PRIVACY_DOCS, **registry.section_docs()}
+    algorithms = {"algorithm": " | ".join(registry.names()) + " (algorithms.registry.names())"}
+    return {**GENERIC_DOCS, **algorithms, **PRIVACY_DOCS, **registry.section_docs()}
 
 
 class _KeyDocs(dict):

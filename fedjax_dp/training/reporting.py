@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from fedjax_dp.algorithms import registry
 from fedjax_dp.privacy.mechanisms import NOISE_DRAWS
 from fedjax_dp.training.evaluation import headline_accuracy
 
@@ -164,7 +163,9 @@ def run_title(cfg, dataset_name: str, num_clients: int, report=None) -> str:
         return title + "; no DP (epsilon unbounded)"
     z = ",".join(f"{v:.3g}" for v in report.noise_multipliers[:3]) or "?"
     epsilon = "unbounded" if report.epsilon is None or not math.isfinite(report.epsilon) else f"{report.epsilon:.3g}"
-    reads_dp = "dp" in registry.get(cfg.algorithm).sections  # the algorithm's declared config sections
-    clip = f", S={cfg.dp.clip_norm:g} ({cfg.dp.clip})" if reads_dp else ""
+    bounds = sorted({r["bound_value"] for r in report.releases  # the clip the noise is calibrated to, as it ran
+                     if r.get("noise_multiplier") and r.get("bound_value") is not None
+                     and math.isfinite(r["bound_value"]) and r.get("unit", "client") == "client"})
+    clip = f", S={','.join(f'{b:.3g}' for b in bounds[:3])}" if bounds else ""
     return (title + f"\n{report.noise_mode} DP: z={z}{clip}, epsilon={epsilon} at delta={report.delta:g} "
             f"({report.accountant})" + ("" if report.formal else ", formal: false (NO guarantee)"))

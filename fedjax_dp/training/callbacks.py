@@ -1,0 +1,200 @@
+"""Hooks around the training loop (issue 73; pfl-research's ``TrainingProcessCallback`` shape): evaluation,
+divergence, the progress bar, results and TensorBoard, checkpoints and plots are callbacks on a short loop
+(``training.loop.train``), and a user passes their own from Python (``run_experiment(..., callbacks=[...])``,
+``Experiment.run(..., callbacks=[...])``): log every row to their tracker, stop on a metric (``StopWhen``).
+
+Each hook gets the ``RunContext``. ``after_round`` gets the round's row and may add to it (an evaluation's
+metrics) or return a reason to stop after this round. Callbacks run in list order: evaluation and divergence
+first, then a user's callbacks (``run_experiment`` puts them there: what they add to the row is written), then
+``Results`` writes the row, then ``Checkpoints`` saves (a row is always written before the checkpoint of its
+round, so a resume never lacks one). At the end ``Results`` writes ``privacy.json`` and ``summary.json`` before
+``Checkpoints`` saves the final state (a full disk must not cost the results).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import jax
+from tqdm import tqdm  # (not tqdm.auto: no ipywidgets warning in notebooks)
+
+from fedjax_dp.training import plots, results
+from fedjax_dp.training.build import server_set_breaches, server_set_notes
+from fedjax_dp.training.divergence import DivergenceMonitor
+from fedjax_dp.training.reporting import RunSummary, privacy_record, progress_postfix, run_title
+from fedjax_dp.training.run_context import RunContext, central_test_from_clients
+
+
+class Callback:
+    """The hooks; each does nothing unless overridden."""
+
+    def on_train_begin(self, run: RunContext) -> None:
+        pass
+
+    def after_round(self, run: RunContext, t: int, row: dict) -> str | None:
+        """After round t ran (before its row is written): add to ``row``; return a reason to stop after it."""
+        return None
+
+    def on_train_end(self, run: RunContext) -> None:
+        pass
+
+
+class Evaluation(Callback):
+    """Round 0 (the initial model), every ``eval_every`` rounds and the last round; a final evaluation where the
+    run stopped between evaluations."""
+
+    def on_train_begin(self, run):
+        if run.cfg.eval_initial and not run.resumed:  # before any client has been read
+            run.loop.evaluated(0, run.evaluate())
+            run.writer.log({"round": 0, **run.loop.last_eval, "client_updates": 0,
+                            **({"epsilon": 0.0} if run.tracker else {})})
+
+    def after_round(self, run, t, row):
+        if t % run.cfg.eval_every == 0 or t == run.cfg.rounds:
+            run.loop.evaluated(t, run.evaluate())
+            row.update(run.loop.last_eval)
+
+    def on_train_end(self, run):
+        rounds = run.loop.rounds_run
+        if not run.interruption and rounds and rounds % run.cfg.eval_every and rounds != run.cfg.rounds:
+            run.loop.evaluated(rounds, run.evaluate())
+            run.writer.log({"round": rounds, "final_evaluation": True, **run.loop.last_eval})
+
+
+class Divergence(Callback):
+    """Stops a run, DP or not, whose training loss has diverged (``training.divergence``)."""
+
+    def __init__(self, window: int):
+        self.monitor = DivergenceMonitor(window)
+
+    def on_train_begin(self, run):
+        self.monitor.load(run.loop.divergence)
+        if not run.resumed:
+            self.monitor.start(run.loop.last_eval.get("test_loss"))  # the initial model's, where round 0 ran
+
+    def after_round(self, run, t, row):
+        reason = self.monitor.observe(t, row.get("train_loss"))
+        run.loop.divergence = self.monitor.state()
+        if reason:
+            run.stop(reason, diverged=True)
+        return None
+
+
+class Progress(Callback):
+    """The progress bar: round, accuracy, loss and epsilon spent."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.bar = enabled, None
+
+    def on_train_begin(self, run):
+        self.bar = tqdm(total=run.cfg.rounds, initial=run.loop.rounds_run, disable=not self.enabled,
+                        desc=run.cfg.algorithm, unit="round")
+
+    def after_round(self, run, t, row):
+        self.bar.update(1)
+        if run.loop.last_evaluation_round == t:
+            self.bar.set_postfix(progress_postfix(run.loop.last_eval, row, run.tracker))
+
+    def on_train_end(self, run):
+        self.bar.close()
+
+
+class Results(Callback):
+    """Each round's row into ``metrics.jsonl`` (and TensorBoard); at the end ``client_accuracies.json``,
+    ``privacy.json`` and ``summary.json``, and the run's ``RunSummary``."""
+
+    def after_round(self, run, t, row):
+        row["client_updates"] = run.loop.client_updates
+        run.writer.log(row)
+
+    def on_train_end(self, run):
+        loop, cfg, dataset, tracker = run.loop, run.cfg, run.dataset, run.tracker
+        final = loop.last_evaluation if loop.last_evaluation_round == loop.rounds_run else run.evaluate(
+            with_validation=False)  # interrupted: not yet evaluated
+        self.final = final
+        if cfg.eval_client_data:
+            run.writer.write_json("client_accuracies.json", {
+                "measured": final.per_client_label, "round": loop.rounds_run,
+                "client_ids": [i for i, t in enumerate(dataset.client_test) if len(t)], "accuracy": final.per_client})
+        run.writer.close()
+        metrics = results.read_metrics(run.workdir)
+        seconds = run.seconds()
+        summary = RunSummary(run.workdir, loop.rounds_run, loop.last_eval, loop.best[0], loop.best[1],
+                             loop.client_updates, seconds, dropped_updates=results.dropped_updates(metrics),
+                             uplink_gb=loop.meter.uplink / 1e9,
+                             traffic_gb=(loop.meter.uplink + loop.meter.downlink) / 1e9, stop_reason=run.stop_reason,
+                             interrupted=bool(run.interruption), diverged=run.diverged, stopped_early=run.diverged,
+                             seconds_total=loop.seconds_total(seconds))
+        record = privacy_record(tracker, server_set_notes(cfg), metrics, server_set_breaches(cfg),
+                                secure_rng=cfg.privacy.secure_rng, client_test_set=central_test_from_clients(dataset),
+                                wrote_client_accuracies=bool(cfg.eval_client_data))
+        run.writer.write_json("privacy.json", record)
+        if tracker is not None:
+            report = tracker.report()
+            summary.epsilon, summary.formal, summary.delta = report.epsilon, record["formal"], report.delta
+            if "calibrated_epsilon" in report.accounting:
+                target = report.accounting["calibrated_epsilon"]
+                summary.calibration = (f"epsilon {target:.4g} for {report.accounting['calibrated_for']}; realised "
+                                       + (f"max over clients {report.epsilon:.4g}" if tracker.local else
+                                          f"{report.epsilon:.4g}"))
+            summary.stopped_early = run.diverged or tracker.stopped_at is not None
+        run.writer.write_json("summary.json", {
+            **dataclasses.asdict(summary),
+            "engine": {**dataclasses.asdict(run.choice), "ran_on_one_device": run.runner.ran_on_one_device},
+            "backend": jax.default_backend()})
+        run.summary = summary
+
+
+class Checkpoints(Callback):
+    """A checkpoint every ``checkpoint_every`` rounds (none after the round the run stops in: the final one is
+    written at the end, after the results), and one at the end; a diverged model is never saved (the run keeps
+    the last good state)."""
+
+    def after_round(self, run, t, row):
+        every = run.cfg.checkpoint_every
+        if every and t % every == 0 and not run.stop_reason and not run.interruption:
+            run.loop.save(run.checkpointer, run.state, run.tracker, run.seconds())
+
+    def on_train_end(self, run):
+        if run.loop.rounds_run:
+            run.loop.save(run.checkpointer, run.state, run.tracker, run.seconds())
+
+
+class Plots(Callback):
+    """``results.png``: accuracy, loss and epsilon against rounds, and the per-client accuracies."""
+
+    def __init__(self, results_callback: Results):
+        self.results = results_callback
+
+    def on_train_end(self, run):
+        final = self.results.final
+        plots.plot_run(results.read_metrics(run.workdir), os.path.join(run.workdir, "results.png"),
+                       run_title(run.cfg, run.dataset.name, run.dataset.num_clients,
+                                 run.tracker.report() if run.tracker else None),
+                       final.per_client, final.per_client_label, [len(t) for t in run.dataset.client_test if len(t)])
+
+
+def default_callbacks(cfg, progress: bool, extra=()) -> list[Callback]:
+    """The loop's own callbacks in the order they run, a user's ``extra`` ones before the row is written."""
+    written = Results()
+    return [Evaluation(), Divergence(cfg.divergence_rounds), Progress(progress), *extra, written, Checkpoints(),
+            Plots(written)]
+
+
+@dataclasses.dataclass
+class StopWhen(Callback):
+    """Stops the run once ``metric`` reaches ``at_least`` (or falls to ``at_most``) in a round's row: a user's
+    callback, e.g. ``run_experiment(cfg, workdir, callbacks=[StopWhen("test_accuracy", at_least=0.9)])``."""
+
+    metric: str
+    at_least: float = math.inf
+    at_most: float = -math.inf
+
+    def after_round(self, run, t, row):
+        value = row.get(self.metric)
+        if value is not None and (value >= self.at_least or value <= self.at_most):
+            bound = f">= {self.at_least:g}" if value >= self.at_least else f"<= {self.at_most:g}"
+            return f"{self.metric} = {value:.4g} {bound} in round {t} (StopWhen)"
+        return None

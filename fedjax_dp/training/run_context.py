@@ -1,0 +1,216 @@
+"""``RunContext``: everything one experiment run holds (data, model, round, privacy tracker, loop state, results
+writer) and the one thing the loop asks of it, ``round(t)``.
+
+A round is privacy first: the releases round t will run (the specialised chain's), which clients may take part
+and whether the budget lets the round run at all (the tracker); then the cohort is drawn, packed and trained, the
+releases that ran are composed, and the round's row of metrics is returned for the callbacks
+(``training.callbacks``) to extend, judge and write. Privacy is not a callback: it decides who takes part and what
+is released (as jax_privacy's execution plan keeps batch selection and noise together).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+
+import numpy as np
+
+from fedjax_dp.compression.traffic import broadcast_bytes, dense_upload_bytes
+from fedjax_dp.core import rng as rng_lib
+from fedjax_dp.core import tree
+from fedjax_dp.core.client_states import ClientStateStore
+from fedjax_dp.data.builders import build_dataset, build_server_set
+from fedjax_dp.data.shared_set import share_with_clients
+from fedjax_dp.models import evaluation_model
+from fedjax_dp.training import results
+from fedjax_dp.training.build import (build_model_and_round, compression_rates, needs_server_set, privacy_tracker,
+                                      shares_server_set, validates_on_server_set)
+from fedjax_dp.training.checkpointing import Checkpointer, Interruption
+from fedjax_dp.training.cohorts import cohort_slots, make_packer, sample_cohort
+from fedjax_dp.training.default_config import default_config
+from fedjax_dp.training.evaluation import evaluate_state
+from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
+from fedjax_dp.training.prototype_adaptation import PrototypeAdaptation
+from fedjax_dp.training.run_state import LoopState
+from fedjax_dp.training.tensorboard import TensorBoardScalars
+
+STALL_ROUNDS = 3  # rounds in a row with every client update non-finite before the run stops
+
+
+def central_test_from_clients(dataset) -> bool:
+    """Whether the central test set holds clients' own test data (a source without a test split)."""
+    tests = [t for t in dataset.client_test if len(t)]
+    return bool(tests) and bool(np.isin(dataset.central_test, np.concatenate(tests)).any())
+
+
+def personalized_evaluator(cfg, dataset, model, requirements):
+    """The run's personalised evaluation: the algorithm's own, or with ``eval_prototypes`` the prototype
+    adaptation of its global classifier; None when neither applies."""
+    if requirements.personalized:
+        return PersonalizedEvaluator(dataset)
+    if cfg.eval_prototypes and requirements.global_classifier:
+        return PersonalizedEvaluator(dataset, scorer=PrototypeAdaptation(evaluation_model(model)))
+    return None
+
+
+@dataclasses.dataclass
+class RunContext:
+    cfg: object
+    workdir: str
+    dataset: object
+    server_set: object
+    choice: object
+    model: object
+    runner: object
+    tracker: object
+    streams: object
+    state: object
+    loop: LoopState
+    checkpointer: Checkpointer
+    writer: results.ResultsWriter
+    resumed: bool
+    start: float
+    pack: object = None
+    validation: object = None
+    personalized: object = None
+    template_bytes: int = 0
+    download_bytes: int = 0
+    interruption: Interruption = dataclasses.field(default_factory=Interruption)
+    stop_reason: str | None = None
+    diverged: bool = False
+    halted: bool = False  # the round's row is the last and no callback may extend it (a non-finite model)
+    summary: object = None  # the ``RunSummary``, once the results callback has written it
+
+    @classmethod
+    def prepare(cls, cfg, workdir: str, overwrite: bool, resume: bool, tensorboard: bool) -> "RunContext":
+        """Data, model, round, tracker and loop state of ``cfg`` (restored from the newest checkpoint with
+        ``resume``), and its results writer; an earlier run in ``workdir`` is refused or, with ``overwrite``,
+        removed first."""
+        if resume:  # before the data and the checkpoint are read: another config cannot restore into this one
+            results.check_resumable(workdir, cfg.copy_and_resolve_references().to_json_best_effort(indent=2),
+                                    default_config().to_json_best_effort())
+        else:  # an earlier run there is refused, or with overwrite removed whole (its checkpoints too)
+            results.prepare_workdir(workdir, overwrite)
+        scalars = TensorBoardScalars(os.path.join(workdir, "tensorboard")) if tensorboard else None
+        start = time.perf_counter()
+        dataset = build_dataset(cfg.data, cfg.seed)
+        server_set = None
+        if needs_server_set(cfg):
+            server_set, dataset = build_server_set(cfg.data, cfg.server_data, dataset, cfg.seed)
+        cfg = cfg.copy_and_resolve_references()
+        choice, model, runner = build_model_and_round(cfg, dataset, server_set)
+        requirements = runner.algorithm.requirements
+        _check_evaluation(cfg, dataset, requirements)
+        if shares_server_set(cfg):
+            dataset = share_with_clients(dataset, server_set)
+        pack = make_packer(cfg, dataset, requirements)  # refuses data the cohorts cannot be packed from, first
+        tracker = privacy_tracker(cfg, runner, dataset)
+        streams = rng_lib.run_streams(cfg.seed, cfg.privacy.secure_rng)
+        params = model.init(streams.model_init)
+        state = runner.init(params)
+        loop = LoopState(*rng_lib.host_generators(cfg.seed, cfg.privacy.secure_rng), secure_rng=cfg.privacy.secure_rng)
+        if requirements.client_state:
+            loop.client_states = ClientStateStore(runner.algorithm.client_state_init(params))
+        if runner.uploads.keeps_client_state:  # error feedback's residuals
+            loop.upload_client_states = ClientStateStore(
+                runner.uploads.client_state_init(runner.algorithm.upload_template(params)))
+        loop.config = json.loads(cfg.to_json_best_effort())
+        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint_keep or None)
+        if resume:
+            state = loop.restore(checkpointer, state, tracker, workdir,
+                                 json.loads(default_config().to_json_best_effort()), runner.uploads.releases)
+        writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite, append=resume,
+                                       scalars=scalars,
+                                       defaults_json=default_config().to_json_best_effort() if resume else None)
+        return cls(cfg, workdir, dataset, server_set, choice, model, runner, tracker, streams, state, loop,
+                   checkpointer, writer, resume, start, pack=pack,
+                   validation=server_set if validates_on_server_set(cfg) else None,
+                   personalized=personalized_evaluator(cfg, dataset, model, requirements),
+                   template_bytes=dense_upload_bytes(runner.algorithm.upload_template(params)),
+                   download_bytes=broadcast_bytes(runner.algorithm.broadcast(state)))
+
+    def seconds(self) -> float:
+        """This process's time so far."""
+        return time.perf_counter() - self.start
+
+    def evaluate(self, with_validation: bool = True):
+        """The ``evaluation.Evaluation`` of the current state (``with_validation``: on the server-held validation set
+        too, where the run has one)."""
+        return evaluate_state(self.model, self.runner.algorithm, self.state, self.dataset, self.loop.client_states,
+                              self.validation if with_validation else None, self.personalized,
+                              self.cfg.eval_client_data)
+
+    def stop(self, reason: str, diverged: bool = False) -> None:
+        if self.stop_reason is None:
+            self.stop_reason, self.diverged = reason, diverged
+
+    def round(self, t: int) -> dict | None:
+        """Runs round t (module docstring); returns its row, or None where the budget stops the run before it."""
+        cfg, tracker, loop, runner = self.cfg, self.tracker, self.loop, self.runner
+        uploads = runner.specialized(self.state)  # compression rates: fixed once per round, on the host
+        releases = uploads.releases(t, self.state.uploads) if tracker is not None else []  # what round t releases
+        eligible = tracker.eligible(t, releases) if tracker is not None else None
+        if tracker is not None and (not tracker.allows(t, releases) or (
+                cfg.sampling.method == "uniform" and eligible.sum() < cfg.sampling.cohort_size)):
+            tracker.stopped_at = t
+            self.stop("privacy budget")
+            return None
+        ids = sample_cohort(cfg, self.dataset.num_clients, loop.sampling_rng, eligible)
+        row = {"round": t, "cohort_size": len(ids)}
+        if len(ids) or tracker is not None:
+            cohort = self.pack(ids, loop.shuffle_rng, cohort_slots(cfg, self.dataset.num_clients, len(ids)))
+            slots = cohort["mask"].shape[0]
+            cohort["client_id"] = np.pad(np.asarray(ids, np.int32), (0, slots - len(ids)))
+            step_noise = tracker.step_inputs(t, ids, slots) if tracker is not None else None
+            stacked = loop.client_states.gather(ids, slots) if loop.client_states is not None else None
+            stacked_uploads = (loop.upload_client_states.gather(ids, slots)
+                               if loop.upload_client_states is not None else None)
+            upload_bytes, rates = uploads.upload_bytes(self.template_bytes), compression_rates(uploads)
+            previous = self.state
+            result = runner(self.state, cohort, rng_lib.round_key(self.streams.rounds, t), t, stacked, uploads,
+                            noise_key=rng_lib.round_key(self.streams.noise, t), upload_client_states=stacked_uploads,
+                            step_noise=step_noise)
+            self.state = result.state
+            if tracker is not None:  # accounted even if the result is discarded below (conservative)
+                tracker.record(t, ids, result.releases)
+                row.update(epsilon=tracker.epsilon(), formal=tracker.private)
+            loop.participation.append([t, [int(i) for i in ids]])
+            if not bool(tree.is_finite(self.state.params)):
+                self.state = previous
+                self.stop(f"the global model diverged in round {t} (non-finite parameters)", diverged=True)
+                self.halted = True
+                return {**row, "diverged": True}
+            dropped = result.dropped[:len(ids)]
+            if loop.client_states is not None:  # a dropped client keeps its old state
+                loop.client_states.scatter(ids, result.client_states, ~dropped)
+            if loop.upload_client_states is not None:
+                loop.upload_client_states.scatter(ids, result.upload_client_states, ~dropped)
+            if dropped.any():  # non-finite updates: kept out of the model, counted, and named
+                row["dropped_client_ids"] = [int(i) for i in np.asarray(ids)[dropped]]
+                logging.warning("round %d: dropped non-finite updates of clients %s", t, row["dropped_client_ids"])
+            row.update({k: float(v) for k, v in result.metrics.items()})
+            loop.all_dropped_streak = loop.all_dropped_streak + 1 if len(ids) and dropped.all() else 0
+            if loop.all_dropped_streak >= STALL_ROUNDS:
+                self.stop(f"every client update was non-finite for {STALL_ROUNDS} rounds in a row (to round {t}): "
+                          "the global model has diverged", diverged=True)
+            row.update(loop.meter.record(len(ids), upload_bytes, self.download_bytes))
+            if rates is not None:
+                row["compression_rates"] = rates
+            loop.client_updates += len(ids)
+        loop.rounds_run = t
+        return row
+
+
+def _check_evaluation(cfg, dataset, requirements) -> None:
+    """``eval_client_data=False`` needs something to evaluate that is not client data."""
+    if not cfg.eval_client_data and not requirements.global_classifier:
+        raise ValueError(f"eval_client_data=False: algorithm {cfg.algorithm!r} is scored only by personalised models on "
+                         "the clients' own test data (its global model is not a classifier); set eval_client_data=True "
+                         "(those figures are then listed in privacy.json's outside_guarantee)")
+    if not cfg.eval_client_data and central_test_from_clients(dataset):
+        raise ValueError(f"eval_client_data=False needs a held-out central test set, and data.source={cfg.data.source!r} "
+                         "has none: its central test set is the union of the clients' own test data (use a source "
+                         "with a test split, such as mnist or cifar10, or set eval_client_data=True)")

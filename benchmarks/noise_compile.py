@@ -1,4 +1,4 @@
-"""XLA compile time of the DP noise draw (``privacy.mechanisms.gaussian_noise_like``) for the repository's models,
+"""XLA compile time of the DP noise draw (``privacy.mechanisms.gaussian.gaussian_noise_like``) for the repository's models,
 the flat draw it makes now against drawing each leaf's (NOISE_DRAWS, *shape) directly (the values are equal:
 tests/test_clipping_and_noise.py). Each formulation is compiled in a fresh process (no in-memory or persistent
 cache), alternating, ``--repeats`` times; the JSON keeps every time and the medians' ratio.
@@ -23,7 +23,7 @@ _CHILD = """
 import json, sys, time
 import jax, jax.numpy as jnp
 from fedjax_dp.models import get_model
-from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy.mechanisms import gaussian as mechanisms
 name, shape, classes, formulation = sys.argv[1], tuple(json.loads(sys.argv[2])), int(sys.argv[3]), sys.argv[4]
 if formulation == "direct":
     def direct(key, shape, dtype=jnp.float32):

@@ -1,11 +1,11 @@
 """What one DP noise draw costs, as shipped against its earlier form, in one process (``core.unrolled_threefry``,
-``privacy.mechanisms.standard_normal``).
+``privacy.mechanisms.gaussian.standard_normal``).
 
 For each model's parameter tree, timed both ways in this one run:
 
   noise      ``mechanisms.gaussian_noise_like`` (one draw of N(0, sigma^2 I) for the whole model: the central
              noise of a DP-FedAvg round, a client's local noise, a DP-SGD step's noise)
-  dp_sgd     one DP-SGD local step, ``privacy.step_dp.ClippedNoisyGradient`` at B = 16 (per-example gradients,
+  dp_sgd     one DP-SGD local step, ``privacy.mechanisms.step_dp.ClippedNoisyGradient`` at B = 16 (per-example gradients,
              clipping, noise)
 
   matrices   one compressed-sensing measurement Phi x with a matrix-free random Phi (``compression.operators
@@ -39,8 +39,8 @@ import jax.numpy as jnp  # noqa: E402
 
 from fedjax_dp.compression import operators  # noqa: E402
 from fedjax_dp.models import get_model  # noqa: E402
-from fedjax_dp.privacy import mechanisms  # noqa: E402
-from fedjax_dp.privacy.step_dp import ClippedNoisyGradient  # noqa: E402
+from fedjax_dp.privacy.mechanisms import gaussian as mechanisms  # noqa: E402
+from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient  # noqa: E402
 from timing import best_ms, timed  # noqa: E402
 from xla_cost import write_result  # noqa: E402
 

@@ -1,5 +1,5 @@
 """What calibrating z to a target epsilon costs under PLD accounting: the bracket from the RDP answer's
-neighbourhood (``privacy.accounting._pld_bracket``, what ``calibrate_noise_multiplier`` does) against the wide
+neighbourhood (``privacy.accounting.accountant._pld_bracket``, what ``calibrate_noise_multiplier`` does) against the wide
 bracket [0.25 z_rdp, 1.001 z_rdp] used before, whose lower end builds the PLD of a low-noise mechanism (slow).
 
 Both run dp_accounting's ``calibrate_dp_mechanism`` (Brent's method) in this one process, interleaved, from
@@ -23,7 +23,7 @@ sys.path.insert(1, os.path.dirname(HERE))
 
 import dp_accounting  # noqa: E402
 
-from fedjax_dp.privacy import accounting, cached_pld  # noqa: E402
+from fedjax_dp.privacy.accounting import accountant as accounting, cached_pld  # noqa: E402
 
 CASES = {"shipped dp_fedavg_mnist (Poisson q = 0.2, 40 rounds, epsilon 8)": (8.0, 1e-5, 40, "poisson", 0.2, 0, 0),
          "fixed-size 100 of 500, 40 rounds, epsilon 8": (8.0, 1e-5, 40, "fixed", 1.0, 500, 100),

@@ -2,7 +2,7 @@
 
 A run asks for epsilon after round after round of the same Poisson-subsampled Gaussian. dp_accounting's
 ``PLDAccountant`` builds the round's PLD from the mechanism at every query; ``CachedPldAccountant``
-(``fedjax_dp.privacy.cached_pld``, what ``privacy.accounting`` uses) builds it once. Both are timed in
+(``fedjax_dp.privacy.accounting.cached_pld``, what ``privacy.accounting.accountant`` uses) builds it once. Both are timed in
 this one process over the same schedule, interleaved, and their epsilons compared (they must be equal).
 JSON out; the seconds depend on the machine (say which), the ratio is the result.
 
@@ -24,12 +24,12 @@ sys.path.insert(1, os.path.dirname(HERE))
 from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent  # noqa: E402
 from dp_accounting.pld import pld_privacy_accountant  # noqa: E402
 
-from fedjax_dp.privacy import cached_pld  # noqa: E402
+from fedjax_dp.privacy.accounting import cached_pld  # noqa: E402
 
 
 def queries(make, event, rounds, every, delta):
     """Seconds and epsilons of a run's queries: after every ``every``-th round, a fresh accountant of
-    the whole history (what ``privacy.accounting.Accountant`` does at each query)."""
+    the whole history (what ``privacy.accounting.accountant.Accountant`` does at each query)."""
     start, epsilons = time.perf_counter(), []
     for t in range(every, rounds + 1, every):
         accountant = make()

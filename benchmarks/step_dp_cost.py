@@ -3,8 +3,8 @@
 For each model, one step on a batch of B examples is timed three ways in this one process:
 
   batch        the plain mean gradient of the batch (no privacy): the floor
-  dp_sgd       ``privacy.step_dp.ClippedNoisyGradient`` as shipped: dense layers by book-keeping (their
-               per-example norms and clipped sum from inputs and output gradients, ``privacy.ghost_clipping``),
+  dp_sgd       ``privacy.mechanisms.step_dp.ClippedNoisyGradient`` as shipped: dense layers by book-keeping (their
+               per-example norms and clipped sum from inputs and output gradients, ``privacy.mechanisms.ghost_clipping``),
                per-example gradients of the other parameters, Gaussian noise
   per_example  the same hook with ``dense_bookkeeping=False``: every parameter's per-example gradient, each
                example clipped to C, summed by a contraction with the clip weights (the code before book-keeping)
@@ -33,10 +33,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from fedjax_dp.models import get_model  # noqa: E402
-from fedjax_dp.privacy.clipping import clip_by_global_norm  # noqa: E402
-from fedjax_dp.privacy.mechanisms import add_gaussian_noise  # noqa: E402
+from fedjax_dp.privacy.mechanisms.clipping import clip_by_global_norm  # noqa: E402
+from fedjax_dp.privacy.mechanisms.gaussian import add_gaussian_noise  # noqa: E402
 from fedjax_dp.training.results import write_json  # noqa: E402
-from fedjax_dp.privacy.step_dp import ClippedNoisyGradient  # noqa: E402
+from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient  # noqa: E402
 from timing import timed  # noqa: E402
 
 MODELS = {"cnn_fedavg": (28, 28, 1), "mlp_2nn": (28, 28, 1), "cnn_pfl": (32, 32, 3)}

@@ -12,7 +12,7 @@ from fedjax_dp.core.strategy import StrategyChoice
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.deferred_dense import on_by_default
 from fedjax_dp.models import get_model
-from fedjax_dp.privacy.clipping import clip_by_global_norm
+from fedjax_dp.privacy.mechanisms.clipping import clip_by_global_norm
 from fedjax_dp.training.build import spread
 
 from workload_w_data import BATCH, CLIP, LR, MODELS, POPULATION, SIGMA, STEPS, cohort_ids, make_population

@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 from fedjax_dp.configs import geyer_mnist  # noqa: E402
 
-from fedjax_dp.privacy.accounting import Accountant, RoundEvent  # noqa: E402
+from fedjax_dp.privacy.accounting.accountant import Accountant, RoundEvent  # noqa: E402
 from fedjax_dp.training import results  # noqa: E402
 from fedjax_dp.training.default_config import default_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402

@@ -31,7 +31,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fedjax_dp.privacy import gdp  # noqa: E402
+from fedjax_dp.privacy.accounting import gdp  # noqa: E402
 from fedjax_dp.training.default_config import default_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402

@@ -8,8 +8,8 @@ from scipy.stats import norm
 import pytest
 from dp_accounting import pld, rdp
 
-from fedjax_dp.privacy import accounting as A
-from fedjax_dp.privacy import gdp
+from fedjax_dp.privacy.accounting import accountant as A
+from fedjax_dp.privacy.accounting import gdp
 
 
 def test_t_gaussians_equal_sqrt_t_over_sigma_gdp():
@@ -145,7 +145,7 @@ def test_rdp_order_grid_is_a_parameter():
 def test_gdp_conversions_survive_a_huge_mu():
     """A local mechanism with a tiny multiplier (PriFedSync's z = 2 sigma / (B sqrt(L))) is mu-GDP with mu in
     the hundreds or more: the conversion used to overflow in e^eps Phi(b) (cancellation in eps + log Phi(b))."""
-    from fedjax_dp.privacy import gdp
+    from fedjax_dp.privacy.accounting import gdp
 
     previous = 0.0
     for mu in (50.0, 314.0, 9e9):
@@ -164,7 +164,7 @@ def test_the_cached_pld_accountant_is_dp_accountings_to_the_bit_and_builds_each_
 
     from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 
-    from fedjax_dp.privacy import cached_pld
+    from fedjax_dp.privacy.accounting import cached_pld
 
     cached_pld.subsampled_gaussian_pld.cache_clear()
     schedule = [(A.RoundEvent("poisson", 1.1, sampling_rate=0.05), 3), (A.RoundEvent("poisson", 0.9, sampling_rate=0.05), 2),
@@ -198,7 +198,7 @@ def test_self_composition_bounds_from_cached_moments_are_dp_accountings_to_the_b
 
     from dp_accounting.pld import common
 
-    from fedjax_dp.privacy import cached_pld
+    from fedjax_dp.privacy.accounting import cached_pld
 
     rng = np.random.default_rng(0)
     bounds = cached_pld.ChernoffBounds(common.compute_self_convolve_bounds)

@@ -2,14 +2,15 @@
 as written, the sound variant, and the accounting of the schedule actually run."""
 
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.privacy import adaptive_gdp, gdp
+from fedjax_dp.privacy.accounting import gdp
+
+from fedjax_dp.privacy.mechanisms import adaptive_gdp
 
 SETTING = dict(sampling_rate=0.1, batch_size=50, dataset_size=500, local_steps=25)
 
@@ -35,40 +36,34 @@ def test_the_schedule_actually_run_spends_mu_sqrt_harmonic_not_mu():
 
 def test_paper_mode_noise_scales_with_each_layers_own_norm():
     layers = {"small": jnp.full((20000,), 0.01), "big": jnp.full((20000,), 3.0)}
-    with pytest.warns(UserWarning, match="NO formal"):
-        perturb = adaptive_gdp.make_perturbation("paper", sigma=0.7, batch_size=50)
-    noisy = perturb(layers, jax.random.key(0))
+    noisy = adaptive_gdp.paper_perturb(layers, jax.random.key(0), 0.7, 50)  # what CuagPaperNoise.client runs
     for name, x in layers.items():
         expected_std = 2 * float(jnp.linalg.norm(x)) * 0.7 / 50
         assert float(jnp.std(noisy[name] - x)) == pytest.approx(expected_std, rel=0.03)
-    zero = perturb({"w": jnp.zeros(5)}, jax.random.key(1))
+    zero = adaptive_gdp.paper_perturb({"w": jnp.zeros(5)}, jax.random.key(1), 0.7, 50)
     np.testing.assert_array_equal(zero["w"], 0.0)  # a zero upload gets no noise at all: nothing is bounded
 
 
 def test_sound_mode_clips_each_layer_and_adds_noise_of_the_joint_sensitivity():
+    """The sound mode's transforms as a run has them (``cuag_sound_noise``: per-layer clip, then local noise of
+    z sqrt(sum_l C_l^2))."""
+    from fedjax_dp.privacy.audit.canary import client_perturbation
+    from fedjax_dp.privacy.mechanisms.upload_cuag_noise import cuag_sound_noise
+
     layers = {"a": jnp.full((40000,), 1.0), "b": jnp.full((40000,), 1e-4)}
-    clip = {"a": 3.0, "b": 4.0}
-    perturb = adaptive_gdp.make_perturbation("sound", clip_norms=clip, noise_multiplier=0.5)
+    perturb = client_perturbation(cuag_sound_noise((3.0, 4.0), ((1, 0.5),)), layers)
     noisy = perturb(layers, jax.random.key(0))
     for name in layers:
         assert float(jnp.std(noisy[name] - jnp.mean(noisy[name]))) == pytest.approx(0.5 * 5.0, rel=0.03)
-    clean = adaptive_gdp.sound_perturb(layers, jax.random.key(0), clip, 0.0)
+    clean = client_perturbation(cuag_sound_noise((3.0, 4.0), ((1, 1e-9),)), layers)(layers, jax.random.key(0))
     assert float(jnp.linalg.norm(clean["a"])) == pytest.approx(3.0, rel=1e-5)
-    np.testing.assert_allclose(clean["b"], layers["b"])  # under its threshold: untouched
+    np.testing.assert_allclose(clean["b"], layers["b"], atol=1e-6)  # under its threshold: untouched
 
 
 def test_bad_input_is_named():
-    with pytest.raises(ValueError, match="mode 'gdp'"):
-        adaptive_gdp.make_perturbation("gdp")
     with pytest.raises(ValueError, match="t = 1, got 0"):
         adaptive_gdp.noise_scale(0, 0.25, **SETTING)
     with pytest.raises(ValueError, match="mu must be .* got -1"):
         adaptive_gdp.noise_scale(1, -1, **SETTING)
     with pytest.raises(ValueError, match="batch_size must be .* got 0"):
         adaptive_gdp.noise_scale(1, 0.25, **{**SETTING, "batch_size": 0})
-    with pytest.raises(ValueError, match="clip_norms"):
-        adaptive_gdp.make_perturbation("sound", noise_multiplier=1.0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(ValueError, match="sigma must be .* got None"):
-            adaptive_gdp.make_perturbation("paper", batch_size=50)

@@ -18,8 +18,8 @@ from fedjax_dp.core.algorithm import ClientOut, Requirements, apply_mean_upload,
 from fedjax_dp.core.local_training import masked_mean
 from fedjax_dp.core.optimizers import build_optimizer
 from fedjax_dp.core.uploads import UniformWeights, chain, fixed_denominator
-from fedjax_dp.privacy.upload_clipping import FlatClip, MedianClip
-from fedjax_dp.privacy.upload_noise import GaussianNoise
+from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip, MedianClip
+from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
@@ -152,8 +152,9 @@ def test_cuag_adaptive_gdp_noise_runs_in_the_loop_and_is_labelled(mode, tmp_path
     ``formal: false`` and the epsilon is the paper's CLT figure (lambda = 1) composed over each client's rounds;
     sound mode (fixed C_l + local Gaussian): formal, z from the chain."""
     from fedjax_dp.algorithms.fedavg import FedAvg
-    from fedjax_dp.privacy import adaptive_gdp, gdp
-    from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, cuag_sound_noise
+    from fedjax_dp.privacy.accounting import gdp
+    from fedjax_dp.privacy.mechanisms import adaptive_gdp
+    from fedjax_dp.privacy.mechanisms.upload_cuag_noise import CuagPaperNoise, cuag_sound_noise
 
     setting = dict(sampling_rate=1 / 3, batch_size=32, dataset_size=400, local_steps=2)
 
@@ -241,10 +242,10 @@ def _positional_constructions():
     from fedjax_dp.algorithms.fedmeta import FedMeta
     from fedjax_dp.algorithms.pfldyn_proto import PFLDynProto
     from fedjax_dp.algorithms.scaffold import Scaffold
-    from fedjax_dp.privacy.example_ledger import ExampleLevelLedger
-    from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip
-    from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise
-    from fedjax_dp.privacy.upload_layer_quantile_clip import PerLayerQuantileClip
+    from fedjax_dp.privacy.ledgers.example_ledger import ExampleLevelLedger
+    from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip
+    from fedjax_dp.privacy.mechanisms.upload_cuag_noise import CuagPaperNoise
+    from fedjax_dp.privacy.mechanisms.upload_layer_quantile_clip import PerLayerQuantileClip
 
     def loss(params, batch):
         return batch["x"].sum(-1)

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.privacy.accounting import RoundEvent, epsilon_of
-from fedjax_dp.privacy.audit import audit, clopper_pearson, dp_fedavg_round, epsilon_lower_bound
+from fedjax_dp.privacy.accounting.accountant import RoundEvent, epsilon_of
+from fedjax_dp.privacy.audit.canary import audit, clopper_pearson, dp_fedavg_round, epsilon_lower_bound
 
 DELTA = 1e-5
 
@@ -63,11 +63,11 @@ def test_end_to_end_audit_of_a_short_training_run():
     from fedjax_dp.algorithms.fedavg import FedAvg
     from fedjax_dp.core.round import FederatedRound
     from fedjax_dp.core.uploads import fixed_denominator
-    from fedjax_dp.privacy.upload_clipping import FlatClip
-    from fedjax_dp.privacy.upload_noise import GaussianNoise
+    from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
+    from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
     from fedjax_dp.data.packing import pack_cohort
     from fedjax_dp.models import get_model
-    from fedjax_dp.privacy.audit import audit_training_run
+    from fedjax_dp.privacy.audit.canary import audit_training_run
 
     rng = np.random.default_rng(0)
     model = get_model("logistic", (4, 4, 1), 3)
@@ -95,8 +95,11 @@ def test_audit_catches_cuag_paper_self_norm_clipping(replacement):
     audit of one aggregation shows it holds no such guarantee, even against a same-norm replacement."""
     import warnings
 
-    from fedjax_dp.privacy import adaptive_gdp, gdp
-    from fedjax_dp.privacy.audit import cuag_round
+    from fedjax_dp.privacy.accounting import gdp
+
+    from fedjax_dp.privacy.mechanisms import adaptive_gdp
+    from fedjax_dp.privacy.audit.canary import client_perturbation, cuag_round
+    from fedjax_dp.privacy.mechanisms.upload_cuag_noise import CuagPaperNoise, cuag_sound_noise
 
     d = 50
     others = jnp.asarray(np.random.default_rng(0).normal(size=(2, d)), jnp.float32)
@@ -105,24 +108,27 @@ def test_audit_catches_cuag_paper_self_norm_clipping(replacement):
     claim = gdp.epsilon_from_mu(0.25, DELTA)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        paper = adaptive_gdp.make_perturbation(
-            "paper", sigma=adaptive_gdp.noise_scale(1, 0.25, **_cuag_setting()), batch_size=50)
+        noise = CuagPaperNoise(mu=0.25, **_cuag_setting())  # round 1's sigma_t, as a run draws it
+    assert noise.inputs(1)["sigma"] == adaptive_gdp.noise_scale(1, 0.25, **_cuag_setting())
+    paper = client_perturbation([noise], {"a": jnp.zeros(d // 2), "b": jnp.zeros(d - d // 2)})
     result = audit(cuag_round(others, 10.0 * direction, paper, other), direction, claim, DELTA, trials=20000)
     assert result.violated and result.epsilon_lower > claim + 3
 
 
 @pytest.mark.parametrize("mu", [0.25, 1.0])
 def test_cuag_sound_mode_stays_below_its_accounted_claim(mu):
-    from fedjax_dp.privacy import adaptive_gdp, gdp
-    from fedjax_dp.privacy.accounting import analytic_gaussian_sigma
-    from fedjax_dp.privacy.audit import cuag_round
+    from fedjax_dp.privacy.accounting import gdp
+    from fedjax_dp.privacy.mechanisms import adaptive_gdp
+    from fedjax_dp.privacy.accounting.accountant import analytic_gaussian_sigma
+    from fedjax_dp.privacy.audit.canary import client_perturbation, cuag_round
+    from fedjax_dp.privacy.mechanisms.upload_cuag_noise import CuagPaperNoise, cuag_sound_noise
 
     d = 50
     others = jnp.zeros((0, d))  # the canary client's own upload: the strongest view local noise must resist
     direction = jnp.zeros(d).at[0].set(1.0)
     claim = gdp.epsilon_from_mu(mu, DELTA)
     z = analytic_gaussian_sigma(claim, DELTA)  # one Gaussian release of sensitivity sqrt(sum C_l^2)
-    sound = adaptive_gdp.make_perturbation("sound", clip_norms={"a": 1.0, "b": 0.1}, noise_multiplier=z)
+    sound = client_perturbation(cuag_sound_noise((1.0, 0.1), ((1, z),)), {"a": jnp.zeros(25), "b": jnp.zeros(25)})
     result = audit(cuag_round(others, 10.0 * direction, sound), direction, claim, DELTA, trials=20000, seed=3)
     assert not result.violated
     assert result.epsilon_lower > 0.25 * claim  # not vacuous
@@ -132,8 +138,8 @@ def test_cuag_sound_mode_stays_below_its_accounted_claim(mu):
 def test_audit_of_the_adaptive_clip_count_catches_the_old_accounting(centred):
     """Issue 16, finding 2: the count released 0/1 bits (sensitivity 1) while the claim assumed centred
     bits (1/2). With sigma_b = 1 the claim is a Gaussian of multiplier 2; the old release breaks it."""
-    from fedjax_dp.privacy.audit import adaptive_clip_count_round
-    from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip
+    from fedjax_dp.privacy.audit.canary import adaptive_clip_count_round
+    from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip
 
     clip = AdaptiveQuantileClip(initial_clip_norm=1.0, count_noise_std=1.0, denominator=10)
     mechanism = adaptive_clip_count_round(clip, np.linspace(0.1, 3, 9), canary_norm=0.2, centred=centred)

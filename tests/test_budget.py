@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_dp.privacy import gdp
-from fedjax_dp.privacy.accounting import Accountant, RoundEvent
-from fedjax_dp.privacy.budget import BudgetRule, ClientLedger
+from fedjax_dp.privacy.accounting import gdp
+from fedjax_dp.privacy.accounting.accountant import Accountant, RoundEvent
+from fedjax_dp.privacy.ledgers.budget import BudgetRule, ClientLedger
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
@@ -80,7 +80,7 @@ def test_client_ledger_takes_each_clients_own_noise():
 
 def test_tracker_composes_per_client_multipliers_of_a_local_release():
     from fedjax_dp.core.uploads import Release
-    from fedjax_dp.privacy.client_sampling import FixedSizeSampling
+    from fedjax_dp.privacy.accounting.client_sampling import FixedSizeSampling
     from fedjax_dp.privacy.settings import PrivacySettings
     from fedjax_dp.privacy.tracker import tracker_for
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from fedjax_dp.core import rng, tree
-from fedjax_dp.privacy import clipping
-from fedjax_dp.privacy.mechanisms import gaussian_noise_like
+from fedjax_dp.privacy.mechanisms import clipping
+from fedjax_dp.privacy.mechanisms.gaussian import gaussian_noise_like
 
 
 def random_tree(seed, scale):
@@ -97,7 +97,7 @@ def test_noise_keys_are_never_reused():
 def test_local_noise_with_per_client_multipliers_uses_each_clients_own_z():
     """Heterogeneous DP (seed 004): client n adds N(0, (z_n S)^2); the release lists every z_n."""
     from fedjax_dp.core.uploads import ClientContext
-    from fedjax_dp.privacy.upload_noise import GaussianNoise
+    from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 
     noise = GaussianNoise(local=True, client_multipliers=(0.5, 3.0))
     upload = {"w": jnp.zeros(20000)}
@@ -116,7 +116,7 @@ def test_local_noise_with_per_client_multipliers_uses_each_clients_own_z():
 def test_the_flat_noise_draw_is_the_draw_of_the_shape_value_for_value(shape, dtype):
     """``standard_normal`` draws flat and reshapes (faster to compile): the values are those of drawing the
     shape directly, so no seeded run changes."""
-    from fedjax_dp.privacy.mechanisms import NOISE_DRAWS, standard_normal
+    from fedjax_dp.privacy.mechanisms.gaussian import NOISE_DRAWS, standard_normal
 
     with jax.enable_x64(dtype == jnp.float64):
         key = jax.random.key(7)

@@ -287,8 +287,8 @@ def test_gaussian_compression_rounds_agree_with_and_without_materialized_matrice
     """The CS upload transform passes the round's matrices as an input when they fit ``materialize_gb``;
     a DP round (clip, compress, noise, server reconstruction of the noised sum) gives the same model."""
     from fedjax_dp.core.uploads import fixed_denominator
-    from fedjax_dp.privacy.upload_clipping import FlatClip
-    from fedjax_dp.privacy.upload_noise import GaussianNoise
+    from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
+    from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 
     model = get_model("logistic", (4, 4, 1), 3)
     params = model.init(jax.random.key(0))

@@ -14,8 +14,8 @@ from fedjax_dp.compression.upload_transform import CompressedSensing
 from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.core.uploads import ClientContext, UniformWeights, chain
-from fedjax_dp.privacy.upload_clipping import FlatClip, MedianClip
-from fedjax_dp.privacy.upload_noise import GaussianNoise
+from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip, MedianClip
+from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 

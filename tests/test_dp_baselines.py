@@ -17,7 +17,7 @@ from fedjax_dp.core.strategy import StrategyChoice
 from fedjax_dp.data.packing import pack_sampled_cohort
 from fedjax_dp.models import get_model
 from fedjax_dp.core.round import STEP_NOISE as STEP_NOISE_KEY
-from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
+from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient
 from fedjax_dp.training.build import build_round
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
@@ -49,7 +49,7 @@ def _run(tmp_path, name, algorithm, **overrides):
 
 
 def _gdp_delta(mu, epsilon):
-    """delta(epsilon) of mu-GDP (Dong, Roth, Su 2019, Cor. 2.13), written out independently of privacy.gdp."""
+    """delta(epsilon) of mu-GDP (Dong, Roth, Su 2019, Cor. 2.13), written out independently of privacy.accounting.gdp."""
     return stats.norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + stats.norm.logcdf(-epsilon / mu - mu / 2))
 
 
@@ -139,7 +139,7 @@ def test_prifedsync_noise_is_alg4s_at_a_fixed_sigma_its_epsilon_exact_and_the_se
 
 
 def test_prifedsyncs_claimed_figure_reproduces_the_seeds_epsilon_range():
-    from fedjax_dp.privacy.gdp import epsilon_from_mu
+    from fedjax_dp.privacy.accounting.gdp import epsilon_from_mu
 
     claimed = [epsilon_from_mu(prifedsync.claimed_mu(0.45, t, 0.1, 50, 500), 1e-5) for t in (1, 300)]
     assert claimed == [pytest.approx(0.41, abs=0.005), pytest.approx(10.24, abs=0.005)]  # seed 004 §7.3

@@ -12,9 +12,9 @@ from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.data.packing import pack_cohort
 from fedjax_dp.models import get_model
-from fedjax_dp.privacy import mechanisms
-from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, FlatClip
-from fedjax_dp.privacy.upload_noise import GaussianNoise
+from fedjax_dp.privacy.mechanisms import gaussian as mechanisms
+from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip, FlatClip
+from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.default_config import default_config
 

@@ -109,8 +109,8 @@ def test_a_raising_client_under_dp_is_counted_as_dropped(local):
     """Issue 16, finding 10: the contained client's outputs had ``present`` zeroed, so a DP round
     reported 0 dropped and the loop never named it."""
     from fedjax_dp.core.uploads import chain, fixed_denominator
-    from fedjax_dp.privacy.upload_clipping import FlatClip
-    from fedjax_dp.privacy.upload_noise import GaussianNoise
+    from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
+    from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 
     model = get_model("logistic", (4, 4, 1), 3)
     x, y, indices = _cohort([1])
@@ -128,8 +128,8 @@ def test_a_raising_client_under_local_noise_sends_noise_not_zeros(local):
     be what a client with a zero update sends (noise), and it still stays out of the sum."""
     from fedjax_dp.core.round import client_inputs
     from fedjax_dp.core.uploads import chain, fixed_denominator
-    from fedjax_dp.privacy.upload_clipping import FlatClip
-    from fedjax_dp.privacy.upload_noise import GaussianNoise
+    from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
+    from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 
     model = get_model("logistic", (4, 4, 1), 3)
     x, y, indices = _cohort([1])

@@ -1,4 +1,4 @@
-"""Book-keeping clipping (``privacy.ghost_clipping``) gives DP-SGD's clipped gradient sum of the vmapped
+"""Book-keeping clipping (``privacy.mechanisms.ghost_clipping``) gives DP-SGD's clipped gradient sum of the vmapped
 per-example gradients, for every model family: dense only, convolutions + dense, a recurrent model whose output
 layer sees 12 positions per example, GroupNorm; padded slots; a median clip; a loss with no dense layer."""
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from fedjax_dp.models import get_model
-from fedjax_dp.privacy.ghost_clipping import clipped_gradient_sum, find_dense_calls
-from fedjax_dp.privacy.step_dp import ClippedNoisyGradient, clipped_sum
+from fedjax_dp.privacy.mechanisms.ghost_clipping import clipped_gradient_sum, find_dense_calls
+from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient, clipped_sum
 
 
 def per_example_reference(per_example_loss, params, batch, mask, clip_norm, median=False):

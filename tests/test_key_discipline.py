@@ -24,8 +24,8 @@ import pytest
 from fedjax_dp.core import round as round_lib
 from fedjax_dp.core.algorithm import ClientOut
 from fedjax_dp.core.uploads import chain, fixed_denominator
-from fedjax_dp.privacy.upload_layer_quantile_clip import PerLayerQuantileClip
-from fedjax_dp.privacy.upload_noise import GaussianNoise
+from fedjax_dp.privacy.mechanisms.upload_layer_quantile_clip import PerLayerQuantileClip
+from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
@@ -196,7 +196,7 @@ def test_the_local_count_noise_and_every_leafs_upload_noise_are_uncorrelated():
 
 
 def test_a_chain_refuses_two_transforms_drawing_from_one_key():
-    from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip
+    from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip
 
     central = dict(count_noise_std=1.0, denominator=4.0)
     with pytest.raises(ValueError, match=r"more than one transform draws from the \['CLIP_ADAPTATION'\] key"):
@@ -208,7 +208,7 @@ def test_a_chain_refuses_two_transforms_drawing_from_one_key():
 
 def test_an_algorithm_whose_steps_draw_client_noise_refuses_local_upload_noise():
     from fedjax_dp.core.algorithm import Requirements
-    from fedjax_dp.privacy.upload_clipping import FlatClip
+    from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
 
     step_noise = type("StepNoise", (), {"requirements": Requirements(step_noise=True)})()  # as ldp_minibatch declares
     uploads = chain(FlatClip(1.0), GaussianNoise(local=True), fixed_denominator(4.0))

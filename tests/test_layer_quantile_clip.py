@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from fedjax_dp.core.uploads import ClientContext, ServerContext
-from fedjax_dp.privacy import gdp
-from fedjax_dp.privacy.local_calibration import constant_multipliers, upload_mus
-from fedjax_dp.privacy.upload_layer_quantile_clip import PerLayerQuantileClip
+from fedjax_dp.privacy.accounting import gdp
+from fedjax_dp.privacy.accounting.local_calibration import constant_multipliers, upload_mus
+from fedjax_dp.privacy.mechanisms.upload_layer_quantile_clip import PerLayerQuantileClip
 from fedjax_dp.training.loop import run_experiment
 
 from test_pfldyn_cuag import _pfl_config

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from fedjax_dp.core.correlation_weights import CorrelationWeights, correlation_weights
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.uploads import ServerContext
-from fedjax_dp.privacy.accounting import replace_one_scale
-from fedjax_dp.privacy.example_ledger import LEDGER_ORDERS, ExampleLevelLedger
-from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
+from fedjax_dp.privacy.accounting.accountant import replace_one_scale
+from fedjax_dp.privacy.ledgers.example_ledger import LEDGER_ORDERS, ExampleLevelLedger
+from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient
 from fedjax_dp.training.default_config import default_config
 
 
@@ -61,7 +61,7 @@ def test_the_poisson_ledger_is_dp_accountings_poisson_gaussian_with_the_cut_char
     composes dp_accounting's PLD of the same steps (two noise levels) and is below the RDP one."""
     from dp_accounting.pld import pld_privacy_accountant
 
-    from fedjax_dp.privacy.example_ledger import LEDGER_PLD_DISCRETIZATION
+    from fedjax_dp.privacy.ledgers.example_ledger import LEDGER_PLD_DISCRETIZATION
 
     ledgers = {kind: _ledger(thresholds=50.0, z0=1.3, zmax=2.6, adaptive=False, step_sampling="poisson",
                              per_example=per_example, accountant=kind) for kind in ("rdp", "pld")}
@@ -110,8 +110,8 @@ def test_the_ledgers_cached_step_plds_compose_to_dp_accountings_own_to_the_bit(z
     ``from_gaussian_mechanism(...).self_compose(count)``, the second count from the cached step PLD."""
     from dp_accounting.pld import privacy_loss_distribution
 
-    from fedjax_dp.privacy.accounting import RoundEvent
-    from fedjax_dp.privacy.example_ledger import LEDGER_PLD_DISCRETIZATION, _steps_pld
+    from fedjax_dp.privacy.accounting.accountant import RoundEvent
+    from fedjax_dp.privacy.ledgers.example_ledger import LEDGER_PLD_DISCRETIZATION, _steps_pld
 
     event = RoundEvent("poisson", z, sampling_rate=q)
     for steps in (count, 3 * count):
@@ -152,7 +152,7 @@ def test_a_pld_ledger_decides_on_pld_so_a_client_spends_its_threshold_by_pld():
 def test_the_poisson_cap_is_the_least_that_keeps_the_charged_cut_within_its_share_of_delta(sizes, batch, steps, epsilon):
     """(1 + e^eps) times the cut's probability over n and n + 1 points (scipy) within 1 % of delta; n = B = 16 takes
     every example, so only the neighbour's 17th can be cut: the cap is 17."""
-    from fedjax_dp.privacy.poisson_truncation import batch_cap
+    from fedjax_dp.privacy.accounting.poisson_truncation import batch_cap
 
     cap = batch_cap(sizes, batch, steps, 1e-5, epsilon)
     charged = lambda c: (1 + np.exp(epsilon)) * max(_cut_probability(c, n, batch, steps) for n in sizes)  # noqa: E731
@@ -164,7 +164,7 @@ def test_the_poisson_cap_is_the_least_that_keeps_the_charged_cut_within_its_shar
 def test_poisson_steps_refuse_a_client_smaller_than_the_expected_batch_by_name():
     """B / n_k is the inclusion probability: a FEMNIST writer with 4 examples and B = 16 crashed with
     'cannot convert float NaN to integer' while the cap was computed."""
-    from fedjax_dp.privacy.poisson_truncation import batch_cap
+    from fedjax_dp.privacy.accounting.poisson_truncation import batch_cap
 
     with pytest.raises(ValueError, match=r"batch size B=16 is larger than the data of 2 clients \(e.g. 4 examples\)"):
         batch_cap([4, 100, 7], 16, 100, 1e-5, 4.0)
@@ -417,7 +417,7 @@ def test_the_clients_run_the_configured_steps_and_clip_and_the_ledger_accounts_w
     from fedjax_dp.core.round import STEP_NOISE, client_inputs
     from fedjax_dp.data.packing import pack_sampled_cohort
     from fedjax_dp.models import get_model
-    from fedjax_dp.privacy.poisson_truncation import batch_cap
+    from fedjax_dp.privacy.accounting.poisson_truncation import batch_cap
 
     cfg = _ldp_config(clip_norm=0.7, per_example=per_example, step_sampling=step_sampling)
     cfg.client.learning_rate = 1.0

@@ -281,8 +281,8 @@ def test_a_streamed_cohort_runs_the_same_rounds(tmp_path):
 def test_paper_mode_noise_is_per_layer_and_per_client_as_written():
     """Alg. 4: each layer gets N(0, (2 ||layer|| sigma_t / B)^2), sigma_t from the client's own mu_n."""
     from fedjax_dp.core.uploads import ClientContext
-    from fedjax_dp.privacy import adaptive_gdp
-    from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise
+    from fedjax_dp.privacy.mechanisms import adaptive_gdp
+    from fedjax_dp.privacy.mechanisms.upload_cuag_noise import CuagPaperNoise
 
     with pytest.warns(UserWarning, match="NO formal"):
         noise = CuagPaperNoise(**PAPER_SETTING, client_mus=(0.25, 2.0), client_sizes=(500, 400))
@@ -304,7 +304,7 @@ def test_a_fixed_alg4_sigma_keeps_the_papers_noise_formula_in_both_modes(tmp_pat
     own norm, sigma the same every round, no guarantee. Sound mode: C_l = cuag.clip_norm after clipping, i.e.
     a multiplier 2 sigma / (B sqrt(L)) of the sensitivity C sqrt(L), accounted (formal, no budget)."""
     from fedjax_dp.core.uploads import ClientContext
-    from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, alg4_multipliers
+    from fedjax_dp.privacy.mechanisms.upload_cuag_noise import CuagPaperNoise, alg4_multipliers
 
     with pytest.warns(UserWarning, match="NO formal"):
         paper = CuagPaperNoise(**PAPER_SETTING, fixed_sigma=0.65)
@@ -331,7 +331,7 @@ def test_paper_mode_names_the_papers_claim_only_for_the_sigma_t_schedule_it_was_
     """The paper's mu (its claimed epsilon) is what Alg. 4's sigma_t schedule is calibrated to; a Table 5 cell
     with sigma held fixed does not run that schedule, so its privacy.json must not carry the claim as its own
     (it did: a sigma 0.45 cell reported the schedule's claim 0.93 beside its formula epsilon of 20)."""
-    from fedjax_dp.privacy import gdp
+    from fedjax_dp.privacy.accounting import gdp
 
     c = _pfl_config("cuag_pfl", **{"cuag.mode": "paper", "cuag.sigma": sigma, "compression.enabled": True})
     with pytest.warns(UserWarning, match="NO formal"):
@@ -356,7 +356,8 @@ def test_paper_modes_formula_epsilon_is_the_papers_formula_over_the_rounds_run(t
     lambda's amplification (a 5-round run's figure was 1.293). The headline figure is now the paper's formula as
     it states it, mu_t^2 summed over the 5 rounds run (mu sqrt(H_5) for the sigma_t schedule), and the per-client
     figures drop lambda."""
-    from fedjax_dp.privacy import adaptive_gdp, gdp
+    from fedjax_dp.privacy.accounting import gdp
+    from fedjax_dp.privacy.mechanisms import adaptive_gdp
 
     c = _pfl_config("cuag_pfl", **{"cuag.mode": "paper", "compression.enabled": True})
     c.rounds = 5
@@ -384,7 +385,7 @@ def test_paper_modes_formula_epsilon_is_the_papers_formula_over_the_rounds_run(t
 
 
 def test_the_sigma_t_schedule_at_a_fixed_clip_is_accounted_round_by_round(tmp_path):
-    from fedjax_dp.privacy import adaptive_gdp
+    from fedjax_dp.privacy.mechanisms import adaptive_gdp
 
     c = _pfl_config("cuag_pfl", **{"cuag.mode": "sound", "cuag.sigma": "schedule", "compression.enabled": True})
     run_experiment(c, str(tmp_path / "run"), progress=False)
@@ -398,7 +399,7 @@ def test_the_sigma_t_schedule_at_a_fixed_clip_is_accounted_round_by_round(tmp_pa
 
 def test_heterogeneous_mu_reaches_the_right_clients_and_no_client_exceeds_its_budget(tmp_path):
     from fedjax_dp.algorithms.cuag_pfl import parse_client_mu
-    from fedjax_dp.privacy import gdp
+    from fedjax_dp.privacy.accounting import gdp
 
     c = _pfl_config("cuag_pfl", **{"cuag.mode": "sound", "cuag.client_mu": "0.5,4", "cuag.participations": 2,
                                    "compression.enabled": True})
@@ -447,7 +448,8 @@ def test_bad_cuag_input_is_refused_before_loading(tmp_path, path, value, message
 def test_the_sound_mode_can_follow_alg4s_shape_calibrated_to_mu_and_no_client_passes_it(tmp_path):
     """``cuag.sound_noise='sigma_t'``: z_t = kappa sigma_t, kappa = (2 / mu) sqrt(sum of the K largest
     sigma_t^-2), so K participations in ANY rounds fit mu; the ledger still holds every client to mu."""
-    from fedjax_dp.privacy import adaptive_gdp, gdp
+    from fedjax_dp.privacy.accounting import gdp
+    from fedjax_dp.privacy.mechanisms import adaptive_gdp
 
     c = _pfl_config("cuag_pfl", **{"cuag.mode": "sound", "cuag.sound_noise": "sigma_t", "cuag.mu": 2.0,
                                    "cuag.participations": 2, "compression.enabled": True})

@@ -24,8 +24,8 @@ from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core import tree
 from fedjax_dp.core.release import Release
 from fedjax_dp.core.uploads import ClientContext, Flow, ServerContext, UploadTransform, chain, fixed_denominator
-from fedjax_dp.privacy.mechanisms import add_gaussian_noise
-from fedjax_dp.privacy.upload_clipping import FlatClip
+from fedjax_dp.privacy.mechanisms.gaussian import add_gaussian_noise
+from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
@@ -106,8 +106,8 @@ def test_the_round_returns_the_releases_of_the_chain_that_ran_with_their_bound()
     from fedjax_dp.core.round import FederatedRound
     from fedjax_dp.data.packing import pack_cohort
     from fedjax_dp.models import get_model
-    from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip
-    from fedjax_dp.privacy.upload_noise import GaussianNoise
+    from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip
+    from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 
     model = get_model("logistic", (4, 4, 1), 3)
     params = model.init(jax.random.key(0))

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from fedjax_dp.core.uploads import ClientContext, Release
-from fedjax_dp.privacy import gdp
-from fedjax_dp.privacy.accounting import Accountant
-from fedjax_dp.privacy.client_sampling import FixedSizeSampling, PoissonSampling
+from fedjax_dp.privacy.accounting import gdp
+from fedjax_dp.privacy.accounting.accountant import Accountant
+from fedjax_dp.privacy.accounting.client_sampling import FixedSizeSampling, PoissonSampling
 from fedjax_dp.privacy.settings import PrivacySettings
 from fedjax_dp.privacy.tracker import tracker_for
-from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip
+from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip
 from fedjax_dp.training.default_config import default_config
 
 
@@ -148,7 +148,7 @@ def test_13_pld_discretisation_is_a_parameter_checked_against_dp_accounting():
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
 
-    from fedjax_dp.privacy.accounting import RoundEvent, calibrate_noise_multiplier
+    from fedjax_dp.privacy.accounting.accountant import RoundEvent, calibrate_noise_multiplier
 
     event = RoundEvent("poisson", 1.1, sampling_rate=0.01)
     ours = Accountant("pld").compose(event, 2000).epsilon(1e-5)
@@ -331,7 +331,7 @@ def test_7_secure_rng_noise_is_not_reproducible_from_the_seed_and_is_not_written
 
 
 def test_8_noise_is_gaussian_and_never_drawn_in_low_precision():
-    from fedjax_dp.privacy.mechanisms import NOISE_DRAWS, gaussian_noise_like, standard_normal
+    from fedjax_dp.privacy.mechanisms.gaussian import NOISE_DRAWS, gaussian_noise_like, standard_normal
 
     x = np.asarray(standard_normal(jax.random.key(0), (1_000_000,)), np.float64)
     assert abs(x.var() - 1) < 0.01 and abs(np.mean(x ** 4) - 3) < 0.05  # N(0, 1): variance and kurtosis

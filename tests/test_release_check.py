@@ -1,5 +1,5 @@
 """Every registered DP algorithm's chain adds the noise its release declares and enforces the bound its noise is
-calibrated to (``privacy.release_check``; issue 74, item 6: the canary audit missed a halved central noise), and
+calibrated to (``privacy.audit.release_check``; issue 74, item 6: the canary audit missed a halved central noise), and
 the DP-SGD step adds N(0, (z C)^2) to a clipped sum within C per example."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.core.uploads import chain
 from fedjax_dp.data.builders import build_dataset
-from fedjax_dp.privacy import mechanisms
-from fedjax_dp.privacy.release_check import check_upload_noise
-from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
-from fedjax_dp.privacy.upload_clipping import FlatClip
-from fedjax_dp.privacy.upload_noise import GaussianNoise
+from fedjax_dp.privacy.mechanisms import gaussian as mechanisms
+from fedjax_dp.privacy.audit.release_check import check_upload_noise
+from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient
+from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
+from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 from fedjax_dp.training.build import build_model_and_round
 from fedjax_dp.training.cohorts import make_packer
 from fedjax_dp.training.default_config import default_config

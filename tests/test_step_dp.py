@@ -9,8 +9,8 @@ import pytest
 
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.models import get_model
-from fedjax_dp.privacy.mechanisms import add_gaussian_noise
-from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
+from fedjax_dp.privacy.mechanisms.gaussian import add_gaussian_noise
+from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient
 
 LR, C, Z = 0.1, 0.5, 0.8
 

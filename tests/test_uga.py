@@ -217,8 +217,8 @@ def test_uga_bad_input():
 
 def test_dp_uga_without_noise_or_clipping_is_uga_and_clips_the_meta_gradient():
     from fedjax_dp.core.uploads import fixed_denominator
-    from fedjax_dp.privacy.upload_clipping import FlatClip
-    from fedjax_dp.privacy.upload_noise import GaussianNoise
+    from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
+    from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
     model = get_model("logistic", (4, 4, 1), 3)
     params = model.init(jax.random.key(0))
     sizes = [5, 11, 3]

@@ -71,7 +71,7 @@ def test_dp_noise_is_the_earlier_sum_of_draws_up_to_one_rounding_of_the_summands
     """``mechanisms.standard_normal`` draws the same normals as before (unrolled key) and adds them in the same
     order, fused: XLA:CPU may contract a draw's last multiply with the addition (an FMA), so an entry may
     differ from the earlier ``jnp.sum`` over the draws' axis by a rounding of the summands, never more."""
-    from fedjax_dp.privacy.mechanisms import NOISE_DRAWS, standard_normal
+    from fedjax_dp.privacy.mechanisms.gaussian import NOISE_DRAWS, standard_normal
 
     def before(key):
         draws = jax.random.normal(key, (NOISE_DRAWS * int(np.prod(shape)),)).reshape((NOISE_DRAWS,) + shape)

@@ -7,7 +7,7 @@ the last reconstructed aggregate; Alg. 3 ``block`` operator or ``gaussian`` / ``
 rate), noises the measurements, and the server reconstructs the mean of the noised measurements (Alg. 1
 lines 26-27) before PFLDyn's server step. ``cuag.mode``:
 
-* ``paper``: Alg. 4 as written (``privacy.upload_cuag_noise.CuagPaperNoise``): C_l = the layer's own
+* ``paper``: Alg. 4 as written (``privacy.mechanisms.upload_cuag_noise.CuagPaperNoise``): C_l = the layer's own
   norm, sigma_t schedule from mu. NO formal guarantee (warned; ``formal: false`` wherever its epsilon
   appears); the ledger records the paper's own CLT figure for the rounds each client ran, and
   ``privacy.json`` lists the paper's claim (mu -> epsilon, 0.92 for mu = 0.25 at 1e-5) beside it.
@@ -22,14 +22,14 @@ lines 26-27) before PFLDyn's server step. ``cuag.mode``:
   composition of what ran (a guarantee). ``cuag.sound_noise='sigma_t'`` gives the noise Alg. 4's shape
   instead: z_t = kappa sigma_t (least noise early, most late), kappa calibrated so that K participations
   in ANY rounds spend at most mu: kappa = (2 / mu) sqrt(sum of the K largest sigma_t^-2), i.e. the K
-  least-noisy rounds (``privacy.local_calibration.worst_case_multipliers``). (An earlier calibration to
+  least-noisy rounds (``privacy.accounting.local_calibration.worst_case_multipliers``). (An earlier calibration to
   mu in expectation over random rounds, kappa = (2 / mu) sqrt(K mean_t sigma_t^-2), priced one round-1
   participation at 1.56 mu^2 in the Table 2 setting: no client could take part and the run stopped
   before round 1.)
   ``cuag.noise_multiplier`` > 0 fixes z instead (a multiplier of the sensitivity C sqrt(L)): no budget,
   the epsilon spent is reported. ``cuag.adaptive_clip`` replaces the fixed C by per-layer thresholds that
   follow the ``cuag.target_quantile`` of each layer's norms (Andrew et al. 2021 per layer,
-  ``privacy.upload_layer_quantile_clip``), each client noising its own per-layer counts; the counts cost
+  ``privacy.mechanisms.upload_layer_quantile_clip``), each client noising its own per-layer counts; the counts cost
   L / sigma_b^2 of mu^2 a participation, and the upload noise is calibrated to what they leave. (The PriFedSync baseline is ``algorithms.prifedsync``.)
 * ``cuag.sigma`` (Table 5: sigma and C each fixed or adaptive) runs Alg. 4's own noise,
   N(0, (2 C_l sigma / B)^2) per entry, with sigma fixed (a number) or the sigma_t schedule
@@ -55,11 +55,13 @@ import numpy as np
 from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.pfldyn_proto import build_pfldyn_algorithm, check_pfldyn
 from fedjax_dp.core.uploads import UniformWeights, chain
-from fedjax_dp.privacy import adaptive_gdp, gdp, settings
-from fedjax_dp.privacy.local_calibration import (constant_multipliers, expected_participations,
+from fedjax_dp.privacy.accounting import gdp
+from fedjax_dp.privacy.mechanisms import adaptive_gdp
+from fedjax_dp.privacy import settings
+from fedjax_dp.privacy.accounting.local_calibration import (constant_multipliers, expected_participations,
                                                  worst_case_multipliers)
-from fedjax_dp.privacy.upload_cuag_noise import CuagPaperNoise, alg4_multipliers, cuag_sound_noise
-from fedjax_dp.privacy.upload_layer_quantile_clip import PerLayerQuantileClip
+from fedjax_dp.privacy.mechanisms.upload_cuag_noise import CuagPaperNoise, alg4_multipliers, cuag_sound_noise
+from fedjax_dp.privacy.mechanisms.upload_layer_quantile_clip import PerLayerQuantileClip
 
 MODES = ("paper", "sound", "none")
 SOUND_NOISE = ("constant", "sigma_t")

@@ -13,7 +13,7 @@ privacy tracker composes them, Geyer's budget stop included.
 Clip modes (``dp.clip``): ``fixed`` S; ``per_layer`` C_l = S / sqrt(L) (joint bound S); ``adaptive``
 (Andrew et al. 2021: S follows the target quantile through a noised count, the update noise raised to
 z_Delta so that the pair is z-private); ``per_layer_adaptive`` (the same rule per layer from S / sqrt(L),
-``privacy.upload_layer_quantile_clip``; L counts at sigma_b sqrt(L) cost what one at sigma_b does, and
+``privacy.mechanisms.upload_layer_quantile_clip``; L counts at sigma_b sqrt(L) cost what one at sigma_b does, and
 under local noise each client noises its own counts); ``median`` (Geyer et al.'s S = median norm): NOT private,
 released with ``formal=False``. ``UpdateStatistics`` adds Geyer's Fig. 2 diagnostics V_c and U_s.
 """
@@ -28,10 +28,10 @@ from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.dp_section import DP_PRIVACY_KEYS, calibrated_noise_multiplier, check_dp
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.uploads import Chain, chain, fixed_denominator
-from fedjax_dp.privacy.update_statistics import UpdateStatistics
-from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, FlatClip, MedianClip, PerLayerClip
-from fedjax_dp.privacy.upload_layer_quantile_clip import PerLayerQuantileClip
-from fedjax_dp.privacy.upload_noise import GaussianNoise, parse_schedule
+from fedjax_dp.privacy.mechanisms.update_statistics import UpdateStatistics
+from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip, FlatClip, MedianClip, PerLayerClip
+from fedjax_dp.privacy.mechanisms.upload_layer_quantile_clip import PerLayerQuantileClip
+from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise, parse_schedule
 
 def noise_schedule(ctx) -> tuple[tuple[int, float], ...]:
     """z_t per round: ``dp.noise_schedule``, or ``dp.noise_multiplier``, or calibrated so that

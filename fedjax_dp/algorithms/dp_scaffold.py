@@ -5,11 +5,11 @@ ALGORITHMS.md §4): SCAFFOLD (``scaffold``, option II) whose every local step is
 Client i, from y = x, K local steps (``dp_scaffold.local_steps``), each on a fresh batch of B of its n_i
 examples drawn without replacement (the subsampling the accountant composes):
     H = (1 / B) (sum_j clip_C(grad l(y; z_j)) + N(0, (sigma_g C)^2 I)),   y <- y - eta_l (H - c_i + c)
-(``privacy.step_dp.ClippedNoisyGradient``; the correction c - c_i touches no data). The control update
+(``privacy.mechanisms.step_dp.ClippedNoisyGradient``; the correction c - c_i touches no data). The control update
 c_i+ = c_i - c + (x - y) / (K eta_l), both uploads (Delta y, Delta c: twice FedAvg's traffic) and the
 server step are post-processing of the noised steps, so each client's guarantee is example-level
 local DP (no trusted server), composed per client over the steps it ran by the per-client ledgers of
-``privacy.example_ledger`` (RDP or PLD, replace-one, sensitivity 2C).
+``privacy.ledgers.example_ledger`` (RDP or PLD, replace-one, sensitivity 2C).
 
 Seed 004's settings: sigma_g = 1.0 fixed, and "the median of the gradient norms in each local training
 as the clip threshold" (``dp_scaffold.clip = 'median'``: C = each step's median per-example gradient
@@ -33,10 +33,10 @@ from fedjax_dp.core.algorithm import Requirements
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.round import STEP_NOISE
 from fedjax_dp.privacy import settings
-from fedjax_dp.privacy.accounting import parse_rdp_orders
-from fedjax_dp.privacy.example_ledger import LEDGER_ORDERS, ExampleLevelLedger
-from fedjax_dp.privacy.example_tracker import ExampleLevelAccounting
-from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
+from fedjax_dp.privacy.accounting.accountant import parse_rdp_orders
+from fedjax_dp.privacy.ledgers.example_ledger import LEDGER_ORDERS, ExampleLevelLedger
+from fedjax_dp.privacy.ledgers.example_accounting import ExampleLevelAccounting
+from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient
 
 CLIPS = ("fixed", "median")
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 import math
 
 from fedjax_dp.algorithms import registry
-from fedjax_dp.privacy import gdp, settings
-from fedjax_dp.privacy.client_sampling import client_sampler
-from fedjax_dp.privacy.accounting import ACCOUNTANTS, Accountant, RoundEvent, parse_rdp_orders
-from fedjax_dp.privacy.upload_noise import parse_schedule
+from fedjax_dp.privacy.accounting import gdp
+from fedjax_dp.privacy import settings
+from fedjax_dp.privacy.accounting.client_sampling import client_sampler
+from fedjax_dp.privacy.accounting.accountant import ACCOUNTANTS, Accountant, RoundEvent, parse_rdp_orders
+from fedjax_dp.privacy.mechanisms.upload_noise import parse_schedule
 
 CLIP_MODES = ("fixed", "per_layer", "adaptive", "per_layer_adaptive", "median")
 DP_PRIVACY_KEYS = settings.ACCOUNTING + settings.BUDGETS + settings.CALIBRATION

@@ -8,18 +8,18 @@ stated:
 * Client (steps s3-s5, claim 3): from w_t, S local steps; step i draws a batch of B of the client's
   n_k examples without replacement (independently per step: the sampling the accountant composes;
   ``ldp.step_sampling = 'poisson'``: each example with probability B / n_k, padded to a cap whose
-  overflow is charged to delta, see ``privacy.example_ledger``),
+  overflow is charged to delta, see ``privacy.ledgers.example_ledger``),
   clips each example's gradient to C (``ldp.per_example``; or the batch's mean gradient), sums, adds
   N(0, (z C)^2 I), divides by B and steps with learning rate gamma (``client.learning_rate``; 0.01 in
   the patent's experiment): w <- w - gamma (sum_i clip(g_i) + N(0, z^2 C^2 I)) / B
-  (``privacy.step_dp.ClippedNoisyGradient``). It uploads Delta_k = w_k - w_t.
+  (``privacy.mechanisms.step_dp.ClippedNoisyGradient``). It uploads Delta_k = w_k - w_t.
 * Threshold (claim 2): client n's cumulative loss over the steps it ran is accounted per client
-  (``privacy.example_ledger``: subsampled Gaussian per step, RDP, replace-one); its noise multiplier z
+  (``privacy.ledgers.example_ledger``: subsampled Gaussian per step, RDP, replace-one); its noise multiplier z
   for the next participation is the least that keeps the loss of its expected remaining participations
   under its threshold epsilon_n, within [z_0, z_max]; a client whose next participation would exceed
   epsilon_n stops contributing (no longer sampled; logged). ``ldp.adaptive = False``: fixed z_0;
   with ``ldp.fixed_noise = 'calibrated'`` each client's own fixed z, calibrated to its size and threshold
-  (the fixed-noise baseline for clients of unequal sizes; ``privacy.example_ledger``).
+  (the fixed-noise baseline for clients of unequal sizes; ``privacy.ledgers.example_ledger``).
 * Server (step s6, claim 4): w_{t+1} = (1 - alpha) w_t + alpha sum_k a_k w_k = w_t + alpha sum_k a_k
   Delta_k, with a_k = softmax_k(tau cos(Delta_k, mean Delta)) (``core.correlation_weights``;
   ``ldp.weighting = 'uniform'``: a_k = 1/K). The global model is validated on a server-held set held
@@ -45,11 +45,12 @@ from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.optimizers import build_optimizer
 from fedjax_dp.core.round import STEP_NOISE
 from fedjax_dp.core.uploads import UniformWeights, chain
-from fedjax_dp.privacy import poisson_truncation, settings
-from fedjax_dp.privacy.accounting import parse_rdp_orders
-from fedjax_dp.privacy.example_ledger import LEDGER_ORDERS, STEP_SAMPLINGS, ExampleLevelLedger
-from fedjax_dp.privacy.example_tracker import ExampleLevelAccounting
-from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
+from fedjax_dp.privacy.accounting import poisson_truncation
+from fedjax_dp.privacy import settings
+from fedjax_dp.privacy.accounting.accountant import parse_rdp_orders
+from fedjax_dp.privacy.ledgers.example_ledger import LEDGER_ORDERS, STEP_SAMPLINGS, ExampleLevelLedger
+from fedjax_dp.privacy.ledgers.example_accounting import ExampleLevelAccounting
+from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient
 
 WEIGHTINGS = ("correlation", "uniform")
 FIXED_NOISE = ("z0", "calibrated")

@@ -34,7 +34,7 @@ from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.pfldyn_proto import build_pfldyn_algorithm, check_pfldyn
 from fedjax_dp.core.uploads import Claim, UniformWeights, chain
 from fedjax_dp.privacy import settings
-from fedjax_dp.privacy.upload_cuag_noise import alg4_multipliers, cuag_sound_noise
+from fedjax_dp.privacy.mechanisms.upload_cuag_noise import alg4_multipliers, cuag_sound_noise
 
 
 def claimed_mu(sigma: float, rounds: int, sampling_rate: float, batch_size: int, dataset_size: float) -> float:

@@ -84,7 +84,7 @@ class Entry:
     summary: str = ""
     server_validation: bool = False  # the server validates each evaluated model on a held-out server set
     ledger: Callable | None = None  # ``ledger(cfg, dataset, algorithm)``: the algorithm's own ledger of the privacy
-    # tracker (``privacy.ledgers.Ledger``: example-level DP in local steps), built from the algorithm that runs;
+    # tracker (``privacy.ledgers.client_level.Ledger``: example-level DP in local steps), built from the algorithm that runs;
     # None: the tracker's central or local ledger over the upload chain's releases
     unread: tuple[str, ...] = ()  # generic keys it never reads (``SAMPLED_STEPS``, ``OWN_SERVER_STEP``): an
     # override of one is refused (``training.unread_keys``)

@@ -25,7 +25,7 @@ UDP without defining it). ``udp.mode``:
 * ``sound``: client-level LDP (replace-one client data, sensitivity 2C, a formal guarantee) with the
   same growth, z_t = kappa sqrt(t), kappa calibrated to the client's GDP budget mu(epsilon, delta) so
   that ANY K participations spend at most it (``udp.participations``, 0 = ceil(lambda T);
-  ``privacy.local_calibration.worst_case_multipliers``: kappa = (2 / mu) sqrt(H_K), the first K rounds
+  ``privacy.accounting.local_calibration.worst_case_multipliers``: kappa = (2 / mu) sqrt(H_K), the first K rounds
   being the costliest). Calibrating to the expected cost instead would price a first-round
   participation above the whole budget whenever K < T / H_T (always, at lambda = 0.1), and no client
   could take part. Each client's ledger holds epsilon as its budget and a client whose next
@@ -43,10 +43,11 @@ import numpy as np
 from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.uploads import Claim, Release, UniformWeights, chain
-from fedjax_dp.privacy import gdp, settings
-from fedjax_dp.privacy.local_calibration import expected_participations, worst_case_multipliers
-from fedjax_dp.privacy.upload_clipping import FlatClip
-from fedjax_dp.privacy.upload_noise import GaussianNoise
+from fedjax_dp.privacy.accounting import gdp
+from fedjax_dp.privacy import settings
+from fedjax_dp.privacy.accounting.local_calibration import expected_participations, worst_case_multipliers
+from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
+from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 
 
 MODES = ("paper", "sound")

@@ -29,7 +29,7 @@ GradientHook = Callable[..., tuple]
 """``hook(per_example_loss, params, batch, mask, key, **noise) -> (loss, grads)``: the step's data-term
 loss and the gradient the optimizer receives, in place of ``value_and_grad`` of the masked mean loss.
 It runs inside the scan (jittable, vmappable): per-example or per-batch clipping and noise for
-example-level DP (``privacy.step_dp``). ``noise`` holds ``noise_key`` (this step's, from the client's
+example-level DP (``privacy.mechanisms.step_dp``). ``noise`` holds ``noise_key`` (this step's, from the client's
 noise stream) and ``noise_multiplier`` (a traced per-client value) when ``train`` is given them. A
 regularizer's gradient is added after it: it touches no data."""
 

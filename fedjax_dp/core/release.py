@@ -11,7 +11,7 @@ Conventions. ``noise_multiplier`` z is the noise std over the per-unit L2 bound 
 clipped client update). ``relation`` is the neighbouring relation ``event`` and ``sensitivity`` are stated for:
 
 * a central release is stated for add/remove-one (sensitivity S, ``GaussianDpEvent(z)``); a sampler that draws
-  fixed-size cohorts (replace-one) converts it itself (``privacy.accounting.RoundEvent``);
+  fixed-size cohorts (replace-one) converts it itself (``privacy.accounting.accountant.RoundEvent``);
 * a local release is stated for replace-one (a client always sends something: two neighbouring clients'
   uploads differ by up to 2S), so ``sensitivity`` = 2S and ``event`` = ``GaussianDpEvent(z / 2)``, which the
   per-client ledger composes as it stands.

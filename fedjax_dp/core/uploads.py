@@ -228,38 +228,36 @@ class Chain(tuple):
         return next((i for i, t in enumerate(self) if t.cohort_level), len(self))
 
 
-def chain(*transforms: UploadTransform) -> Chain:
-    """Composes upload transforms; refuses compositions that make no sense for privacy.
+CHAIN_RULES: list = []
+"""Further checks a chain must pass, registered by the layers that know them (``register_chain_rule``): the privacy
+rules live in ``privacy.mechanisms.chain_rules``, not here."""
 
-    Refused: a noise transform without a clip before it (its std would be relative to no bound), two
-    noise transforms, a clip or noise without uniform weights, central noise divided by the realised
-    count, compression between the clip and the noise, local noise after a cohort-level (server-side)
-    clip, and more than one weighting, compressor or cohort-level transform.
+
+def register_chain_rule(rule):
+    """Adds ``rule(transforms, names)`` (it raises ``ValueError`` for a composition it refuses) to every ``chain()``."""
+    if rule not in CHAIN_RULES:
+        CHAIN_RULES.append(rule)
+    return rule
+
+
+def chain(*transforms: UploadTransform) -> Chain:
+    """Composes upload transforms; refuses compositions that make no sense.
+
+    Refused here: anything but upload transforms, more than one weighting, compressor or cohort-level transform,
+    two transforms drawing one key, and per-client state after the server-side clip. The privacy rules (a noise
+    transform without a clip before it, two noise transforms, a clip or noise without uniform weights, central
+    noise divided by the realised count, compression between the clip and the noise, local noise after a
+    server-side clip) are registered by ``privacy.mechanisms.chain_rules`` (``CHAIN_RULES``).
     """
     for t in transforms:
         if not isinstance(t, UploadTransform):
             raise TypeError(f"chain() takes upload transforms, got {type(t).__name__}: {t!r}")
     kinds = [t.kind for t in transforms]
-    for kind in ("noise", "weighting", "compress"):
+    for kind in ("weighting", "compress"):
         if kinds.count(kind) > 1:
             raise ValueError(f"upload chain {_names(transforms)} has {kinds.count(kind)} {kind} transforms; at most one")
     if sum(t.cohort_level for t in transforms) > 1:
         raise ValueError(f"upload chain {_names(transforms)} has more than one server-side clip")
-    if "noise" in kinds:
-        noise = kinds.index("noise")
-        if getattr(transforms[noise], "calibrated_to_bound", True) and "clip" not in kinds[:noise]:
-            raise ValueError(f"upload chain {_names(transforms)}: noise before any clip (its scale would be relative "
-                             "to no sensitivity bound); put a clip transform first")
-        last_clip = max((i for i, kind in enumerate(kinds[:noise]) if kind == "clip"), default=noise)
-        if "compress" in kinds[last_clip:noise]:
-            raise ValueError(f"upload chain {_names(transforms)}: compression between the clip and the noise changes "
-                             "the bound the noise is calibrated to; clip the measurements (compress, then clip)")
-        weighting = [t for t in transforms if t.kind == "weighting"]
-        if not getattr(transforms[noise], "local", False) and weighting and not weighting[0].denominator > 0:
-            raise ValueError(f"upload chain {_names(transforms)}: central noise needs a fixed denominator "
-                             "(fixed_denominator(D)): dividing by the realised count would release it un-noised")
-        if getattr(transforms[noise], "local", False) and any(t.cohort_level for t in transforms[:noise]):
-            raise ValueError(f"upload chain {_names(transforms)}: local noise after a server-side clip cannot be local")
     uses = [use for t in transforms for use in t.key_uses()]
     shared = sorted({use.name for use in uses if uses.count(use) > 1})
     if shared:
@@ -270,9 +268,8 @@ def chain(*transforms: UploadTransform) -> Chain:
     if stateful:
         raise ValueError(f"upload chain {_names(transforms)}: {type(stateful[0]).__name__} keeps per-client state, "
                          "which only a transform before the server-side clip can (those run per client)")
-    if ("clip" in kinds or "noise" in kinds) and "weighting" not in kinds:
-        raise ValueError(f"upload chain {_names(transforms)}: clipping and noise need uniform weights "
-                         "(add fixed_denominator(D) or UniformWeights()): example-weighted uploads are not bounded")
+    for rule in CHAIN_RULES:
+        rule(transforms, _names(transforms))
     return Chain(transforms)
 
 

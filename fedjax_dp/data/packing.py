@@ -116,7 +116,7 @@ def pack_poisson_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.nd
     """A cohort of Poisson-sampled local steps: in each of ``steps`` steps every example of a client is
     in the batch independently with probability ``batch_size / n_k`` (expected size B, the sampling
     ``PoissonSampledDpEvent`` accounts); batches are padded to ``cap`` slots and one larger than ``cap``
-    is cut to ``cap`` examples at random (``privacy.poisson_truncation.batch_cap`` bounds how often
+    is cut to ``cap`` examples at random (``privacy.accounting.poisson_truncation.batch_cap`` bounds how often
     and charges it to delta). Same layout as ``pack_cohort``; a step may be empty."""
     if steps < 1 or cap < 1:
         raise ValueError(f"steps and cap must be >= 1, got steps={steps}, cap={cap}")

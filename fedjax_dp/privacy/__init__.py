@@ -10,20 +10,21 @@ Sampling and accounting from one object, so they cannot be mismatched::
     accountant = Accountant("pld").compose(sampler.round_event(z), count=50)
 """
 
-from fedjax_dp.privacy.accounting import (Accountant, RoundEvent, analytic_gaussian_sigma, calibrate_noise_multiplier,
-                                          epsilon_of)
-from fedjax_dp.privacy.audit import audit_training_run, epsilon_lower_bound
-from fedjax_dp.privacy.budget import BudgetRule, ClientLedger
-from fedjax_dp.privacy.client_sampling import FixedSizeSampling, PoissonSampling, client_sampler
-from fedjax_dp.privacy.gdp import delta_from_mu, epsilon_from_mu, mu_clt, mu_from_epsilon
-from fedjax_dp.privacy.ledgers import CentralLedger, Ledger, LocalLedger
-from fedjax_dp.privacy.release_check import ReleaseCheck, check_upload_noise
+from fedjax_dp.privacy.accounting.accountant import (Accountant, RoundEvent, analytic_gaussian_sigma,
+                                                     calibrate_noise_multiplier, epsilon_of)
+from fedjax_dp.privacy.accounting.client_sampling import FixedSizeSampling, PoissonSampling, client_sampler
+from fedjax_dp.privacy.accounting.gdp import delta_from_mu, epsilon_from_mu, mu_clt, mu_from_epsilon
+from fedjax_dp.privacy.audit.canary import audit_training_run, epsilon_lower_bound
+from fedjax_dp.privacy.audit.release_check import ReleaseCheck, check_upload_noise
+from fedjax_dp.privacy.ledgers.budget import BudgetRule, ClientLedger
+from fedjax_dp.privacy.ledgers.client_level import CentralLedger, Ledger, LocalLedger
+from fedjax_dp.privacy.mechanisms import chain_rules  # noqa: F401  (registers the privacy rules of every chain)
+from fedjax_dp.privacy.mechanisms.update_statistics import UpdateStatistics
+from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip, FlatClip, MedianClip, PerLayerClip
+from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 from fedjax_dp.privacy.report import PrivacyReport
 from fedjax_dp.privacy.settings import PrivacySettings
 from fedjax_dp.privacy.tracker import PrivacyTracker, tracker_for
-from fedjax_dp.privacy.update_statistics import UpdateStatistics
-from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, FlatClip, MedianClip, PerLayerClip
-from fedjax_dp.privacy.upload_noise import GaussianNoise
 
 __all__ = ["Accountant", "RoundEvent", "analytic_gaussian_sigma", "calibrate_noise_multiplier", "epsilon_of",
            "audit_training_run", "epsilon_lower_bound", "BudgetRule", "ClientLedger", "FixedSizeSampling",

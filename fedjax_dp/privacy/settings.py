@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fedjax_dp.privacy.accounting import ACCOUNTANTS, PLD_DISCRETIZATION, RDP_ORDERS, check_delta, parse_rdp_orders
+from fedjax_dp.privacy.accounting.accountant import ACCOUNTANTS, PLD_DISCRETIZATION, RDP_ORDERS, check_delta, parse_rdp_orders
 
 
 @dataclasses.dataclass(frozen=True)

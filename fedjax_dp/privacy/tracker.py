@@ -1,5 +1,5 @@
 """The privacy tracker: one for every run (issue 73). It composes, round by round, the typed releases the round
-returns (``core.release``) on a ledger (``privacy.ledgers``: central, local, or the example-level ledgers of local
+returns (``core.release``) on a ledger (``privacy.ledgers.client_level``: central, local, or the example-level ledgers of local
 DP-SGD), applies the budget rules before each round, adds the papers' claims (``Claim``) beside the accounted
 epsilon, and writes the report. It reads no config: its settings are a ``PrivacySettings``.
 
@@ -16,9 +16,9 @@ import math
 import numpy as np
 
 from fedjax_dp.core.release import Release
-from fedjax_dp.privacy import gdp
-from fedjax_dp.privacy.client_sampling import FixedSizeSampling, PoissonSampling
-from fedjax_dp.privacy.ledgers import CentralLedger, Ledger, LocalLedger, accounted
+from fedjax_dp.privacy.accounting import gdp
+from fedjax_dp.privacy.accounting.client_sampling import FixedSizeSampling, PoissonSampling
+from fedjax_dp.privacy.ledgers.client_level import CentralLedger, Ledger, LocalLedger, accounted
 from fedjax_dp.privacy.report import PrivacyReport
 from fedjax_dp.privacy.settings import PrivacySettings
 

@@ -13,7 +13,7 @@ from fedjax_dp.core.strategy import StrategyChoice, choose_strategy
 from fedjax_dp.core.uploads import Chain, chain
 from fedjax_dp.data.packing import num_steps
 from fedjax_dp.models import get_model
-from fedjax_dp.privacy.client_sampling import client_sampler
+from fedjax_dp.privacy.accounting.client_sampling import client_sampler
 from fedjax_dp.privacy.settings import PrivacySettings
 from fedjax_dp.privacy.tracker import PrivacyTracker, tracker_for
 from fedjax_dp.training.cohorts import expected_cohort

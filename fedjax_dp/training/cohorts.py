@@ -11,7 +11,7 @@ from fedjax_dp.data.augmentation import augment_batches
 from fedjax_dp.data.normalization import standardized_black
 from fedjax_dp.data.packing import (num_steps, pack_cohort, pack_poisson_cohort, pack_sampled_cohort,
                                     pack_uga_cohort)
-from fedjax_dp.privacy.client_sampling import client_sampler
+from fedjax_dp.privacy.accounting.client_sampling import client_sampler
 
 
 def expected_cohort(cfg, num_clients: int) -> float:

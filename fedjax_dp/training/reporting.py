@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from fedjax_dp.privacy.mechanisms import NOISE_DRAWS
+from fedjax_dp.privacy.mechanisms.gaussian import NOISE_DRAWS
 from fedjax_dp.training.evaluation import headline_accuracy
 
 
@@ -84,7 +84,7 @@ def outside_guarantee(rows, client_test_set: bool, wrote_client_accuracies: bool
 SEEDED_RNG = ("seeded: the noise, sampling and shuffles are reproducible from config.json's seed (a simulation; "
               "set privacy.secure_rng=True for OS entropy)")
 SECURE_RNG = ("secure: noise, client sampling and batch shuffles from OS entropy, never written; noise is a sum of "
-              f"{NOISE_DRAWS} float32 normal draws (privacy.mechanisms); residual: float32 rounding of the noised "
+              f"{NOISE_DRAWS} float32 normal draws (privacy.mechanisms.gaussian); residual: float32 rounding of the noised "
               "values (no discrete Gaussian); rounds re-run after a resume draw fresh noise")
 
 

@@ -1,5 +1,5 @@
 """Example-level DP inside local training (seed 003, DP-SCAFFOLD) as a ledger of the one privacy tracker
-(``privacy.ledgers.Ledger``): per-client ledgers with thresholds (``example_ledger``).
+(``privacy.ledgers.client_level.Ledger``): per-client ledgers with thresholds (``example_ledger``).
 
 Before round t: ``eligible`` (clients whose next participation still fits their threshold) and
 ``step_multipliers`` (each sampled client's step noise multiplier: the typed input of
@@ -14,9 +14,9 @@ import logging
 
 import numpy as np
 
-from fedjax_dp.privacy.example_ledger import LEDGER_PLD_DISCRETIZATION, ExampleLevelLedger
-from fedjax_dp.privacy.poisson_truncation import TRUNCATION_SHARE
-from fedjax_dp.privacy.step_dp import ClippedNoisyGradient
+from fedjax_dp.privacy.ledgers.example_ledger import LEDGER_PLD_DISCRETIZATION, ExampleLevelLedger
+from fedjax_dp.privacy.accounting.poisson_truncation import TRUNCATION_SHARE
+from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient
 
 def _rule(ledger: ExampleLevelLedger) -> str:
     if ledger.adaptive:

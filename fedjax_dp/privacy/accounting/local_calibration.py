@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from fedjax_dp.privacy.upload_cuag_noise import piecewise_schedule
+from fedjax_dp.privacy.mechanisms.upload_cuag_noise import piecewise_schedule
 
 
 def expected_participations(sampling, rounds: int, num_clients: int, fixed: int = 0) -> int:

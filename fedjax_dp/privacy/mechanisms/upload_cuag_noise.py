@@ -1,5 +1,5 @@
 """CUAG-PFL's adaptive Gaussian DP noise (seed 004, Alg. 4) as upload transforms, in both modes of
-``privacy.adaptive_gdp``.
+``privacy.mechanisms.adaptive_gdp``.
 
 ``paper``: ``CuagPaperNoise``, Alg. 4 as written: each client adds N(0, (2 C_l sigma_t / B)^2) to every
 layer l of its (compressed) upload with C_l = ||layer l|| and the paper's sigma_t schedule. NO formal
@@ -29,9 +29,9 @@ import numpy as np
 
 from fedjax_dp.core import rng, tree
 from fedjax_dp.core.uploads import UNBOUNDED, Claim, ClientContext, Flow, Release, UploadTransform
-from fedjax_dp.privacy import adaptive_gdp
-from fedjax_dp.privacy.upload_clipping import PerLayerClip
-from fedjax_dp.privacy.upload_noise import GaussianNoise
+from fedjax_dp.privacy.mechanisms import adaptive_gdp
+from fedjax_dp.privacy.mechanisms.upload_clipping import PerLayerClip
+from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: no float can take another's place

@@ -16,8 +16,9 @@ Two things are wrong with that claim, and this module says both:
   compose. Under the same CLT the per-round mu_t^2 = mu^2 / t add up, so T rounds spend
   mu sqrt(H_T) (H_T the T-th harmonic number; 2.5 mu for T = 300), not mu (``schedule_mu``).
 
-``sound`` mode keeps the structure (per-layer thresholds, Gaussian noise on the compressed upload) with
-fixed thresholds C_l: the clipped upload has L2 sensitivity sqrt(sum_l C_l^2) and the noise std is
+Both run as upload transforms (``upload_cuag_noise``): ``CuagPaperNoise`` calls ``paper_perturb``; the
+sound mode is a per-layer clip and local Gaussian noise. ``sound`` mode keeps the structure (per-layer
+thresholds, Gaussian noise on the compressed upload) with fixed thresholds C_l: the clipped upload has L2 sensitivity sqrt(sum_l C_l^2) and the noise std is
 z sqrt(sum_l C_l^2) per client; the noise is local, so two neighbouring clients' uploads (replace-one)
 differ by at most 2 sqrt(sum_l C_l^2), and each client's ledger composes (2 / z)^2 per participation.
 """
@@ -25,15 +26,13 @@ differ by at most 2 sqrt(sum_l C_l^2), and each client's ledger composes (2 / z)
 from __future__ import annotations
 
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.privacy import clipping, gdp
-from fedjax_dp.privacy.mechanisms import gaussian_noise_like
+from fedjax_dp.privacy.accounting import gdp
+from fedjax_dp.privacy.mechanisms.gaussian import gaussian_noise_like
 
-MODES = ("paper", "sound")
 PAPER_MODE_NOTE = (
     "CUAG-PFL 'paper' mode clips each layer at its own norm (C_l = ||layer||), which bounds nothing: the "
     "upload has no finite sensitivity and carries NO formal differential-privacy guarantee. The mu and "
@@ -100,26 +99,3 @@ def paper_perturb(layers, key: jax.Array, sigma: float | jax.Array, batch_size: 
     unit = gaussian_noise_like(layers, 1.0, key)
     return jax.tree_util.tree_map(
         lambda x, n: x + (2.0 * sigma / batch_size) * jnp.sqrt(jnp.sum(jnp.square(x))) * n, layers, unit)
-
-
-def sound_perturb(layers, key: jax.Array, clip_norms, noise_multiplier: float | jax.Array):
-    """The sound variant: each layer clipped to its fixed C_l, then N(0, (z sqrt(sum_l C_l^2))^2) on
-    every entry: the Gaussian mechanism of sensitivity sqrt(sum_l C_l^2), accounted like DP-FedAvg."""
-    clipped = clipping.clip_per_layer(layers, clip_norms).clipped
-    std = noise_multiplier * clipping.per_layer_sensitivity(clip_norms)
-    return jax.tree_util.tree_map(jnp.add, clipped, gaussian_noise_like(clipped, std, key))
-
-
-def make_perturbation(mode: str, *, sigma: float | None = None, batch_size: int | None = None, clip_norms=None,
-                      noise_multiplier: float | None = None):
-    """``perturb(layers, key)`` for ``mode``; ``paper`` warns that it carries no formal guarantee."""
-    if mode == "paper":
-        _check_positive(sigma=sigma, batch_size=batch_size)
-        warnings.warn(PAPER_MODE_NOTE, stacklevel=2)
-        return lambda layers, key: paper_perturb(layers, key, sigma, batch_size)
-    if mode == "sound":
-        if clip_norms is None:
-            raise ValueError("sound mode needs fixed per-layer clip thresholds clip_norms")
-        _check_positive(noise_multiplier=noise_multiplier)
-        return lambda layers, key: sound_perturb(layers, key, clip_norms, noise_multiplier)
-    raise ValueError(f"CUAG noise mode {mode!r} unknown; choose one of {MODES}")

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 
 from fedjax_dp.core import rng, tree
 from fedjax_dp.core.uploads import ClientContext, Flow, Release, ServerContext, UploadTransform
-from fedjax_dp.privacy import clipping
-from fedjax_dp.privacy.mechanisms import add_gaussian_noise
+from fedjax_dp.privacy.mechanisms import clipping
+from fedjax_dp.privacy.mechanisms.gaussian import add_gaussian_noise
 
 
 def parse_schedule(text: str, default: float) -> tuple[tuple[int, float], ...]:

@@ -21,8 +21,8 @@ import math
 
 import numpy as np
 
-from fedjax_dp.privacy import gdp
-from fedjax_dp.privacy.accounting import Accountant, RoundEvent, check_delta, check_epsilon
+from fedjax_dp.privacy.accounting import gdp
+from fedjax_dp.privacy.accounting.accountant import Accountant, RoundEvent, check_delta, check_epsilon
 
 
 @dataclasses.dataclass(frozen=True)

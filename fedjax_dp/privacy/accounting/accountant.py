@@ -38,7 +38,7 @@ from dp_accounting import rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 
-from fedjax_dp.privacy.cached_pld import CachedPldAccountant
+from fedjax_dp.privacy.accounting.cached_pld import CachedPldAccountant
 
 SAMPLINGS = ("poisson", "fixed", "full")
 ACCOUNTANTS = ("rdp", "pld")

@@ -2,7 +2,7 @@
 ``core.local_training.make_local_trainer(gradient_hook=...)``.
 
 * ``per_example=True``: DP-SGD (Abadi et al. 2016, Alg. 1): each example's gradient is clipped to C
-  (dense layers by book-keeping, without per-example gradients: ``privacy.ghost_clipping``),
+  (dense layers by book-keeping, without per-example gradients: ``privacy.mechanisms.ghost_clipping``),
   the clipped gradients of the real examples are summed, N(0, (z C)^2 I) is added, and the sum is
   divided by the FIXED batch size B (the real count would leak; padded slots count as absent; with
   Poisson batches padded beyond B, ``normalizer`` = the expected size B). One step is the Gaussian
@@ -29,9 +29,9 @@ from fedjax_dp.core.local_training import masked_mean
 from dp_accounting import NeighboringRelation
 
 from fedjax_dp.core.release import Release
-from fedjax_dp.privacy.clipping import clip_by_global_norm, example_clip_weights
-from fedjax_dp.privacy.ghost_clipping import clipped_gradient_sum
-from fedjax_dp.privacy.mechanisms import add_gaussian_noise
+from fedjax_dp.privacy.mechanisms.clipping import clip_by_global_norm, example_clip_weights
+from fedjax_dp.privacy.mechanisms.ghost_clipping import clipped_gradient_sum
+from fedjax_dp.privacy.mechanisms.gaussian import add_gaussian_noise
 
 
 def clipped_sum(grads, mask, clip_norm, median: bool = False):

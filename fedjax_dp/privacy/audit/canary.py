@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.stats import beta
 
-from fedjax_dp.privacy import clipping
-from fedjax_dp.privacy.mechanisms import add_gaussian_noise, standard_normal
+from fedjax_dp.privacy.mechanisms import clipping
+from fedjax_dp.privacy.mechanisms.gaussian import add_gaussian_noise, standard_normal
 
 BROKEN_VARIANTS = ("sound", "no_noise", "noise_too_small", "no_clipping")
 
@@ -147,6 +147,27 @@ def adaptive_clip_count_round(clip, other_norms, canary_norm: float, centred: bo
     return mechanism
 
 
+def client_perturbation(transforms, template, round_index: int = 1) -> Callable:
+    """``perturb(layers, key)``: the client sides of the upload ``transforms`` that run (no validation: a part of a
+    chain, say its clip and noise) on one client's upload of ``template``'s structure, their noise from ``key``; what
+    ``cuag_round`` audits, so the audit runs the mechanism the runs use."""
+    from fedjax_dp.core.uploads import UNBOUNDED, Chain, ClientContext
+
+    uploads = Chain(transforms)
+    states, inputs = uploads.init(template), uploads.inputs(round_index)
+
+    def perturb(layers, key):
+        noise_key, count_key = jax.random.split(key)
+        upload, bound = layers, jnp.float32(UNBOUNDED)
+        for t, state, values in zip(uploads, states, inputs):
+            flow = t.client(upload, ClientContext(state, values, bound, noise_key, jnp.bool_(True), jnp.bool_(True),
+                                                  count_key=count_key))
+            upload, bound = flow.upload, flow.bound
+        return upload
+
+    return perturb
+
+
 def cuag_round(other_updates: jax.Array, canary: jax.Array, perturb: Callable,
                replacement: jax.Array | None = None) -> Callable:
     """One CUAG-PFL aggregation (seed 004, Alg. 4; ``adaptive_gdp``): every client perturbs its own upload
@@ -156,9 +177,9 @@ def cuag_round(other_updates: jax.Array, canary: jax.Array, perturb: Callable,
 
     Neighbouring relation: local noise protects what a client sends, not whether it sends, so the canary
     client takes part in both worlds, uploading ``canary`` or ``replacement`` (default zero; the pair's
-    distance, not more, is what a claim for sensitivity ||canary - replacement|| covers). With
-    ``adaptive_gdp.paper_perturb`` (noise scaled by each layer's own norm) the audit exposes the missing
-    guarantee; with ``sound_perturb`` it must stay below the accounted claim.
+    distance, not more, is what a claim for sensitivity ||canary - replacement|| covers). With CUAG-PFL's paper
+    noise (``client_perturbation`` of ``CuagPaperNoise``: noise scaled by each layer's own norm) the audit exposes
+    the missing guarantee; with its sound mode's clip and noise it must stay below the accounted claim.
     """
     half = other_updates.shape[1] // 2
     replacement = jnp.zeros_like(canary) if replacement is None else replacement

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from fedjax_dp.privacy.clipping import example_clip_weights
+from fedjax_dp.privacy.mechanisms.clipping import example_clip_weights
 
 
 @dataclasses.dataclass(frozen=True)

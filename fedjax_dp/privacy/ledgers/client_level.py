@@ -23,10 +23,10 @@ from typing import Protocol
 import numpy as np
 
 from fedjax_dp.core.release import Release
-from fedjax_dp.privacy import gdp
-from fedjax_dp.privacy.accounting import ACCOUNTANTS, Accountant, RoundEvent
-from fedjax_dp.privacy.budget import BudgetRule, ClientLedger
-from fedjax_dp.privacy.client_sampling import FixedSizeSampling, PoissonSampling
+from fedjax_dp.privacy.accounting import gdp
+from fedjax_dp.privacy.accounting.accountant import ACCOUNTANTS, Accountant, RoundEvent
+from fedjax_dp.privacy.ledgers.budget import BudgetRule, ClientLedger
+from fedjax_dp.privacy.accounting.client_sampling import FixedSizeSampling, PoissonSampling
 from fedjax_dp.privacy.settings import PrivacySettings
 
 

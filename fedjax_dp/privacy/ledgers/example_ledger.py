@@ -57,8 +57,8 @@ from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from fedjax_dp.privacy import cached_pld, poisson_truncation
-from fedjax_dp.privacy.accounting import RoundEvent, event_rdp, check_delta, check_rdp_orders
+from fedjax_dp.privacy.accounting import cached_pld, poisson_truncation
+from fedjax_dp.privacy.accounting.accountant import RoundEvent, event_rdp, check_delta, check_rdp_orders
 
 STEP_SAMPLINGS = ("fixed", "poisson")
 LEDGER_ACCOUNTANTS = ("rdp", "pld")

@@ -30,9 +30,9 @@ import jax.numpy as jnp
 
 from fedjax_dp.core import rng
 from fedjax_dp.core.uploads import ClientContext, Flow, Release, ServerContext, UploadTransform
-from fedjax_dp.privacy import clipping
-from fedjax_dp.privacy.mechanisms import standard_normal
-from fedjax_dp.privacy.upload_clipping import AdaptiveQuantileClip, clip_metrics, unclipped_fraction
+from fedjax_dp.privacy.mechanisms import clipping
+from fedjax_dp.privacy.mechanisms.gaussian import standard_normal
+from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip, clip_metrics, unclipped_fraction
 
 COUNT_BOUND = AdaptiveQuantileClip.COUNT_BOUND  # |b - 1/2|: one client's contribution to one layer's count
 

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 
 from fedjax_dp.core import rng, tree
 from fedjax_dp.core.uploads import ClientContext, Flow, Release, ServerContext, UploadTransform
-from fedjax_dp.privacy import clipping
-from fedjax_dp.privacy.mechanisms import standard_normal
+from fedjax_dp.privacy.mechanisms import clipping
+from fedjax_dp.privacy.mechanisms.gaussian import standard_normal
 
 
 def clip_metrics(ctx: ServerContext, clip_norm) -> dict:

@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from fedjax_dp.data import sampling
-from fedjax_dp.privacy.accounting import RoundEvent, calibrate_noise_multiplier
+from fedjax_dp.privacy.accounting.accountant import RoundEvent, calibrate_noise_multiplier
 
 
 @dataclasses.dataclass(frozen=True)

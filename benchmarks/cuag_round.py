@@ -39,6 +39,9 @@ from fedjax_dp.training.build import build_model_and_round, build_round, spread 
 from fedjax_dp.training.cohorts import make_packer  # noqa: E402
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator  # noqa: E402
 from fedjax_dp.training.results import write_json  # noqa: E402
+from fedjax_dp.core.host_devices import use_a_device_per_core  # noqa: E402
+
+use_a_device_per_core()  # what a run gets (Experiment asks the same), before JAX starts
 
 sys.path.insert(0, HERE)
 from timing import timed  # noqa: E402

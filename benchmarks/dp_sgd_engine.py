@@ -41,6 +41,9 @@ from fedjax_dp.data.builders import build_dataset  # noqa: E402
 from fedjax_dp.training.build import build_model_and_round, privacy_tracker  # noqa: E402
 from fedjax_dp.training.cohorts import cohort_slots, make_packer, sample_cohort  # noqa: E402
 from fedjax_dp.training.results import write_json  # noqa: E402
+from fedjax_dp.core.host_devices import use_a_device_per_core  # noqa: E402
+
+use_a_device_per_core()  # what a run gets (Experiment asks the same), before JAX starts
 
 sys.path.insert(0, HERE)
 from timing import timed  # noqa: E402

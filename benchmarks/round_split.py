@@ -44,6 +44,9 @@ from fedjax_dp.training.build import build_round, privacy_tracker, resolve_engin
 from fedjax_dp.training.cohorts import cohort_slots, make_packer, sample_cohort  # noqa: E402
 from fedjax_dp.training.evaluation import evaluate_state  # noqa: E402
 from fedjax_dp.training.results import write_json  # noqa: E402
+from fedjax_dp.core.host_devices import use_a_device_per_core  # noqa: E402
+
+use_a_device_per_core()  # what a run gets (Experiment asks the same), before JAX starts
 
 sys.path.insert(0, HERE)
 from timing import timed as first_and_median  # noqa: E402

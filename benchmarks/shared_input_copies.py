@@ -38,7 +38,8 @@ def worker(devices: int, limit: int | None, shared_mib: int, clients: int) -> di
     import jax.numpy as jnp
     import numpy as np
 
-    import fedjax_dp  # noqa: F401  (one CPU device per core)
+    import fedjax_dp
+    fedjax_dp.use_a_device_per_core()  # one CPU device per core, before JAX starts
     from fedjax_dp.core.cohort import CohortEngine
 
     def client_fn(shared, client):

@@ -14,6 +14,9 @@ from fedjax_dp.core.deferred_dense import on_by_default
 from fedjax_dp.models import get_model
 from fedjax_dp.privacy.mechanisms.clipping import clip_by_global_norm
 from fedjax_dp.training.build import spread
+from fedjax_dp.core.host_devices import use_a_device_per_core
+
+use_a_device_per_core()  # what a run gets: one CPU device per core, asked for before JAX starts
 
 from workload_w_data import BATCH, CLIP, LR, MODELS, POPULATION, SIGMA, STEPS, cohort_ids, make_population
 

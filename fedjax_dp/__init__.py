@@ -13,17 +13,18 @@ own accounting, accountants on dp_accounting), ``algorithms`` (the registry and 
 
 Layout (dependencies point down): ``core`` <- ``privacy``, ``compression`` <- ``algorithms``;
 ``models``; ``data`` <- ``training`` <- ``experiment``.
+
+Importing the package changes no JAX setting. ``Experiment`` and the ``fedjax-dp`` command ask for one CPU device
+per core (``use_a_device_per_core``, ``core.host_devices``) before they run; a script that builds rounds by hand
+calls ``fedjax_dp.use_a_device_per_core()`` itself, before its first JAX computation.
 """
 
 __version__ = "0.1.0"
 
-from fedjax_dp.core.host_devices import use_a_device_per_core  # noqa: E402  (before anything starts JAX)
-
-use_a_device_per_core()
-
-from fedjax_dp import algorithms, compression, configs, core, data, models, privacy, training  # noqa: E402
-from fedjax_dp.experiment import Experiment, RunSummary, SeedsSummary  # noqa: E402
-from fedjax_dp.training.default_config import default_config  # noqa: E402
+from fedjax_dp import algorithms, compression, configs, core, data, models, privacy, training
+from fedjax_dp.core.host_devices import use_a_device_per_core
+from fedjax_dp.experiment import Experiment, RunSummary, SeedsSummary
+from fedjax_dp.training.default_config import default_config
 
 __all__ = ["Experiment", "RunSummary", "SeedsSummary", "default_config", "configs", "algorithms", "compression",
-           "core", "data", "models", "privacy", "training", "__version__"]
+           "core", "data", "models", "privacy", "training", "use_a_device_per_core", "__version__"]

@@ -31,6 +31,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from fedjax_dp import configs
+from fedjax_dp.core.host_devices import use_a_device_per_core
 from fedjax_dp.training.compilation_cache import ENV, default_folder, use_persistent_cache
 from fedjax_dp.training.config_docs import KEY_DOCS, describe_keys
 
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {unknown}", file=sys.stderr)
         return 2
     try:
+        use_a_device_per_core()  # before a config file or anything else starts JAX
         FLAGS(_resolve_config_argv(argv))
         cfg = _CONFIG.value
         _ = cfg.algorithm  # a config file that failed to load raises only when first read

@@ -18,6 +18,7 @@ import os
 import ml_collections
 
 from fedjax_dp import configs
+from fedjax_dp.core.host_devices import use_a_device_per_core
 from fedjax_dp.training import plots, results
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.loop import run_experiment
@@ -33,7 +34,9 @@ class Experiment:
     """A validated configuration, ready to run once or over several seeds."""
 
     def __init__(self, config: str | ml_collections.ConfigDict = configs.DEFAULT, overrides: dict | None = None):
-        """``overrides``: dotted keys to values, e.g. ``{"dp.noise_multiplier": 1.2, "rounds": 50}``."""
+        """``overrides``: dotted keys to values, e.g. ``{"dp.noise_multiplier": 1.2, "rounds": 50}``. Asks JAX
+        for one CPU device per core first (``core.host_devices``: a no-op once JAX has started)."""
+        use_a_device_per_core()
         if isinstance(config, str):
             cfg = configs.get(config, overrides)
         else:

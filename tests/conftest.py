@@ -36,6 +36,12 @@ jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE
 jax.config.update("jax_persistent_cache_min_compile_time_secs",
                   float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
+# The devices the CLI and ``Experiment`` ask for (one CPU device per core), asked for before any test starts JAX,
+# so hand-built rounds in tests run on the devices a user's run gets (importing fedjax_dp alone changes nothing).
+from fedjax_dp.core.host_devices import use_a_device_per_core  # noqa: E402
+
+use_a_device_per_core()
+
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 if os.path.isdir(SHARED_DATA):  # the shipped configs read $FEDJAX_DP_DATA/<dataset> (data/local_files.py)
     os.environ.setdefault("FEDJAX_DP_DATA", os.path.abspath(SHARED_DATA))

@@ -150,7 +150,8 @@ def test_chunked_memory_does_not_copy_the_cohort():
 LOOP_DEVICES_SCRIPT = textwrap.dedent("""
     import jax, numpy as np, sys
     sys.path.insert(0, {tests!r})
-    import fedjax_dp  # sets one CPU device per FEDJAX_DP_CPU_DEVICES before JAX starts
+    import fedjax_dp
+    fedjax_dp.use_a_device_per_core()  # one CPU device per FEDJAX_DP_CPU_DEVICES, before JAX starts
     from test_cohort import make_problem
     from fedjax_dp.core.cohort import CohortEngine, client_mesh
     devices = jax.devices()
@@ -227,3 +228,16 @@ def test_loop_over_devices_equals_one_device_bit_for_bit_and_contains_a_raising_
 def test_devices_are_for_the_loop_strategy():
     with pytest.raises(ValueError, match="devices= spreads strategy 'loop'"):
         CohortEngine(lambda s, c: (c, c), "sequential", devices=tuple(jax.devices()))
+
+
+def test_an_engine_stays_frozen_and_keeps_what_its_calls_observed_apart():
+    """Issue 73 item 7: ``ran_on_one_device`` was written onto the frozen engine with ``object.__setattr__``;
+    it is now an ``EngineRecord`` of its own, not part of the engine's identity, fresh for each engine."""
+    import dataclasses as dc
+
+    engine = CohortEngine(lambda s, c: (c, c), "vmap")
+    with pytest.raises(dc.FrozenInstanceError):
+        engine.strategy = "loop"
+    other = dc.replace(engine)
+    engine.observed.ran_on_one_device = True
+    assert engine.ran_on_one_device and not other.ran_on_one_device and engine == other

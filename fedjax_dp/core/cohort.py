@@ -150,6 +150,13 @@ def _traced_strategy(strategy: str, chunk_size: int | None):
     raise ValueError(f"strategy {strategy!r} cannot be traced inside jit; traced strategies: vmap, chunked, sequential")
 
 
+@dataclasses.dataclass
+class EngineRecord:
+    """What a ``CohortEngine``'s calls observed, for the run's record (the engine itself stays frozen)."""
+
+    ran_on_one_device: bool = False
+
+
 @dataclasses.dataclass(frozen=True)
 class CohortEngine:
     """Runs ``client_fn`` over cohorts with a fixed strategy; build once, call every round.
@@ -167,6 +174,9 @@ class CohortEngine:
     stream_size: int | None = None  # send the cohort to the device this many clients at a time (traced strategies)
     devices: tuple | None = None  # strategy 'loop': dispatch clients round-robin to these devices
     max_replicated_bytes: int = MAX_REPLICATED_BYTES  # spread (devices or mesh) only while the shared inputs' extra copies fit
+    # what calls observed (a fresh record per engine, not part of its identity): whether one ran unspread
+    observed: "EngineRecord" = dataclasses.field(default_factory=lambda: EngineRecord(), init=False, compare=False,
+                                                 repr=False)
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -195,7 +205,7 @@ class CohortEngine:
     @property
     def ran_on_one_device(self) -> bool:
         """Whether a call has run unspread for memory (``max_replicated_bytes``): a run records it."""
-        return getattr(self, "_ran_on_one_device", False)
+        return self.observed.ran_on_one_device
 
     def _spreads(self, shared) -> bool:
         """Whether to spread the cohort: only if one is configured and its extra copies of ``shared`` (one per
@@ -205,7 +215,7 @@ class CohortEngine:
         extra = (count - 1) * sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(shared))
         if extra <= self.max_replicated_bytes:
             return count > 1
-        object.__setattr__(self, "_ran_on_one_device", True)
+        self.observed.ran_on_one_device = True
         if count not in _WARNED_ONE_DEVICE:
             _WARNED_ONE_DEVICE.add(count)
             logging.warning("cohort engine: spreading over %d devices would copy the shared inputs %d more times "

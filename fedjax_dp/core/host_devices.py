@@ -5,11 +5,12 @@ XLA:CPU gives a process one CPU device by default and threads each operation ove
 batches of federated clients that threading scales poorly: one workload-W CNN client (6 steps of 10) took
 52 ms on one core and 40 ms on two (1.31x), while two clients on two single-core devices ran together at
 29-31 ms a client (``benchmarks/RESULTS.md``, 2026-11-26). The device count can only be set before JAX
-starts its backends, so ``import fedjax_dp`` sets it, unless the user already chose (``JAX_NUM_CPU_DEVICES``,
-``jax_num_cpu_devices``, or ``--xla_force_host_platform_device_count`` in ``XLA_FLAGS``), set
-``FEDJAX_DP_CPU_DEVICES`` (an integer; 1 keeps JAX's default), or JAX already ran something (then nothing
-changes: the engine uses the devices that exist). Other JAX code is unaffected: it runs on the first CPU
-device, as before, unless it asks for the others.
+starts its backends, so ``Experiment`` and the ``fedjax-dp`` command set it before they run (importing the
+package changes nothing; a hand-written script calls ``fedjax_dp.use_a_device_per_core()`` before its first JAX
+computation), unless the user already chose (``JAX_NUM_CPU_DEVICES``, ``jax_num_cpu_devices``, or
+``--xla_force_host_platform_device_count`` in ``XLA_FLAGS``), set ``FEDJAX_DP_CPU_DEVICES`` (an integer; 1 keeps
+JAX's default), or JAX already ran something (then nothing changes: the engine uses the devices that exist).
+Other JAX code is unaffected: it runs on the first CPU device, as before, unless it asks for the others.
 """
 
 from __future__ import annotations

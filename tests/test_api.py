@@ -46,7 +46,7 @@ def test_an_override_that_the_chosen_value_of_another_key_does_not_read_is_refus
     for name, overrides, message in (
             ("dp_fedavg_mnist", {"sampling.cohort_size": 50},
              "sampling.cohort_size=50 is not read while sampling.method='poisson' (only with sampling.method "
-             "'uniform')"),
+             "'uniform' or 'min_separation' or 'single')"),
             ("fedavg_mnist", {"sampling.rate": 0.5}, "sampling.rate=0.5 is not read while sampling.method='uniform'"),
             ("fedavg_mnist", {"data.alpha": 0.1}, "data.alpha=0.1 is not read while data.partition='shards'"),
             ("fedavg_mnist", {"data.invert": True}, "data.invert=True is not read while data.source='mnist_5k'"),

@@ -104,7 +104,7 @@ def test_an_override_on_the_command_line_that_nothing_reads_is_refused(tmp_path)
     out = run_cli("--config.sampling.cohort_size=50", f"--workdir={tmp_path}/c", cwd=tmp_path, config="dp_fedavg_mnist")
     assert out.returncode == 2
     assert ("sampling.cohort_size=50 is not read while sampling.method='poisson' (only with sampling.method "
-            "'uniform'): change sampling.method or drop sampling.cohort_size") in out.stderr
+            "'uniform' or 'min_separation' or 'single'): change sampling.method or drop sampling.cohort_size") in out.stderr
     assert not os.path.exists(tmp_path / "c")
 
 

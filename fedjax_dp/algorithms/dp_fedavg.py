@@ -25,10 +25,14 @@ import math
 import jax
 
 from fedjax_dp.algorithms import registry
-from fedjax_dp.algorithms.dp_section import DP_PRIVACY_KEYS, calibrated_noise_multiplier, check_dp
+from fedjax_dp.algorithms.dp_section import DP_PRIVACY_KEYS, calibrated_noise_multiplier, check_dp, correlated, strategy_rounds
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.uploads import Chain, chain, fixed_denominator
+from fedjax_dp.privacy.accounting import client_sampling
+from fedjax_dp.privacy.correlated import strategies
+from fedjax_dp.privacy.correlated.plan import NoisePlan
 from fedjax_dp.privacy.mechanisms.update_statistics import UpdateStatistics
+from fedjax_dp.privacy.mechanisms.upload_correlated_noise import CorrelatedNoise
 from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip, FlatClip, MedianClip, PerLayerClip
 from fedjax_dp.privacy.mechanisms.upload_layer_quantile_clip import PerLayerQuantileClip
 from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise, parse_schedule
@@ -48,8 +52,13 @@ def calibration(ctx) -> tuple:
     p, rounds = ctx.cfg.privacy, ctx.cfg.rounds
     if not p.target_epsilon:
         return ()
-    what = (f"a client taking part in every one of the {rounds} rounds (local noise: no amplification by sampling)"
-            if ctx.cfg.dp.noise_mode == "local" else f"{rounds} rounds of the sampled Gaussian ({p.accountant})")
+    if correlated(ctx.cfg):
+        what = (f"the whole stream of {strategy_rounds(ctx.cfg)} rounds of correlated noise, one event "
+                f"({p.accountant})")
+    elif ctx.cfg.dp.noise_mode == "local":
+        what = f"a client taking part in every one of the {rounds} rounds (local noise: no amplification by sampling)"
+    else:
+        what = f"{rounds} rounds of the sampled Gaussian ({p.accountant})"
     return (("calibrated_epsilon", float(p.target_epsilon)), ("calibrated_for", what))
 
 
@@ -69,10 +78,21 @@ def dp_uploads(ctx) -> Chain:
                 learning_rate=dp.clip_learning_rate, count_noise_std=count_noise_std * math.sqrt(layers),
                 denominator=denominator, local=dp.noise_mode == "local"),
             "median": MedianClip}[dp.clip]()
+    if correlated(ctx.cfg):
+        return chain(UpdateStatistics(), clip, correlated_noise(ctx), fixed_denominator(denominator))
     adaptive = dp.clip in ("adaptive", "per_layer_adaptive")
     noise = GaussianNoise(noise_schedule(ctx), local=dp.noise_mode == "local",
                           count_noise_std=count_noise_std if adaptive else 0.0, details=calibration(ctx))
     return chain(UpdateStatistics(), clip, noise, fixed_denominator(denominator))
+
+
+def correlated_noise(ctx) -> CorrelatedNoise:
+    """The server's correlated noise (issue 75): ``dp.noise``'s strategy (``gaussian``: the identity) for the
+    strategy's rounds under the sampler's participation scheme, at z (``dp.noise_multiplier`` or calibrated)."""
+    participation = client_sampling.participation(ctx.cfg.sampling)
+    name = "identity" if ctx.cfg.dp.noise == "gaussian" else ctx.cfg.dp.noise
+    strategy = strategies.build(name, strategy_rounds(ctx.cfg), participation, ctx.cfg.dp.bands)
+    return CorrelatedNoise(NoisePlan(strategy, participation, noise_schedule(ctx)[0][1]), details=calibration(ctx))
 
 
 def build_dp_fedavg(ctx) -> tuple:
@@ -80,5 +100,5 @@ def build_dp_fedavg(ctx) -> tuple:
                   deferred_dense_rate=ctx.deferred_dense_rate()), dp_uploads(ctx)
 
 
-registry.register("dp_fedavg", build=build_dp_fedavg, sections=("dp",), validate=check_dp, privacy_keys=DP_PRIVACY_KEYS,
+registry.register("dp_fedavg", build=build_dp_fedavg, sections=("dp",), validate=check_dp, privacy_keys=DP_PRIVACY_KEYS, participation=True,
                   summary="DP-FedAvg (Geyer et al. 2017): FedAvg + chain(clip, gaussian, fixed_denominator)")

@@ -10,17 +10,77 @@ import math
 from fedjax_dp.algorithms import registry
 from fedjax_dp.privacy.accounting import gdp
 from fedjax_dp.privacy import settings
+from fedjax_dp.privacy.accounting import client_sampling
 from fedjax_dp.privacy.accounting.client_sampling import client_sampler
+from fedjax_dp.privacy.correlated import plan, strategies
+from fedjax_dp.privacy.correlated.participation import SCHEMES as PARTICIPATION_SCHEMES
 from fedjax_dp.privacy.accounting.accountant import ACCOUNTANTS, Accountant, RoundEvent, parse_rdp_orders
 from fedjax_dp.privacy.mechanisms.upload_noise import parse_schedule
 
+NOISES = ("gaussian",) + tuple(n for n in strategies.STRATEGIES if n != "identity")
+"""dp.noise: independent Gaussian noise, or a correlated-noise strategy (``privacy.correlated.strategies``)."""
 CLIP_MODES = ("fixed", "per_layer", "adaptive", "per_layer_adaptive", "median")
 DP_PRIVACY_KEYS = settings.ACCOUNTING + settings.BUDGETS + settings.CALIBRATION
 """What DP-FedAvg and DP-UGA read of the privacy section: all of it."""
 
 
+def correlated(cfg) -> bool:
+    """Whether the run adds correlated noise (or independent noise under a participation scheme, the identity
+    strategy): ``privacy.correlated``."""
+    return cfg.dp.noise != "gaussian" or cfg.sampling.method in PARTICIPATION_SCHEMES
+
+
+def strategy_rounds(cfg) -> int:
+    """The rounds the noise strategy is built (optimised) for: ``dp.strategy_rounds``, or the run's."""
+    return cfg.dp.strategy_rounds or cfg.rounds
+
+
+def check_correlated(cfg, need) -> None:
+    """Correlated noise's own refusals (issue 75, "Bad input"), from the configuration alone."""
+    dp, s = cfg.dp, cfg.sampling
+    need(dp.noise in NOISES, f"dp.noise {dp.noise!r} unknown; available: {NOISES}")
+    need(isinstance(dp.bands, int) and dp.bands >= 0, f"dp.bands must be an integer >= 0 (0 = the separation), got "
+                                                      f"{dp.bands!r}")
+    need(isinstance(dp.strategy_rounds, int) and dp.strategy_rounds >= 0,
+         f"dp.strategy_rounds must be an integer >= 0 (0 = rounds), got {dp.strategy_rounds!r}")
+    if not correlated(cfg):
+        return
+    noise = f"dp.noise={dp.noise!r}"
+    need(s.method in PARTICIPATION_SCHEMES,
+         f"{noise} is calibrated for a participation scheme the sampler must enforce, and sampling.method="
+         f"{s.method!r} enforces none (a client may be drawn in any round): use one of {PARTICIPATION_SCHEMES}")
+    need(dp.noise_mode == "central", f"{noise} with dp.noise_mode={dp.noise_mode!r}: correlated noise is added by the "
+                                     "server across rounds; a client cannot correlate noise over rounds it does not see")
+    need(dp.clip in ("fixed", "per_layer"), f"{noise} with dp.clip={dp.clip!r}: correlated noise runs on a fixed clip "
+                                            "(an adaptive clip's count would be a second release to compose with the "
+                                            "stream); use dp.clip='fixed' or 'per_layer'")
+    need(not dp.noise_schedule, f"{noise} with dp.noise_schedule={dp.noise_schedule!r}: the stream has one noise "
+                                "multiplier; set dp.noise_multiplier or privacy.target_epsilon")
+    need(not dp.strategy_rounds or dp.strategy_rounds >= cfg.rounds,
+         f"dp.strategy_rounds={dp.strategy_rounds} < rounds={cfg.rounds}: the {dp.noise} strategy would be built for "
+         "fewer rounds than the run (its noise is not defined past them)")
+    n, b = strategy_rounds(cfg), s.min_separation
+    if dp.noise == "banded" and s.method != "single":
+        need(dp.bands <= b, f"dp.bands={dp.bands} > sampling.min_separation={b}: a client's participations b rounds "
+                            "apart would overlap in the bands, which the banded sensitivity does not cover; use "
+                            f"dp.bands <= {b}")
+    if s.method == "cyclic_poisson":
+        need(dp.noise in ("gaussian", "banded"), f"{noise} with sampling.method='cyclic_poisson': amplification by "
+                                                 "sampling is proved for banded strategies (amplified BandMF) only; use "
+                                                 "dp.noise='banded' (or 'gaussian'), or sampling.method='cyclic'")
+    if dp.noise == "dense":
+        need(n <= strategies.MAX_DENSE_ROUNDS, f"dp.noise='dense' is for short runs: at most "
+                                               f"{strategies.MAX_DENSE_ROUNDS} rounds, got {n}; use 'blt' or 'banded'")
+        need(s.method != "cyclic" or n % b == 0, f"dp.noise='dense' with cyclic groups: sampling.min_separation={b} "
+                                                 f"must divide the strategy's rounds {n}")
+    if dp.noise in ("tree", "tree_honaker"):
+        need(n <= strategies.MAX_MATERIALIZED_ROUNDS, f"dp.noise={dp.noise!r} is built for at most "
+                                                      f"{strategies.MAX_MATERIALIZED_ROUNDS} rounds, got {n}")
+
+
 def check_dp(cfg, need) -> None:
     dp, p = cfg.dp, cfg.privacy
+    check_correlated(cfg, need)
     need(dp.noise_multiplier >= 0, f"dp.noise_multiplier (sigma) must be >= 0, got {dp.noise_multiplier}")
     need(dp.clip in CLIP_MODES, f"dp.clip {dp.clip!r} unknown; available: {CLIP_MODES}")
     need(dp.clip_norm > 0, f"dp.clip_norm S must be > 0, got {dp.clip_norm}")
@@ -44,7 +104,7 @@ def check_dp(cfg, need) -> None:
     except ValueError as error:
         need(False, str(error))
         return
-    if not p.target_epsilon and (p.max_epsilon or p.stop_epsilon) and valid:
+    if not p.target_epsilon and (p.max_epsilon or p.stop_epsilon) and valid and not correlated(cfg):
         spent = first_round_spends(cfg, schedule[0][1])
         if spent is not None:
             key, value, limit = spent
@@ -59,6 +119,9 @@ def calibrated_noise_multiplier(cfg, num_clients: int) -> float:
     (replace-one) per participation, i.e. mu = 2 sqrt(T) / z for a client in all T rounds (exact GDP:
     Dong, Roth and Su 2022, Cor. 3.3), so z = 2 sqrt(T) / mu(epsilon, delta)."""
     p = cfg.privacy
+    if correlated(cfg):  # one Gaussian for the stream (or amplified BandMF's rounds): plan.calibrate
+        return plan.calibrate(strategy_rounds(cfg), client_sampling.participation(cfg.sampling), p.target_epsilon,
+                              p.delta, p.accountant)
     if cfg.dp.noise_mode == "local":
         return 2.0 * math.sqrt(cfg.rounds) / gdp.mu_from_epsilon(p.target_epsilon, p.delta)
     return client_sampler(cfg.sampling, num_clients).calibrate(p.target_epsilon, p.delta, cfg.rounds, p.accountant)
@@ -99,6 +162,13 @@ SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
     "target_quantile": "adaptive clipping: the quantile of update norms S tracks",
     "clip_learning_rate": "adaptive clipping: geometric step of S per round",
     "noise_mode": "central (server adds noise to the sum) | local (each client noises its own update)",
+    "noise": "gaussian (independent per round; under a participation scheme: the identity strategy, no "
+             "amplification) | tree (binary-tree aggregation, DP-FTRL) | tree_honaker (the tree with Honaker's "
+             "efficient estimator) | banded (banded MF) | blt (buffered-linear-"
+             "Toeplitz MF) | dense (optimised dense MF, short runs): correlated noise needs sampling.method = "
+             "min_separation | single | cyclic | cyclic_poisson",
+    "bands": "dp.noise='banded': the strategy's bands (0 = sampling.min_separation; at most it)",
+    "strategy_rounds": "correlated noise: the rounds the strategy is built for (0 = rounds; never fewer)",
 }
 registry.register_section("dp", docs=SECTION_DOCS, read_when=(
     ("dp.noise_multiplier", "privacy.target_epsilon", (0.0,)),  # calibration chooses z
@@ -108,10 +178,15 @@ registry.register_section("dp", docs=SECTION_DOCS, read_when=(
     ("privacy.accountant", "dp.noise_mode", ("central",)),  # local releases: per-client exact GDP
     ("privacy.pld_discretization", "dp.noise_mode", ("central",)),
     ("privacy.rdp_orders", "dp.noise_mode", ("central",)),
+    ("dp.bands", "dp.noise", ("banded",)),
+    ("dp.strategy_rounds", "dp.noise", NOISES[1:]),
 ), defaults={
     "noise_multiplier": 1.0,  # z: noise std on the clipped sum / S (privacy.target_epsilon > 0 calibrates it)
     "noise_schedule": "",  # piecewise-constant z_t, e.g. "1:1.2,100:1.0"
     "clip": "fixed",  # fixed | per_layer | adaptive | per_layer_adaptive | median (median: NOT private)
     "clip_norm": 1.0,  # S (initial S for adaptive)
     "target_quantile": 0.5, "clip_learning_rate": 0.2,  # adaptive clipping (Andrew et al. 2021)
-    "noise_mode": "central"})  # central | local
+    "noise_mode": "central",  # central | local
+    "noise": "gaussian",  # gaussian | tree | tree_honaker | banded | blt | dense (correlated: sampling.method a participation scheme)
+    "bands": 0,  # dp.noise='banded': bands (0 = sampling.min_separation)
+    "strategy_rounds": 0})  # correlated noise: rounds the strategy is built for (0 = rounds)

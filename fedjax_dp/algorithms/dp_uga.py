@@ -22,5 +22,5 @@ def check_dp_uga(cfg, need) -> None:
 
 
 registry.register("dp_uga", build=build_dp_uga, sections=("dp", "uga"), validate=check_dp_uga,
-                  privacy_keys=DP_PRIVACY_KEYS,
+                  privacy_keys=DP_PRIVACY_KEYS, participation=True,
                   summary="DP-UGA: UGA + DP-FedAvg's upload chain")

@@ -63,8 +63,9 @@ class BuildContext:
                     unroll=self.unroll)
 
     def expected_cohort(self) -> float:
-        s = self.cfg.sampling
-        return s.cohort_size if s.method == "uniform" else s.rate * self.num_clients
+        """The fixed denominator of a round: m, q K, or a participation sampler's (``participation_sampling``)."""
+        from fedjax_dp.privacy.accounting.client_sampling import client_sampler
+        return client_sampler(self.cfg.sampling, self.num_clients).expected_cohort()
 
     def sampling_rate(self) -> float:
         """lambda: the chance that a given client is in a round's cohort."""
@@ -89,6 +90,8 @@ class Entry:
     unread: tuple[str, ...] = ()  # generic keys it never reads (``SAMPLED_STEPS``, ``OWN_SERVER_STEP``): an
     # override of one is refused (``training.unread_keys``)
     privacy_keys: tuple[str, ...] = DEFAULT_PRIVACY_KEYS  # the ``privacy`` section keys it reads (secure_rng: all)
+    participation: bool = False  # runs correlated noise under a participation scheme (``sampling.method`` such as
+    # min_separation: ``privacy.correlated``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +123,8 @@ OWN_SERVER_STEP = ("server.optimizer", "server.learning_rate", "server.momentum"
 
 
 def register(name: str, *, build, sections=(), validate=None, shares_server_set=False, summary="",
-             server_validation=False, ledger=None, unread=(), privacy_keys=DEFAULT_PRIVACY_KEYS) -> Entry:
+             server_validation=False, ledger=None, unread=(), privacy_keys=DEFAULT_PRIVACY_KEYS,
+             participation=False) -> Entry:
     if name in _ENTRIES:
         raise ValueError(f"algorithm {name!r} is already registered")
     for section in sections:
@@ -131,7 +135,7 @@ def register(name: str, *, build, sections=(), validate=None, shares_server_set=
     if unknown:
         raise ValueError(f"algorithm {name!r} reads privacy keys {unknown} the privacy section does not have")
     _ENTRIES[name] = Entry(name, build, tuple(sections), validate, shares_server_set, summary, server_validation,
-                           ledger, tuple(unread), tuple(privacy_keys))
+                           ledger, tuple(unread), tuple(privacy_keys), participation)
     return _ENTRIES[name]
 
 

@@ -76,6 +76,9 @@ class Release:
     claims: what the paper claims (``Claim``s: a fixed figure, a per-round formula), or none.
     details: what the mechanism states about its calibration, for ``privacy.json``'s ``accounting`` (CUAG-PFL's
       per-client mu_n), or None.
+    cumulative: correlated noise (``privacy.correlated``): ``(RoundEvent, count)`` of the stream of every round so
+      far, which ``event`` is too; a ledger replaces its account by it instead of composing the round (the rounds'
+      noise is correlated, so per-round events do not compose). None: ``event`` is this round's alone.
     """
 
     mechanism: str
@@ -92,6 +95,7 @@ class Release:
     client_budgets: tuple | None = None
     claims: tuple = ()
     details: dict | None = dataclasses.field(default=None, compare=False)
+    cumulative: tuple | None = None
 
     def __post_init__(self):
         if self.locality not in LOCALITIES:
@@ -130,10 +134,14 @@ class Release:
         """The release as ``privacy.json`` lists it: numbers and flags, the relation and the event named."""
         z = self.client_multipliers
         record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                  if f.name not in ("relation", "event", "client_multipliers", "client_budgets", "claims", "details")}
+                  if f.name not in ("relation", "event", "client_multipliers", "client_budgets", "claims", "details",
+                                  "cumulative")}
         record.update(neighboring_relation=relation_name(self.relation), event=str(self.event),
                       sensitivity=self.sensitivity,
                       client_multipliers=None if z is None else {"clients": len(z), "min": min(z), "max": max(z)})
+        if self.cumulative:  # the stream's sensitivity is sens(C) S (``privacy.correlated.plan``)
+            record["accumulation"] = "one event for the stream of every round so far (correlated noise)"
+            record["sensitivity"] = self.sensitivity * (self.details or {}).get("strategy_sensitivity", 1.0)
         if self.claims:
             record["claims"] = [{"label": c.label, "note": c.note, "headline": c.headline} for c in self.claims]
         return record

@@ -18,15 +18,23 @@ import numpy as np
 from fedjax_dp.core.release import Release
 from fedjax_dp.privacy.accounting import gdp
 from fedjax_dp.privacy.accounting.client_sampling import FixedSizeSampling, PoissonSampling
+from fedjax_dp.privacy.accounting.participation_sampling import ParticipationSampling
+from fedjax_dp.privacy.ledgers.correlated import CorrelatedLedger
 from fedjax_dp.privacy.ledgers.client_level import CentralLedger, Ledger, LocalLedger, accounted
 from fedjax_dp.privacy.report import PrivacyReport
 from fedjax_dp.privacy.settings import PrivacySettings
 
 
 def tracker_for(releases: list[Release], settings: PrivacySettings,
-                sampler: PoissonSampling | FixedSizeSampling) -> "PrivacyTracker":
-    """The tracker of a run whose rounds release ``releases`` (round 1's): a local ledger where any release is
+                sampler: PoissonSampling | FixedSizeSampling | ParticipationSampling) -> "PrivacyTracker":
+    """The tracker of a run whose rounds release ``releases`` (round 1's): the correlated ledger where a release is a
+    correlated stream (on the participation sampler that enforces its scheme), a local ledger where any release is
     local (held to the per-client budgets a release states), else a central one."""
+    if any(r.cumulative is not None for r in releases):
+        if not isinstance(sampler, ParticipationSampling):
+            raise ValueError("correlated noise is calibrated for a participation scheme that only a participation "
+                             "sampler enforces (sampling.method: min_separation, single, cyclic, cyclic_poisson)")
+        return PrivacyTracker(CorrelatedLedger(sampler, settings), settings, releases)
     if any(r.locality == "local" for r in releases):
         budgets = next((r.client_budgets for r in releases if r.client_budgets is not None), None)
         return PrivacyTracker(LocalLedger(sampler, settings, budgets), settings, releases)
@@ -117,7 +125,8 @@ class PrivacyTracker:
                 r.mechanism for r in releases if r.locality != "local") + "): the server sees that part of each "
                 "client's upload before noising it, so it is not locally private: NO formal guarantee")
         notes += fields.get("notes", [])
-        if any(r.locality == "central" for r in releases if r.formal) and not self.local:
+        if any(r.locality == "central" for r in releases if r.formal) and not self.local and not any(
+                r.cumulative is not None for r in releases):
             notes.append("central releases on the same cohort composed as one Gaussian, z_eff = (sum_i z_i^-2)^-1/2")
         rule = getattr(self.ledger, "rule", None)
         if not self.private and rule is not None and (rule.max_epsilon is not None or rule.target_epsilon is not None):

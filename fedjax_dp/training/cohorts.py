@@ -12,15 +12,16 @@ from fedjax_dp.data.normalization import standardized_black
 from fedjax_dp.data.packing import (num_steps, pack_cohort, pack_poisson_cohort, pack_sampled_cohort,
                                     pack_uga_cohort)
 from fedjax_dp.privacy.accounting.client_sampling import client_sampler
+from fedjax_dp.privacy.accounting.participation_sampling import ParticipationSampling
 
 
 def expected_cohort(cfg, num_clients: int) -> float:
     return client_sampler(cfg.sampling, num_clients).expected_cohort()
 
 
-def sample_cohort(cfg, num_clients: int, generator: np.random.Generator, eligible=None) -> np.ndarray:
-    """The round's client ids, drawn by the same sampler whose ``round_event`` the accountant composes."""
-    return client_sampler(cfg.sampling, num_clients).sample(generator, eligible)
+def sample_cohort(cfg, num_clients: int, generator: np.random.Generator, eligible=None, t: int = 1) -> np.ndarray:
+    """Round t's client ids, drawn by the same sampler whose event (or participation scheme) the ledger accounts."""
+    return client_sampler(cfg.sampling, num_clients).sample(generator, eligible, t)
 
 
 def poisson_slots(rate: float, num_clients: int, drawn: int) -> int:
@@ -30,9 +31,11 @@ def poisson_slots(rate: float, num_clients: int, drawn: int) -> int:
 
 
 def cohort_slots(cfg, num_clients: int, drawn: int) -> int | None:
+    """The capacity a round's cohort is packed into, where cohorts vary in size (None: exactly the cohort)."""
     if cfg.sampling.method == "poisson":
         return poisson_slots(cfg.sampling.rate, num_clients, drawn)
-    return None
+    sampler = client_sampler(cfg.sampling, num_clients)
+    return sampler.slots(drawn) if isinstance(sampler, ParticipationSampling) else None
 
 
 def make_packer(cfg, dataset, requirements):
@@ -106,7 +109,7 @@ def _check_fits(cfg, dataset, passes, sized_by: str) -> None:
     example = dataset.x[:1].nbytes + 4 + 1 + 2 * 8  # input, label, mask, gather and example index (int64)
     needed = slots * example * sum(steps * width for steps, width in passes)
     if needed > memory:
-        sampling = (f"sampling.rate={cfg.sampling.rate} (up to {slots} clients)" if cfg.sampling.method == "poisson"
+        sampling = (f"sampling.method={cfg.sampling.method!r} (up to {slots} clients)" if cfg.sampling.method != "uniform"
                     else f"sampling.cohort_size={slots}")
         raise ValueError(f"one round's packed cohort needs {needed / 1e9:.1f} GB ({slots} clients x "
                          f"{' + '.join(f'{steps} steps x {width}' for steps, width in passes)} examples of "

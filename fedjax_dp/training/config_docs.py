@@ -81,9 +81,19 @@ GENERIC_DOCS = {
     "server_data.overlap": "< 0: drawn IID from the clients (no formal DP); 0-1: writer overlap on natural partitions "
                            "(0 keeps the guarantee)",
     "server_data.num_writers": "writers drawn for the server-held set on natural partitions",
-    "sampling.method": "uniform (exactly m clients, replace-one) | poisson (each client with probability q, add/remove-one)",
-    "sampling.cohort_size": "uniform sampling: clients per round m",
-    "sampling.rate": "poisson sampling: probability q that a client takes part in a round",
+    "sampling.method": "uniform (exactly m clients, replace-one) | poisson (each client with probability q, add/remove-one) "
+                       "| min_separation (clients check in at random; one inside its b-round window or with k rounds "
+                       "is refused) | single (each client at most once) | cyclic (b fixed groups in turn) | "
+                       "cyclic_poisson (b groups in turn, members with probability q: amplified BandMF). The last four "
+                       "are the participation schemes correlated noise (dp.noise) is calibrated for",
+    "sampling.cohort_size": "uniform sampling: clients per round m; min_separation / single: the most a round takes "
+                            "(and the fixed denominator)",
+    "sampling.rate": "poisson sampling: probability q that a client takes part in a round; cyclic_poisson: that a "
+                     "member of the round's group does",
+    "sampling.min_separation": "b: min_separation: the fewest rounds between two of one client's; cyclic schemes: "
+                               "the number of groups",
+    "sampling.max_participations": "k: min_separation: a client's most rounds (0 = as many as b and the rounds allow)",
+    "sampling.check_in_rate": "min_separation / single: the chance a client checks in (is available) in a round",
     "engine.strategy": "how clients run: auto | vmap | chunked | sequential | loop (same numbers, different speed)",
     "engine.chunk_size": "chunked strategy: clients per vmapped chunk",
     "engine.unroll": "local-training scan unroll: auto | full | an integer",

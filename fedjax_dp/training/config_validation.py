@@ -17,6 +17,7 @@ from fedjax_dp.core.optimizers import OPTIMIZERS
 from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES, PENULTIMATE_MODELS
 from fedjax_dp.models.conv import CONV_IMPLS
 from fedjax_dp.models.pfl_cnn import check_input_shape
+from fedjax_dp.privacy.correlated.participation import SCHEMES as PARTICIPATION_SCHEMES
 from fedjax_dp.privacy.settings import check_privacy
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.unread_keys import check_unread_keys
@@ -106,12 +107,7 @@ def validate_config(cfg, overridden=()) -> None:
     sd = cfg.server_data
     need(0 < sd.fraction <= 1, f"server_data.fraction must lie in (0, 1], got {sd.fraction}")
     need(sd.overlap < 0 or sd.overlap <= 1, f"server_data.overlap must be < 0 (IID) or in [0, 1], got {sd.overlap}")
-    need(cfg.sampling.method in ("uniform", "poisson"), f"sampling.method {cfg.sampling.method!r} unknown; use uniform or poisson")
-    if cfg.sampling.method == "uniform":
-        need(1 <= cfg.sampling.cohort_size <= cfg.data.num_clients,
-             f"sampling.cohort_size must lie in [1, data.num_clients={cfg.data.num_clients}], got {cfg.sampling.cohort_size}")
-    else:
-        need(0 < cfg.sampling.rate <= 1, f"sampling.rate q must lie in (0, 1], got {cfg.sampling.rate}")
+    _validate_sampling(cfg, need)
     e = cfg.engine
     need(e.strategy in STRATEGIES + ("auto",), f"engine.strategy {e.strategy!r} unknown; available: {STRATEGIES + ('auto',)}")
     need(e.strategy != "chunked" or e.chunk_size >= 1, f"engine.chunk_size must be >= 1 for 'chunked', got {e.chunk_size}")
@@ -130,6 +126,34 @@ def validate_config(cfg, overridden=()) -> None:
     registry.validate(cfg, need)  # the algorithm's own section, and sections it does not read left alone
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
+
+
+SAMPLING_METHODS = ("uniform", "poisson") + PARTICIPATION_SCHEMES
+
+
+def _validate_sampling(cfg, need) -> None:
+    s, clients = cfg.sampling, cfg.data.num_clients
+    need(s.method in SAMPLING_METHODS, f"sampling.method {s.method!r} unknown; available: {SAMPLING_METHODS}")
+    if s.method in ("uniform", "min_separation", "single"):
+        need(1 <= s.cohort_size <= clients,
+             f"sampling.cohort_size must lie in [1, data.num_clients={clients}], got {s.cohort_size}")
+    if s.method in ("poisson", "cyclic_poisson"):
+        need(0 < s.rate <= 1, f"sampling.rate q must lie in (0, 1], got {s.rate}")
+    if s.method in ("min_separation", "cyclic", "cyclic_poisson"):
+        need(isinstance(s.min_separation, int) and 1 <= s.min_separation <= max(cfg.rounds, 1),
+             f"sampling.min_separation b must be an integer in [1, rounds={cfg.rounds}], got {s.min_separation!r}")
+    if s.method in ("cyclic", "cyclic_poisson"):
+        need(not isinstance(s.min_separation, int) or s.min_separation <= clients,
+             f"sampling.min_separation={s.min_separation} cyclic groups need at least as many clients "
+             f"(data.num_clients={clients})")
+    need(isinstance(s.max_participations, int) and s.max_participations >= 0,
+         f"sampling.max_participations k must be an integer >= 0 (0 = no limit), got {s.max_participations!r}")
+    need(0 < s.check_in_rate <= 1, f"sampling.check_in_rate must lie in (0, 1], got {s.check_in_rate}")
+    if s.method in PARTICIPATION_SCHEMES:
+        need(registry.get(cfg.algorithm).participation if cfg.algorithm in registry.names() else True,
+             f"sampling.method={s.method!r} is a participation scheme for correlated noise (dp.noise), which "
+             f"algorithm={cfg.algorithm!r} does not run; algorithms that do: "
+             f"{[n for n in registry.names() if registry.get(n).participation]}")
 
 
 def _numbers(cfg, prefix: str = ""):

@@ -51,7 +51,12 @@ def default_config() -> ml_collections.ConfigDict:
         fraction=0.01,          # a server-held set (D_meta, a shared set): this fraction of the training examples
         overlap=-1.0,           # < 0: IID from the training clients; [0, 1]: writer overlap (natural partitions)
         num_writers=20))
-    c.sampling = ml_collections.ConfigDict(dict(method="uniform", cohort_size=10, rate=0.1))
+    c.sampling = ml_collections.ConfigDict(dict(
+        method="uniform",       # uniform | poisson | min_separation | single | cyclic | cyclic_poisson
+        cohort_size=10, rate=0.1,
+        min_separation=1,       # b: rounds between two of a client's (min_separation); groups (cyclic)
+        max_participations=0,   # k: a client's most rounds under min_separation (0 = as b and the rounds allow)
+        check_in_rate=1.0))     # min_separation / single: the chance a client checks in (is available) in a round
     c.privacy = ml_collections.ConfigDict(dict(privacy_settings.SECTION))  # delta, accountant, budgets, stops, secure RNG
     c.engine = ml_collections.ConfigDict(dict(strategy="auto", chunk_size=0, unroll="auto", conv_impl="auto", num_devices=0,
                                               stream_clients=0, max_replicated_gb=1.0,

@@ -158,7 +158,7 @@ class RunContext:
             tracker.stopped_at = t
             self.stop("privacy budget")
             return None
-        ids = sample_cohort(cfg, self.dataset.num_clients, loop.sampling_rng, eligible)
+        ids = sample_cohort(cfg, self.dataset.num_clients, loop.sampling_rng, eligible, t)
         row = {"round": t, "cohort_size": len(ids)}
         if len(ids) or tracker is not None:
             cohort = self.pack(ids, loop.shuffle_rng, cohort_slots(cfg, self.dataset.num_clients, len(ids)))

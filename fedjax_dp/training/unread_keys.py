@@ -18,8 +18,11 @@ from fedjax_dp.algorithms import registry
 
 READ_ONLY_WHEN = (
     # (key, the key that decides, the values under which the first key is read)
-    ("sampling.cohort_size", "sampling.method", ("uniform",)),
-    ("sampling.rate", "sampling.method", ("poisson",)),
+    ("sampling.cohort_size", "sampling.method", ("uniform", "min_separation", "single")),
+    ("sampling.rate", "sampling.method", ("poisson", "cyclic_poisson")),
+    ("sampling.min_separation", "sampling.method", ("min_separation", "cyclic", "cyclic_poisson")),
+    ("sampling.max_participations", "sampling.method", ("min_separation",)),
+    ("sampling.check_in_rate", "sampling.method", ("min_separation", "single")),
     ("data.alpha", "data.partition", ("dirichlet",)),
     ("data.shards_per_client", "data.partition", ("shards",)),
     ("data.classes_per_client", "data.partition", ("acid", "alid")),

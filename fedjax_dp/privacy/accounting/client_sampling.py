@@ -18,6 +18,8 @@ import numpy as np
 
 from fedjax_dp.data import sampling
 from fedjax_dp.privacy.accounting.accountant import RoundEvent, calibrate_noise_multiplier
+from fedjax_dp.privacy.accounting.participation_sampling import ParticipationSampling
+from fedjax_dp.privacy.correlated.participation import SCHEMES, Participation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +33,7 @@ class PoissonSampling:
         if self.num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {self.num_clients}")
 
-    def sample(self, rng: np.random.Generator, eligible: np.ndarray | None = None) -> np.ndarray:
+    def sample(self, rng: np.random.Generator, eligible: np.ndarray | None = None, t: int = 1) -> np.ndarray:
         return sampling.poisson(self.num_clients, self.rate, rng, eligible)
 
     def expected_cohort(self) -> float:
@@ -55,7 +57,7 @@ class FixedSizeSampling:
         if not 1 <= self.cohort_size <= self.num_clients:
             raise ValueError(f"cohort_size must lie in [1, num_clients={self.num_clients}], got {self.cohort_size}")
 
-    def sample(self, rng: np.random.Generator, eligible: np.ndarray | None = None) -> np.ndarray:
+    def sample(self, rng: np.random.Generator, eligible: np.ndarray | None = None, t: int = 1) -> np.ndarray:
         return sampling.uniform(self.num_clients, self.cohort_size, rng, eligible)
 
     def expected_cohort(self) -> float:
@@ -71,8 +73,20 @@ class FixedSizeSampling:
                                           cohort_size=self.cohort_size, kind=accountant)
 
 
-def client_sampler(sampling_cfg, num_clients: int) -> PoissonSampling | FixedSizeSampling:
-    """The sampler a config's ``sampling`` section describes (``uniform``: fixed-size)."""
+def participation(sampling_cfg) -> Participation:
+    """The participation scheme a config's ``sampling`` section states (min_separation, single, cyclic,
+    cyclic_poisson)."""
+    method = sampling_cfg.method
+    return Participation(method, int(sampling_cfg.min_separation), int(sampling_cfg.max_participations),
+                         rate=float(sampling_cfg.rate) if method == "cyclic_poisson" else 1.0)
+
+
+def client_sampler(sampling_cfg, num_clients: int) -> PoissonSampling | FixedSizeSampling | ParticipationSampling:
+    """The sampler a config's ``sampling`` section describes (``uniform``: fixed-size; a participation scheme: the
+    sampler that enforces it, ``participation_sampling``)."""
+    if sampling_cfg.method in SCHEMES:
+        return ParticipationSampling(num_clients, participation(sampling_cfg), int(sampling_cfg.cohort_size),
+                                     float(sampling_cfg.check_in_rate))
     if sampling_cfg.method == "uniform":
         return FixedSizeSampling(num_clients, sampling_cfg.cohort_size)
     return PoissonSampling(num_clients, sampling_cfg.rate)

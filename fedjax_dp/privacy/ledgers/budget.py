@@ -55,9 +55,9 @@ class BudgetRule:
             return False
         return True
 
-    def allows(self, accountant: Accountant, next_round: RoundEvent) -> bool:
-        """Whether running ``next_round`` keeps the spent privacy within the budget."""
-        after = accountant.copy_with(next_round)
+    def allows(self, accountant: Accountant, next_round: RoundEvent, count: int = 1) -> bool:
+        """Whether running ``next_round`` (``count`` times) keeps the spent privacy within the budget."""
+        after = accountant.copy_with(next_round, count)
         if self.target_epsilon is not None and after.delta(self.target_epsilon) > self.max_delta:
             return False
         if self.max_epsilon is not None and after.epsilon(self.delta) > self.max_epsilon:

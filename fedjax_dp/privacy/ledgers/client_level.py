@@ -90,6 +90,9 @@ class CentralLedger:
     def multiplier(releases: list[Release]) -> float:
         """The round's z_eff over the central releases (each stated for add/remove-one, sensitivity S)."""
         central = [r for r in releases if r.locality == "central"]
+        if any(r.cumulative is not None for r in releases):
+            raise ValueError("a correlated-noise stream is not composed per round: it needs the correlated ledger "
+                             "(privacy.ledgers.correlated)")
         for r in central:
             if r.sensitivity_factor != 1.0:
                 raise ValueError(f"central release {r.mechanism!r} is stated for replace-one; the sampler converts "

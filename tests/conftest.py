@@ -129,3 +129,19 @@ def make_round(model, algorithm="fedavg", num_clients=100, strategy="vmap", chun
         (cfg[section] if section else cfg)[key] = value
     choice = StrategyChoice(strategy=strategy, chunk_size=chunk_size, unroll=1, conv_impl="xla")
     return build_round(cfg, model, choice, num_clients)
+
+
+def sigint_at_round(monkeypatch, round_index: int) -> None:
+    """Sends this process a real SIGINT while round ``round_index`` is being logged (a resume test's interruption;
+    use inside ``monkeypatch.context()`` so only the interrupted run is patched)."""
+    import signal
+
+    import fedjax_dp.training.loop as loop_module
+    real_log = loop_module.results.ResultsWriter.log
+
+    def log(self, row):
+        real_log(self, row)
+        if row.get("round") == round_index and not row.get("final_evaluation"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(loop_module.results.ResultsWriter, "log", log)

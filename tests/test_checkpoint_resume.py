@@ -8,6 +8,7 @@ import signal
 
 import numpy as np
 import pytest
+from conftest import sigint_at_round
 
 import fedjax_dp.training.loop as loop_module
 import fedjax_dp.training.run_context as run_context
@@ -34,24 +35,12 @@ def _files(workdir):
         return metrics, json.load(f)
 
 
-def _interrupt_at(monkeypatch, round_index):
-    """Sends this process a real SIGINT while round ``round_index`` is being logged."""
-    real_log = loop_module.results.ResultsWriter.log
-
-    def log(self, row):
-        real_log(self, row)
-        if row.get("round") == round_index and not row.get("final_evaluation"):
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(loop_module.results.ResultsWriter, "log", log)
-
-
 def test_interrupted_and_killed_runs_resume_to_the_uninterrupted_result(tmp_path, monkeypatch):
     reference = run_experiment(_config(), str(tmp_path / "a"), progress=False)
     want_metrics, want_privacy = _files(tmp_path / "a")
 
     with monkeypatch.context() as m:  # SIGINT in round 3: checkpoint at 3, stop
-        _interrupt_at(m, 3)
+        sigint_at_round(m, 3)
         stopped = run_experiment(_config(), str(tmp_path / "b"), progress=False)
     assert stopped.interrupted and stopped.rounds == 3 and "SIGINT" in stopped.stop_reason
     with pytest.raises(FileExistsError):  # never overwritten without a flag
@@ -62,7 +51,7 @@ def test_interrupted_and_killed_runs_resume_to_the_uninterrupted_result(tmp_path
     assert resumed.epsilon == reference.epsilon and resumed.best_accuracy == reference.best_accuracy
 
     with monkeypatch.context() as m:  # "killed" after round 5: its checkpoint never got written
-        _interrupt_at(m, 5)
+        sigint_at_round(m, 5)
         run_experiment(_config(), str(tmp_path / "c"), progress=False)
     checkpoints = tmp_path / "c" / "checkpoints"
     assert sorted(os.listdir(checkpoints)) == ["round_000004", "round_000005"]  # the last two kept
@@ -115,7 +104,7 @@ def test_a_run_from_before_a_config_key_existed_resumes_while_the_key_keeps_its_
     c = _config()
     c.rounds = 4
     with pytest.MonkeyPatch.context() as m:  # SIGINT in round 2: checkpoint at 2, stop
-        _interrupt_at(m, 2)
+        sigint_at_round(m, 2)
         run_experiment(c, str(tmp_path / "old"), progress=False)
     path = tmp_path / "old" / "config.json"
     saved = json.loads(path.read_text())

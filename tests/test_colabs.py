@@ -10,7 +10,8 @@ import pytest
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "colabs", "*.ipynb")))
 TINY = {"quickstart.ipynb": "ROUNDS = 2", "dp_fedavg.ipynb": "ROUNDS, EPSILON = 2, 2.0", "ldp_minibatch.ipynb": "ROUNDS, LOCAL_STEPS = 1, 2",
-        "cuag_pfl.ipynb": "ROUNDS, LOCAL_STEPS = 1, 1", "uga_fedmeta.ipynb": "ROUNDS = 2"}
+        "cuag_pfl.ipynb": "ROUNDS, LOCAL_STEPS = 1, 1", "uga_fedmeta.ipynb": "ROUNDS = 2",
+        "dp_ftrl.ipynb": "ROUNDS, SEPARATION = 4, 2"}
 """Overrides of each notebook's ``parameters`` cell for the suite (every notebook must have an entry)."""
 
 

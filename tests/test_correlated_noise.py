@@ -5,16 +5,13 @@ release's event, resume in the middle of a band, and the refusals of bad input b
 
 import json
 import math
-import os
-import signal
-
 import dp_accounting
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import sigint_at_round
 
-import fedjax_dp.training.loop as loop_module
 from fedjax_dp.core import rng
 from fedjax_dp.core.uploads import ServerContext
 from fedjax_dp.privacy.accounting.accountant import Accountant, RoundEvent
@@ -222,15 +219,8 @@ def test_the_epsilon_reported_is_dp_accountings_on_the_releases_event(tmp_path):
 def test_a_run_resumed_in_the_middle_of_a_band_equals_the_uninterrupted_one(tmp_path, monkeypatch):
     c = _config()
     run_experiment(c, str(tmp_path / "a"), progress=False)
-    real_log = loop_module.results.ResultsWriter.log
-
-    def log(self, row):
-        real_log(self, row)
-        if row.get("round") == 3 and not row.get("final_evaluation"):
-            os.kill(os.getpid(), signal.SIGINT)
-
     with monkeypatch.context() as m:
-        m.setattr(loop_module.results.ResultsWriter, "log", log)
+        sigint_at_round(m, 3)
         stopped = run_experiment(_config(), str(tmp_path / "b"), progress=False)
     assert stopped.interrupted and stopped.rounds == 3
     run_experiment(_config(), str(tmp_path / "b"), progress=False, resume=True)

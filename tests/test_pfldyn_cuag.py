@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import make_round
+from conftest import make_round, sigint_at_round
 from fedjax_dp.core import tree
 from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.core.prototypes import class_prototypes, prototype_correct, prototype_loss
@@ -507,11 +507,6 @@ def test_a_batch_pair_larger_than_a_clients_data_is_refused_before_training(tmp_
 def test_cuag_resume_restores_g_n_and_the_ledgers_bit_exactly(tmp_path, monkeypatch):
     """Interrupted in round 2 of 4 and resumed: metrics (personalised accuracy, each round's epsilon) and
     privacy.json (every client's epsilon and participations) equal the uninterrupted run's, byte for byte."""
-    import os
-    import signal
-
-    from fedjax_dp.training import loop as loop_module
-
     def config():
         c = _pfl_config("cuag_pfl", **{"cuag.mode": "sound", "cuag.client_mu": "1,3", "cuag.participations": 3,
                                        "compression.enabled": True})
@@ -522,15 +517,8 @@ def test_cuag_resume_restores_g_n_and_the_ledgers_bit_exactly(tmp_path, monkeypa
         return open(workdir / "metrics.jsonl", "rb").read(), open(workdir / "privacy.json", "rb").read()
 
     run_experiment(config(), str(tmp_path / "a"), progress=False)
-    real_log = loop_module.results.ResultsWriter.log
-
-    def log(self, row):
-        real_log(self, row)
-        if row.get("round") == 2 and not row.get("final_evaluation"):
-            os.kill(os.getpid(), signal.SIGINT)
-
     with monkeypatch.context() as m:
-        m.setattr(loop_module.results.ResultsWriter, "log", log)
+        sigint_at_round(m, 2)
         assert run_experiment(config(), str(tmp_path / "b"), progress=False).interrupted
     run_experiment(config(), str(tmp_path / "b"), progress=False, resume=True)
     assert files(tmp_path / "b") == files(tmp_path / "a")

@@ -20,6 +20,7 @@ from fedjax_dp.experiment import Experiment
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.results import dumps as strict_json
 from preflight import apply_overrides, checked_runs
+from provenance import provenance
 
 METHODS = ("dp_fedavg_poisson", "gaussian", "tree", "tree_honaker", "banded", "blt")
 
@@ -76,10 +77,11 @@ def main():
             privacy = json.load(f)
         rows.append({"epsilon_target": eps, "method": method, "noise_multiplier": privacy["noise_multipliers"][0],
                      "prefix_sum_rmse_over_z_clip": privacy["accounting"].get("prefix_sum_rmse_over_z_clip"),
-                     "seeds": args.seeds, "accuracy": s.final["test_accuracy"], "epsilon_spent": s.epsilon})
-        print(json.dumps(rows[-1]), flush=True)
+                     "seeds": args.seeds, "rounds": s.rounds, "accuracy": s.final["test_accuracy"],
+                     "epsilon_spent": s.epsilon, "formal": s.formal, "config": cfg.to_dict()})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "config"}), flush=True)
     with open(os.path.join(args.out, "sweep.json"), "w") as f:
-        f.write(strict_json({"args": vars(args), "rows": rows}, indent=2))
+        f.write(strict_json({"setting": provenance(), "args": vars(args), "rows": rows}, indent=2))
     print("| epsilon | method | z | prefix RMSE / (z S) | noise RMSE / S | accuracy |\n| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         rmse, z, a = r["prefix_sum_rmse_over_z_clip"], r["noise_multiplier"], r["accuracy"]

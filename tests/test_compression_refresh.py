@@ -19,8 +19,7 @@ from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
-from conftest import two_logistic_clients
-from test_checkpoint_resume import _interrupt_at
+from conftest import sigint_at_round, two_logistic_clients
 
 TEMPLATE = {"w": jnp.zeros((6, 5)), "b": jnp.zeros(5)}
 
@@ -199,7 +198,7 @@ def test_loop_error_feedback_changes_training_resumes_bit_exactly_and_is_validat
     assert plain[-1]["uplink_bytes"] == ef[-1]["uplink_bytes"]  # the residual is never sent
 
     with monkeypatch.context() as m:  # SIGINT in round 3: checkpoint at 3 (residuals of 3 rounds' clients), stop
-        _interrupt_at(m, 3)
+        sigint_at_round(m, 3)
         assert run_experiment(_config(error_feedback=True), str(tmp_path / "resumed"), progress=False).interrupted
     run_experiment(_config(error_feedback=True), str(tmp_path / "resumed"), progress=False, resume=True)
     assert _metrics(tmp_path / "resumed") == ef  # residuals restored from the checkpoint, bit-exactly

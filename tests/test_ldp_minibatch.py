@@ -336,11 +336,11 @@ def _ldp_config(**ldp):
 
 def test_a_run_reports_per_client_epsilons_and_resume_restores_every_ledger(tmp_path, monkeypatch):
     from fedjax_dp.training.loop import run_experiment
-    from test_checkpoint_resume import _interrupt_at
+    from conftest import sigint_at_round
 
     full = run_experiment(_ldp_config(), str(tmp_path / "full"), progress=False)
     with monkeypatch.context() as m:
-        _interrupt_at(m, 2)
+        sigint_at_round(m, 2)
         assert run_experiment(_ldp_config(), str(tmp_path / "resumed"), progress=False).interrupted
     resumed = run_experiment(_ldp_config(), str(tmp_path / "resumed"), progress=False, resume=True)
     a, b = (json.load(open(tmp_path / d / "privacy.json")) for d in ("full", "resumed"))
@@ -352,7 +352,7 @@ def test_a_run_reports_per_client_epsilons_and_resume_restores_every_ledger(tmp_
 
 def test_a_poisson_pld_run_reports_what_ran_and_resumes_its_ledgers(tmp_path, monkeypatch):
     from fedjax_dp.training.loop import run_experiment
-    from test_checkpoint_resume import _interrupt_at
+    from conftest import sigint_at_round
 
     def config():
         c = _ldp_config(step_sampling="poisson")
@@ -361,7 +361,7 @@ def test_a_poisson_pld_run_reports_what_ran_and_resumes_its_ledgers(tmp_path, mo
 
     full = run_experiment(config(), str(tmp_path / "full"), progress=False)
     with monkeypatch.context() as m:
-        _interrupt_at(m, 2)
+        sigint_at_round(m, 2)
         assert run_experiment(config(), str(tmp_path / "resumed"), progress=False).interrupted
     resumed = run_experiment(config(), str(tmp_path / "resumed"), progress=False, resume=True)
     a, b = (json.load(open(tmp_path / d / "privacy.json")) for d in ("full", "resumed"))

@@ -19,7 +19,8 @@ from fedjax_dp.data.packing import pack_cohort
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
-from test_checkpoint_resume import _files, _interrupt_at
+from conftest import sigint_at_round
+from test_checkpoint_resume import _files
 
 
 def _quadratic_loss(params, batch, key=None):
@@ -177,7 +178,7 @@ def test_scaffold_runs_in_the_loop_and_resumes_with_its_client_controls(tmp_path
     run_experiment(_config(), str(tmp_path / "a"), progress=False)
     want = _files(tmp_path / "a")
     with monkeypatch.context() as m:
-        _interrupt_at(m, 3)
+        sigint_at_round(m, 3)
         stopped = run_experiment(_config(), str(tmp_path / "b"), progress=False)
     assert stopped.interrupted
     checkpoints = Checkpointer(str(tmp_path / "b" / "checkpoints"))

@@ -52,17 +52,28 @@ _TENSORBOARD = flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard s
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.", flag_values=FLAGS)
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show library logs (orbax, dp_accounting); -v for short.",
                              flag_values=FLAGS)
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "One run over several processes (jax.distributed): the "
+                                 "cluster's auto-detection (TPU, SLURM, Open MPI) or the three options below; "
+                                 "fedjax-dp-launch -n N starts N on this machine.", flag_values=FLAGS)
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (--distributed).",
+                                   flag_values=FLAGS)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "How many processes (--distributed).", flag_values=FLAGS)
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (--distributed).", flag_values=FLAGS)
+_DISTRIBUTED_TIMEOUT = flags.DEFINE_integer("distributed_timeout", None, "Seconds to connect, and before a lost "
+                                            "process ends the others (default 60).", flag_values=FLAGS)
 
 USAGE = """usage: fedjax-dp [--config NAME|PATH] [--config.KEY=VALUE ...] [--workdir DIR] [--seeds 0,1,2]
                  [--overwrite] [--resume] [--tensorboard] [--noprogress] [-v]
+                 [--distributed [--coordinator_address H:P --num_processes N --process_id I]]
        fedjax-dp configs          list the shipped configs
        fedjax-dp --help           this text, the shipped configs and every config key"""
 
 
 def help_text() -> str:
     """What ``--help`` prints: usage, options, the shipped configs, and every key with its default and meaning."""
-    holders = (_CONFIG, _WORKDIR, _OVERWRITE, _RESUME, _SEEDS, _TENSORBOARD, _PROGRESS, _VERBOSE)
-    options = "\n".join(f"  --{_option_name(h):<14} {FLAGS[h.name].help}" for h in holders)
+    holders = (_CONFIG, _WORKDIR, _OVERWRITE, _RESUME, _SEEDS, _TENSORBOARD, _PROGRESS, _VERBOSE, _DISTRIBUTED,
+               _COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _DISTRIBUTED_TIMEOUT)
+    options = "\n".join(f"  --{_option_name(h):<20} {FLAGS[h.name].help}" for h in holders)
     environment = (f"environment:\n  {ENV:<29} folder of the persistent compilation cache (default "
                    f"{default_folder()}; 'off' disables it)")
     return "\n\n".join([USAGE, "options:\n" + options, environment, configs_text(),
@@ -192,6 +203,19 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001  (any failure to read the command or config: one line)
         print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
+    given = [h.name for h in (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _DISTRIBUTED_TIMEOUT) if h.value is not None]
+    if given and not _DISTRIBUTED.value:
+        print(f"error: --{given[0]} needs --distributed", file=sys.stderr)
+        return 2
+    if _DISTRIBUTED.value:
+        from fedjax_dp import distributed
+
+        try:
+            distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                                   _DISTRIBUTED_TIMEOUT.value)
+        except (ValueError, RuntimeError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     from fedjax_dp.experiment import Experiment, SeedsSummary
     from fedjax_dp.training.config_validation import validate_config
     from fedjax_dp.training.results import ResultsWriteError
@@ -213,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a disk that refuses a results file (full, read-only): one line
         print(f"error: {error.strerror if isinstance(error, ResultsWriteError) else error}", file=sys.stderr)
         return 1
-    print(summary.format())
+    from fedjax_dp.core import hosts
+
+    if hosts.is_primary():
+        print(summary.format())
     if summary.interrupted:
         print(f"interrupted ({summary.stop_reason}): --resume continues it", file=sys.stderr)
         return 130

@@ -48,10 +48,17 @@ class Experiment:
         self.config = cfg
 
     def run(self, workdir: str | None = None, *, overwrite: bool = False, progress: bool = True,
-            resume: bool = False, tensorboard: bool = False, verbose: bool = False, callbacks=()) -> RunSummary:
+            resume: bool = False, tensorboard: bool = False, verbose: bool = False, callbacks=(),
+            distributed: bool = False) -> RunSummary:
         """Trains, evaluates and writes ``workdir`` (default ``results/<algorithm>``); returns the summary
         (``.final`` metrics, ``.epsilon`` and ``.formal`` where privacy is tracked, ``.format()``).
-        ``callbacks``: your own ``training.callbacks.Callback``s (log each round's row elsewhere, ``StopWhen``)."""
+        ``callbacks``: your own ``training.callbacks.Callback``s (log each round's row elsewhere, ``StopWhen``).
+        ``distributed``: this process is one of several running the same program (``fedjax_dp.distributed``:
+        joins them first, before JAX starts; only process 0 writes ``workdir``; every process gets the summary)."""
+        if distributed:
+            from fedjax_dp import distributed as joining
+
+            joining.initialize()
         if tensorboard:
             require_tensorboardx()
         with quiet_console(verbose):

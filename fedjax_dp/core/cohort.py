@@ -31,6 +31,16 @@ each device runs the chosen strategy on its shard and the sums are combined with
 
 The engine's outputs are on the first device (under a mesh too), where the caller's server step runs.
 
+Several hosts (``jax.distributed``; ``core.hosts``): a mesh over every process's devices. Each process calls the
+engine with only its own rows of the cohort (``hosts.host_rows``; every host holds the same number, a multiple of
+its devices), the engine assembles them into global arrays (``jax.make_array_from_process_local_data``), runs the
+one program (the ``psum`` crosses hosts), and returns the sums on this process's first device and every
+client's per-client rows on every process (``hosts.gather_rows``). There is no fault containment across hosts (a
+rerun on one host alone would leave the others waiting): a failing program raises on every process. The sums
+are added across processes in another order than one process adds them over its devices, so a run on P hosts
+equals a run on one host with as many devices up to float32 rounding of the sums (the per-client work is the
+same, bit for bit).
+
 Streaming (``stream_size``): the cohort stays on the host and goes to the device ``stream_size``
 clients at a time (the last slice padded with masked copies, so one program serves every slice); the
 model-sized sums are added on the device and the per-client rows come back to the host. The device then
@@ -51,6 +61,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from fedjax_dp.core import hosts
 
 STRATEGIES = ("vmap", "chunked", "sequential", "loop")
 CLIENT_AXIS = "clients"
@@ -253,7 +265,14 @@ class CohortEngine:
         )(shared, clients, valid)
         return summed, jax.tree_util.tree_map(lambda x: x[:n], per_client)
 
+    @property
+    def across_hosts(self) -> bool:
+        """Whether the mesh spans several processes: each passes only its own rows (module docstring)."""
+        return self.mesh is not None and self.mesh.is_multi_process
+
     def __call__(self, shared, clients):
+        if self.across_hosts:
+            return self._across_hosts(shared, clients)
         if (self.mesh is not None or self.devices) and not self._spreads(shared):
             return self._one_device(shared, clients)
         if self.strategy == "loop":
@@ -290,6 +309,44 @@ class CohortEngine:
         if len(failures) == n:  # as unstreamed: a fault of every client is the program's
             raise failures[0]
         return total, jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *rows)
+
+    @functools.cached_property
+    def _hosts_jitted(self):
+        """``trace`` over host arrays: typed PRNG keys travel as their data (``hosts.key_data_tree``) and are wrapped
+        again inside the program."""
+        def run(spec, shared, clients, valid):
+            shared, clients = hosts.wrap_key_tree(spec[0], shared), hosts.wrap_key_tree(spec[1], clients)
+            return self.trace(shared, clients, valid)
+
+        return jax.jit(run, static_argnums=0)
+
+    def _across_hosts(self, shared, clients):
+        """This process's rows with every other process's, in host-side slices of ``stream_size`` rows per host
+        where set; every process gets the sums and every row (module docstring, Several hosts)."""
+        local = _num_clients(clients)
+        size = min(self.stream_size or local, local)
+        count = hosts.process_count()
+        if size % len(self.mesh.local_devices):
+            raise ValueError(f"engine.stream_clients={size}: each host's slice must be a multiple of its "
+                             f"{len(self.mesh.local_devices)} devices")
+        (shared_spec, shared), (clients_spec, clients) = hosts.key_data_tree(shared), hosts.key_data_tree(clients)
+        replicated, by_rows = NamedSharding(self.mesh, PartitionSpec()), NamedSharding(self.mesh, PartitionSpec(CLIENT_AXIS))
+        shared = jax.tree_util.tree_map(lambda x: jax.make_array_from_process_local_data(replicated, x), shared)
+        total, slices = None, []
+        for start in range(0, local, size):
+            index = np.minimum(np.arange(start, start + size), local - 1)  # the last slice repeats its last row
+            part = (jax.tree_util.tree_map(lambda x: x[index], clients), np.arange(start, start + size) < local)
+            part = jax.tree_util.tree_map(
+                lambda x: jax.make_array_from_process_local_data(by_rows, x, (size * count,) + x.shape[1:]), part)
+            summed, per_client = jax.block_until_ready(self._hosts_jitted((shared_spec, clients_spec), shared, *part))
+            summed = hosts.local_copy(summed)
+            total = summed if total is None else _add(total, summed)
+            # every host's rows of this slice, host after host: (hosts, size, ...) -> this slice's real rows
+            slices.append(jax.tree_util.tree_map(
+                lambda x: x.reshape((count, size) + x.shape[1:])[:, :min(size, local - start)],
+                hosts.gather_rows(per_client)))
+        rows = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=1), *slices)  # (hosts, local, ...)
+        return total, jax.tree_util.tree_map(lambda x: x.reshape((count * local,) + x.shape[2:]), rows)
 
     def _one_at_a_time_contained(self, shared, clients, failures: list | None = None, offset: int = 0):
         """Every client in its own call; a client that raises is dropped: it contributes zeros and its
@@ -359,7 +416,13 @@ _add = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))
 
 
 def client_mesh(num_devices: int | None = None) -> Mesh:
-    """A one-axis mesh named ``clients`` over the first ``num_devices`` local devices (all by default)."""
+    """A one-axis mesh named ``clients`` over the first ``num_devices`` local devices (all by default); under
+    several processes, over every process's devices (``num_devices`` must then be None or all of them)."""
+    if hosts.distributed():
+        if num_devices not in (None, jax.device_count()):
+            raise ValueError(f"engine.num_devices={num_devices}: under {jax.process_count()} processes the cohort is "
+                             f"spread over all {jax.device_count()} devices (set 0)")
+        return Mesh(np.array(jax.devices()), (CLIENT_AXIS,))
     devices = jax.local_devices()
     if num_devices is not None:
         if not 1 <= num_devices <= len(devices):

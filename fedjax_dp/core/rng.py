@@ -75,12 +75,19 @@ class RunStreams(NamedTuple):
     noise: jax.Array  # round t's noise: round_key(noise, t)
 
 
-def run_streams(seed: int, secure: bool = False) -> RunStreams:
-    """The device streams of a run (module docstring)."""
+def _os_entropy(entropy: int | None, stream: int) -> np.random.SeedSequence:
+    """A fresh OS-entropy seed sequence (``entropy`` None), or one of the ``entropy`` that process 0 drew and gave
+    every process (``core.hosts.shared_entropy``), one per ``stream``."""
+    return np.random.SeedSequence() if entropy is None else np.random.SeedSequence(entropy, spawn_key=(stream,))
+
+
+def run_streams(seed: int, secure: bool = False, entropy: int | None = None) -> RunStreams:
+    """The device streams of a run (module docstring); ``secure``: the noise stream from OS entropy (``entropy``:
+    the entropy every process of a several-host run shares)."""
     root = jax.random.key(seed)
     noise = jax.random.fold_in(root, int(Stream.NOISE))
     if secure:
-        noise = jax.random.wrap_key_data(np.frombuffer(np.random.SeedSequence().generate_state(2).tobytes(),
+        noise = jax.random.wrap_key_data(np.frombuffer(_os_entropy(entropy, 0).generate_state(2).tobytes(),
                                                        np.uint32), impl="threefry2x32")
     return RunStreams(jax.random.fold_in(root, int(Stream.ROUNDS)), jax.random.fold_in(root, int(Stream.MODEL_INIT)),
                       noise)
@@ -93,10 +100,11 @@ def public_key(seed: int, stream: Stream) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed), int(stream))
 
 
-def host_generators(seed: int, secure: bool = False) -> tuple[np.random.Generator, np.random.Generator]:
+def host_generators(seed: int, secure: bool = False,
+                    entropy: int | None = None) -> tuple[np.random.Generator, np.random.Generator]:
     """``(sampling, shuffling)``: independent numpy generators for client sampling and batch shuffles."""
     if secure:  # SeedSequence() draws its entropy from the OS
-        return np.random.default_rng(np.random.SeedSequence()), np.random.default_rng(np.random.SeedSequence())
+        return np.random.default_rng(_os_entropy(entropy, 1)), np.random.default_rng(_os_entropy(entropy, 2))
     sampling, shuffling = np.random.SeedSequence(seed).spawn(2)
     return np.random.default_rng(sampling), np.random.default_rng(shuffling)
 

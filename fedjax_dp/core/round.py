@@ -11,6 +11,10 @@ Per round (written once for every algorithm):
 4. the transforms' server sides run in reverse order (central noise, reconstruction) and the sum is
    divided by its denominator into an ``Aggregate`` for ``algorithm.server_update``.
 
+Under several processes (``core.hosts``) every process calls the round with the same cohort, whose data
+(``batches``) may hold only this host's rows (``hosts.host_rows``: what ``RunContext`` packs); the round gives the
+engine this host's rows of every per-client input and the server step runs on every process alike.
+
 Compression rates are static shapes: the chain is specialised from its state on the host each round
 and one compiled program is kept per distinct specialisation.
 """
@@ -24,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.core import rng, tree
+from fedjax_dp.core import hosts, rng, tree
 from fedjax_dp.core.algorithm import Aggregate, Algorithm
 from fedjax_dp.core.cohort import MAX_REPLICATED_BYTES, CohortEngine
 from fedjax_dp.core.uploads import UNBOUNDED, Chain, ClientContext, ServerContext, chain
@@ -91,6 +95,13 @@ class FederatedRound:
         return self._engine_options["strategy"]
 
     @property
+    def slot_multiple(self) -> int:
+        """What a cohort's slot count must be a multiple of: every device of every process when the engine's mesh
+        spans several processes (each host packs an equal share), else 1 (the engine pads on its own)."""
+        mesh = self._engine_options["mesh"]
+        return mesh.devices.size if mesh is not None and mesh.is_multi_process else 1
+
+    @property
     def ran_on_one_device(self) -> bool:
         """Whether a round's cohort ran on one device instead of the configured spread, to save memory."""
         return any(engine.ran_on_one_device for engine, _ in self._programs.values())
@@ -140,7 +151,8 @@ class FederatedRound:
         if step_noise is not None:
             clients[STEP_NOISE] = np.asarray(step_noise, np.float32)
         releases = uploads.releases(t, state.uploads)  # before the server step changes the states
-        sums, per_client = engine((self.algorithm.broadcast(state), state.uploads, inputs), clients)
+        engine_clients = _this_host_rows(clients, cohort["mask"].shape[0]) if engine.across_hosts else clients
+        sums, per_client = engine((self.algorithm.broadcast(state), state.uploads, inputs), engine_clients)
         new_state, metrics = server_step(state, sums, per_client, key, noise_key, inputs,
                                          (clients["noise_key"], clients["count_key"]))
         present = np.asarray(cohort["num_examples"]) > 0
@@ -265,6 +277,23 @@ def _send(uploads: Chain, states, inputs, client, out, ok):
     if client_states is not None:
         per_client[UPLOAD_CLIENT_STATE] = tuple(new_client_states)
     return summed, per_client
+
+
+def _this_host_rows(clients, num_slots: int):
+    """This process's rows of every per-client input: a leaf holding every slot is cut to ``hosts.host_rows``, one
+    packed on this host alone (``batches``) already holds only them."""
+    rows = hosts.host_rows(num_slots)
+    share = rows.stop - rows.start
+
+    def cut(x):
+        if x.shape[0] == num_slots:
+            return x[rows]
+        if x.shape[0] == share:
+            return x
+        raise ValueError(f"a per-client input has {x.shape[0]} rows: neither the cohort's {num_slots} slots nor "
+                         f"this host's {share}")
+
+    return jax.tree_util.tree_map(cut, clients)
 
 
 def _masked_mean(values, mask):

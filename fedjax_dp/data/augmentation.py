@@ -42,7 +42,15 @@ def apply_crop_flip(images: np.ndarray, dy: np.ndarray, dx: np.ndarray, flip: np
     return out
 
 
-def augment_batches(x: np.ndarray, rng: np.random.Generator, fill) -> np.ndarray:
-    """Every image of a packed batch array ``(..., H, W, C)`` cropped and flipped independently."""
+def augment_batches(x: np.ndarray, rng: np.random.Generator, fill, rows=None) -> np.ndarray:
+    """Every image of a packed batch array ``(..., H, W, C)`` cropped and flipped independently. ``rows``:
+    ``(slice, slots)`` where ``x`` holds only those of the cohort's slots (several hosts): the draws are made for
+    every slot, as on one host, and those rows' are applied."""
     images = x.reshape((-1,) + x.shape[-3:])
-    return apply_crop_flip(images, *crop_flip_draws(rng, len(images)), fill).reshape(x.shape)
+    if rows is None:
+        return apply_crop_flip(images, *crop_flip_draws(rng, len(images)), fill).reshape(x.shape)
+    share, slots = rows
+    per_slot = len(images) // (share.stop - share.start)
+    draws = crop_flip_draws(rng, per_slot * slots)
+    mine = slice(share.start * per_slot, share.stop * per_slot)
+    return apply_crop_flip(images, *(d[mine] for d in draws), fill).reshape(x.shape)

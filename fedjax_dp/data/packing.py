@@ -4,6 +4,10 @@ Each client's examples are shuffled (per round), repeated for E epochs and cut i
 the last batch of an epoch may be partial (as in an unpadded loop). All clients are padded to the
 largest step count of the cohort; ``mask`` marks real examples, so local training treats padding
 as absent (see ``core.local_training``).
+
+``rows`` (a slice of the slots; several hosts, ``core.hosts.host_rows``): every client's batches are drawn as
+always, in the same order from the same generator, but only those rows' examples are gathered into ``batches``;
+the index arrays (``mask``, ``num_examples``, ``example_index``) keep every slot.
 """
 
 from __future__ import annotations
@@ -13,12 +17,19 @@ import math
 import numpy as np
 
 
+def _gathered(x, y, gather, rows: slice | None) -> dict:
+    """The examples at ``gather`` (of ``rows`` only, where given)."""
+    gather = gather if rows is None else gather[rows]
+    return {"x": x[gather], "y": y[gather].astype(np.int32)}
+
+
 def num_steps(num_examples: int, batch_size: int, epochs: int) -> int:
     return epochs * math.ceil(num_examples / batch_size)
 
 
 def pack_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], batch_size: int, epochs: int,
-                rng: np.random.Generator, max_steps: int | None = None, num_slots: int | None = None) -> dict:
+                rng: np.random.Generator, max_steps: int | None = None, num_slots: int | None = None,
+                rows: slice | None = None) -> dict:
     """Returns ``{'batches': {'x': (C,S,B,...), 'y': (C,S,B)}, 'mask': (C,S,B), 'num_examples': (C,),
     'example_index': (C,S,B)}`` (``example_index`` says which example fills each slot, -1 for padding).
 
@@ -59,7 +70,7 @@ def pack_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], 
                 mask[c, step, : len(chunk)] = True
                 step += 1
     return {
-        "batches": {"x": x[gather], "y": y[gather].astype(np.int32)},
+        "batches": _gathered(x, y, gather, rows),
         "mask": mask,
         "num_examples": np.array(sizes, dtype=np.int32),
         "example_index": np.where(mask, gather, -1),
@@ -68,14 +79,15 @@ def pack_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], 
 
 def pack_uga_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], batch_size: int, epochs: int,
                     rng: np.random.Generator, max_steps: int | None = None, num_slots: int | None = None,
-                    eval_batch_size: int | None = None, max_eval_steps: int | None = None) -> dict:
+                    eval_batch_size: int | None = None, max_eval_steps: int | None = None,
+                    rows: slice | None = None) -> dict:
     """A cohort for UGA (seed 002 §3.1): E-1 epochs of keep-trace batches as ``batches``/``mask``, and
     the whole local data once as ``eval_batches``/``eval_mask`` (batches of ``eval_batch_size``,
     default ``batch_size``) for the last epoch's gradient evaluation L(h_k(w_t); D_k)."""
     if epochs < 1:
         raise ValueError(f"UGA needs E >= 1 local epochs, got {epochs}")
-    cohort = pack_cohort(x, y, client_indices, batch_size, epochs - 1, rng, max_steps, num_slots)
-    whole = pack_cohort(x, y, client_indices, eval_batch_size or batch_size, 1, rng, max_eval_steps, num_slots)
+    cohort = pack_cohort(x, y, client_indices, batch_size, epochs - 1, rng, max_steps, num_slots, rows)
+    whole = pack_cohort(x, y, client_indices, eval_batch_size or batch_size, 1, rng, max_eval_steps, num_slots, rows)
     return {**cohort, "eval_batches": whole["batches"], "eval_mask": whole["mask"]}
 
 
@@ -92,7 +104,7 @@ def _checked_slots(client_indices, batch_size: int, num_slots: int | None) -> in
 
 
 def pack_sampled_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], batch_size: int, steps: int,
-                        rng: np.random.Generator, num_slots: int | None = None) -> dict:
+                        rng: np.random.Generator, num_slots: int | None = None, rows: slice | None = None) -> dict:
     """A cohort for example-level DP with per-step sampling: each of ``steps`` local steps draws its
     batch of exactly ``batch_size`` examples uniformly without replacement from the client's data,
     independently of the other steps (the sampling ``SampledWithoutReplacementDpEvent(n_k, B)``
@@ -107,12 +119,13 @@ def pack_sampled_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.nd
             gather[c, step] = rng.choice(idx, batch_size, replace=False)
         mask[c] = True
     sizes = [len(i) for i in client_indices] + [0] * (n - len(client_indices))
-    return {"batches": {"x": x[gather], "y": y[gather].astype(np.int32)}, "mask": mask,
+    return {"batches": _gathered(x, y, gather, rows), "mask": mask,
             "num_examples": np.array(sizes, dtype=np.int32), "example_index": np.where(mask, gather, -1)}
 
 
 def pack_poisson_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.ndarray], batch_size: int, steps: int,
-                        cap: int, rng: np.random.Generator, num_slots: int | None = None) -> dict:
+                        cap: int, rng: np.random.Generator, num_slots: int | None = None,
+                        rows: slice | None = None) -> dict:
     """A cohort of Poisson-sampled local steps: in each of ``steps`` steps every example of a client is
     in the batch independently with probability ``batch_size / n_k`` (expected size B, the sampling
     ``PoissonSampledDpEvent`` accounts); batches are padded to ``cap`` slots and one larger than ``cap``
@@ -132,5 +145,5 @@ def pack_poisson_cohort(x: np.ndarray, y: np.ndarray, client_indices: list[np.nd
             gather[c, step, :len(chosen)] = chosen
             mask[c, step, :len(chosen)] = True
     sizes = [len(i) for i in client_indices] + [0] * (n - len(client_indices))
-    return {"batches": {"x": x[gather], "y": y[gather].astype(np.int32)}, "mask": mask,
+    return {"batches": _gathered(x, y, gather, rows), "mask": mask,
             "num_examples": np.array(sizes, dtype=np.int32), "example_index": np.where(mask, gather, -1)}

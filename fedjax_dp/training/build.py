@@ -3,10 +3,13 @@ registered wrappers, compressed uploads, and the cohort engine. Names no algorit
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.compression.upload_transform import CompressedSensing
+from fedjax_dp.core import hosts
 from fedjax_dp.core.cohort import client_mesh
 from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.core.strategy import StrategyChoice, choose_strategy
@@ -23,7 +26,15 @@ def resolve_engine(cfg, has_conv: bool, cohort_size: int, loop_free_steps: int |
                    per_example: bool = False) -> StrategyChoice:
     """``auto`` fields replaced by the measured choice (``core.strategy``); explicit values kept."""
     auto = choose_strategy(has_conv, cohort_size, loop_free_steps=loop_free_steps, per_example=per_example)
+    if hosts.distributed() and auto.strategy == "loop":  # several hosts: one traced program over the global mesh
+        auto = dataclasses.replace(auto, strategy="sequential")
     e = cfg.engine
+    if hosts.distributed():  # every process's devices (config_validation allows num_devices 0 or all of them)
+        return dataclasses.replace(_resolved(e, auto), devices=jax.device_count())
+    return _resolved(e, auto)
+
+
+def _resolved(e, auto: StrategyChoice) -> StrategyChoice:
     return StrategyChoice(
         strategy=auto.strategy if e.strategy == "auto" else e.strategy,
         chunk_size=(auto.chunk_size if e.strategy == "auto" else (e.chunk_size or None)),
@@ -103,7 +114,9 @@ def build_round(cfg, model, choice: StrategyChoice, num_clients: int, server_set
 
 def spread(choice: StrategyChoice) -> dict:
     """The engine's ``devices`` (``loop``: clients round-robin) or ``mesh`` (traced strategies: ``shard_map``) for
-    ``choice.devices`` > 1; nothing for one device."""
+    ``choice.devices`` > 1; nothing for one device. Under several processes: a mesh over every process's devices."""
+    if hosts.distributed():
+        return {"mesh": client_mesh()}
     if choice.devices <= 1:
         return {}
     if choice.strategy != "loop":

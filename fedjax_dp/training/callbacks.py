@@ -20,6 +20,7 @@ import os
 import jax
 from tqdm import tqdm  # (not tqdm.auto: no ipywidgets warning in notebooks)
 
+from fedjax_dp.core import hosts
 from fedjax_dp.training import plots, results
 from fedjax_dp.training.build import server_set_breaches, server_set_notes
 from fedjax_dp.training.divergence import DivergenceMonitor
@@ -110,10 +111,15 @@ class Results(Callback):
         run.writer.log(row)
 
     def on_train_end(self, run):
-        loop, cfg, dataset, tracker = run.loop, run.cfg, run.dataset, run.tracker
-        final = loop.last_evaluation if loop.last_evaluation_round == loop.rounds_run else run.evaluate(
+        loop = run.loop
+        self.final = loop.last_evaluation if loop.last_evaluation_round == loop.rounds_run else run.evaluate(
             with_validation=False)  # interrupted: not yet evaluated
-        self.final = final
+        # process 0 writes the files; every process gets its summary (several hosts: ``core.hosts``)
+        summary = hosts.on_primary(self._write, run, share=True)
+        run.summary = RunSummary(**summary) if isinstance(summary, dict) else summary
+
+    def _write(self, run):
+        loop, cfg, dataset, tracker, final = run.loop, run.cfg, run.dataset, run.tracker, self.final
         if cfg.eval_client_data:
             run.writer.write_json("client_accuracies.json", {
                 "measured": final.per_client_label, "round": loop.rounds_run,
@@ -143,8 +149,8 @@ class Results(Callback):
         run.writer.write_json("summary.json", {
             **dataclasses.asdict(summary),
             "engine": {**dataclasses.asdict(run.choice), "ran_on_one_device": run.runner.ran_on_one_device},
-            "backend": jax.default_backend()})
-        run.summary = summary
+            "backend": jax.default_backend(), "processes": jax.process_count()})
+        return dataclasses.asdict(summary) if hosts.distributed() else summary
 
 
 class Checkpoints(Callback):
@@ -169,6 +175,8 @@ class Plots(Callback):
         self.results = results_callback
 
     def on_train_end(self, run):
+        if not hosts.is_primary():
+            return
         final = self.results.final
         plots.plot_run(results.read_metrics(run.workdir), os.path.join(run.workdir, "results.png"),
                        run_title(run.cfg, run.dataset.name, run.dataset.num_clients,

@@ -15,7 +15,10 @@ that cannot be read is named in a one-line warning and set aside (``checkpoints/
 
 Storage is orbax's ``CheckpointManager``: ``<workdir>/checkpoints/round_000012/{state, loop}``,
 written under a temporary name and renamed into place when complete (a half-written checkpoint is
-never read), the last ``keep`` kept (config ``checkpoint_keep``; all of them with 0). SIGINT / SIGTERM during a run finish the current round, write a
+never read), the last ``keep`` kept (config ``checkpoint_keep``; all of them with 0). Under several processes
+(``core.hosts``) the state is the same on every host, so process 0 alone writes it (orbax's multiprocessing
+options name it the only active process) and reads it on resume, and gives every process what it read: the hosts
+need no shared filesystem. Every process learns whether a save or a restore failed. SIGINT / SIGTERM during a run finish the current round, write a
 checkpoint and stop the run.
 """
 
@@ -30,8 +33,11 @@ import shutil
 import signal
 import threading
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
+from fedjax_dp.core import hosts
 from fedjax_dp.training.results import DISK_ERRORS, ResultsWriteError, free_space
 
 DISK_WORDS = ("No space left", "Read-only file system", "Disk quota exceeded", "Permission denied")
@@ -47,8 +53,11 @@ class Checkpointer:
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be >= 1 checkpoints (None: every one), got {keep}")
         self.directory, self.keep = os.path.abspath(directory), keep
+        alone = ocp.options.MultiprocessingOptions(primary_host=0, active_processes={0}) if hosts.distributed() else \
+            ocp.options.MultiprocessingOptions()
         self._options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=False,
+            max_to_keep=keep, create=not hosts.distributed(), enable_async_checkpointing=False,
+            multiprocessing_options=alone,  # several processes: process 0 creates the folder itself (_save)
             step_name_format=ocp.step.standard_name_format(step_prefix=PREFIX, step_format_fixed_length=6))
 
     @contextlib.contextmanager
@@ -60,6 +69,10 @@ class Checkpointer:
             manager.close()
 
     def rounds(self) -> list[int]:
+        """The rounds with a checkpoint (process 0's, on every process)."""
+        return hosts.on_primary(self._rounds, share=True)
+
+    def _rounds(self) -> list[int]:
         if not os.path.isdir(self.directory):
             return []
         with self._manager() as manager:
@@ -69,6 +82,15 @@ class Checkpointer:
         return os.path.join(self.directory, f"{PREFIX}_{round_index:06d}")
 
     def save(self, round_index: int, trees: dict, loop_state: dict) -> str:
+        """Writes round ``round_index``'s checkpoint (on process 0; every process learns the outcome)."""
+        return hosts.on_primary(self._save, round_index, trees, loop_state, share=True)
+
+    def _save(self, round_index: int, trees: dict, loop_state: dict) -> str:
+        if hosts.distributed():  # orbax refuses one process's device arrays under several processes: host copies
+            os.makedirs(self.directory, exist_ok=True)
+            trees = jax.tree_util.tree_map(
+                lambda x: x if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key) else np.asarray(x),
+                trees)
         with self._manager() as manager:
             if round_index in manager.all_steps():
                 raise FileExistsError(f"{self.path(round_index)} exists: it is another run's checkpoint (pass "
@@ -95,12 +117,24 @@ class Checkpointer:
             return manager.restore(round_index, args=ocp.args.Composite(loop=ocp.args.JsonRestore())).loop
 
     def restore_latest(self, target_trees):
+        """``(trees, loop_state)`` of the newest intact checkpoint (read by process 0, given to every process), or
+        None when there is none; see ``_restore_latest``."""
+        if not hosts.distributed():
+            return self._restore_latest(target_trees)
+        found = hosts.on_primary(self._restore_latest, target_trees)
+        loop_state = hosts.broadcast_json(found[1] if found else None)
+        if loop_state is None:
+            return None
+        target = target_trees(loop_state) if callable(target_trees) else target_trees
+        return hosts.broadcast_tree(found[0] if hosts.is_primary() else target), loop_state
+
+    def _restore_latest(self, target_trees):
         """``(trees, loop_state)`` of the newest intact checkpoint, or None when there is none.
         ``target_trees`` is the dict of restore targets, or a function of the saved loop state that
         returns it (when the shapes depend on what was saved, e.g. how many clients hold a state). A newer
         checkpoint that cannot be read (a truncated or garbled file) is named in a one-line warning and moved
         to ``<directory>/damaged``; when none can be read, a ``ValueError`` names the newest one and why."""
-        rounds = self.rounds()
+        rounds = self._rounds()
         if not rounds:
             return None
         failures = []
@@ -159,9 +193,15 @@ class Interruption:
     def __init__(self):
         self.event = threading.Event()
         self.signal_name = None
+        self.snapshot = None  # several processes: whether any was signalled, as of the last ``synchronize``
 
     def __bool__(self) -> bool:
-        return self.event.is_set()
+        return self.event.is_set() if self.snapshot is None else self.snapshot
+
+    def synchronize(self) -> None:
+        """Under several processes: whether any process has been signalled, the same answer on each (a signal may
+        reach one host only), until the next call."""
+        self.snapshot = hosts.any_process(self.event.is_set())
 
     @contextlib.contextmanager
     def installed(self):

@@ -39,17 +39,18 @@ def cohort_slots(cfg, num_clients: int, drawn: int) -> int | None:
 
 
 def make_packer(cfg, dataset, requirements):
-    """``pack(ids, rng, slots) -> cohort`` with step counts fixed for the whole run (one compiled
-    program); with ``requirements.evaluation_pass`` cohorts also carry each client's whole data. With
+    """``pack(ids, rng, slots, rows=None) -> cohort`` with step counts fixed for the whole run (one compiled
+    program; ``rows``: gather only those slots' examples, ``data.packing``); with ``requirements.evaluation_pass`` cohorts also carry each client's whole data. With
     ``data.augment='crop_flip'`` every drawn training image is cropped and flipped (``data.augmentation``)."""
     pack = _packer(cfg, dataset, requirements)
     if cfg.data.get("augment", "none") == "none":
         return pack
     fill = standardized_black(cfg.data.source) if cfg.data.get("normalize", "none") == "channel" else 0.0
 
-    def pack_augmented(ids, rng, slots):
-        cohort = pack(ids, rng, slots)
-        cohort["batches"]["x"] = augment_batches(cohort["batches"]["x"], rng, fill)
+    def pack_augmented(ids, rng, slots, rows=None):
+        cohort = pack(ids, rng, slots, rows)
+        cohort["batches"]["x"] = augment_batches(cohort["batches"]["x"], rng, fill,
+                                                 None if rows is None else (rows, cohort["mask"].shape[0]))
         return cohort
 
     return pack_augmented
@@ -76,21 +77,21 @@ def _packer(cfg, dataset, requirements):
         _check_fits(cfg, dataset, [(requirements.sampled_steps, width)],
                     f"the algorithm's {requirements.sampled_steps} local steps and client.batch_size={cfg.client.batch_size}")
         if requirements.poisson_batch_cap:
-            return lambda ids, rng, slots: pack_poisson_cohort(dataset.x, dataset.y, indices(ids), drawn,
-                                                               requirements.sampled_steps,
-                                                               requirements.poisson_batch_cap, rng, slots)
-        return lambda ids, rng, slots: pack_sampled_cohort(dataset.x, dataset.y, indices(ids), drawn,
-                                                           requirements.sampled_steps, rng, slots)
+            return lambda ids, rng, slots, rows=None: pack_poisson_cohort(
+                dataset.x, dataset.y, indices(ids), drawn, requirements.sampled_steps, requirements.poisson_batch_cap,
+                rng, slots, rows)
+        return lambda ids, rng, slots, rows=None: pack_sampled_cohort(dataset.x, dataset.y, indices(ids), drawn,
+                                                                      requirements.sampled_steps, rng, slots, rows)
     if not requirements.evaluation_pass:
         max_steps = num_steps(largest, batch, epochs)
         _check_fits(cfg, dataset, [(max_steps, batch)], _epoch_keys(cfg))
-        return lambda ids, rng, slots: pack_cohort(dataset.x, dataset.y, indices(ids), batch, epochs, rng,
-                                                   max_steps, slots)
+        return lambda ids, rng, slots, rows=None: pack_cohort(dataset.x, dataset.y, indices(ids), batch, epochs, rng,
+                                                              max_steps, slots, rows)
     eval_batch = min(requirements.evaluation_batch_size or batch, largest)
     max_steps, max_eval = max(1, num_steps(largest, batch, epochs - 1)), num_steps(largest, eval_batch, 1)
     _check_fits(cfg, dataset, [(max_steps, batch), (max_eval, eval_batch)], _epoch_keys(cfg))
-    return lambda ids, rng, slots: pack_uga_cohort(dataset.x, dataset.y, indices(ids), batch, epochs, rng,
-                                                   max_steps, slots, eval_batch, max_eval)
+    return lambda ids, rng, slots, rows=None: pack_uga_cohort(dataset.x, dataset.y, indices(ids), batch, epochs, rng,
+                                                              max_steps, slots, eval_batch, max_eval, rows)
 
 
 def _epoch_keys(cfg) -> str:

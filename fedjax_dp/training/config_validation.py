@@ -6,8 +6,11 @@ from __future__ import annotations
 import importlib.util
 import math
 
+import jax
+
 import fedjax_dp.algorithms  # noqa: F401  (registers every algorithm)
 from fedjax_dp.algorithms import registry
+from fedjax_dp.core import hosts
 from fedjax_dp.core.cohort import STRATEGIES
 from fedjax_dp.core.deferred_dense import DEFERRED_DENSE_MODES as DEFERRED_DENSE
 from fedjax_dp.data.builders import NATURAL_SOURCES, PARTITIONS, SOURCES
@@ -115,6 +118,11 @@ def validate_config(cfg, overridden=()) -> None:
          f"engine.unroll must be 'auto', 'full' or a positive integer, got {e.unroll!r}")
     need(e.conv_impl in CONV_IMPLS + ("auto",), f"engine.conv_impl {e.conv_impl!r} unknown; available: {CONV_IMPLS + ('auto',)}")
     need(e.num_devices >= 0, f"engine.num_devices must be >= 0 (0 = auto), got {e.num_devices}")
+    if hosts.distributed():  # several processes (``core.hosts``): one traced program over every host's devices
+        need(e.strategy != "loop", "engine.strategy='loop' runs clients from Python on one host; under "
+                                   f"{jax.process_count()} processes choose vmap, chunked, sequential or auto")
+        need(e.num_devices in (0, jax.device_count()), f"engine.num_devices={e.num_devices}: under "
+             f"{jax.process_count()} processes the cohort spreads over all {jax.device_count()} devices (set 0)")
     need(isinstance(e.stream_clients, int) and e.stream_clients >= 0,
          f"engine.stream_clients must be an integer >= 0 (0 = the whole cohort at once), got {e.stream_clients!r}")
     need(isinstance(e.max_replicated_gb, (int, float)) and e.max_replicated_gb >= 0,

@@ -8,6 +8,9 @@ data side must provide, and the upload chain's declared releases say whether pri
 
 from __future__ import annotations
 
+import contextlib
+
+from fedjax_dp.core import hosts
 from fedjax_dp.training import results  # noqa: F401  (tests reach the writer through this module)
 from fedjax_dp.training.callbacks import default_callbacks
 from fedjax_dp.training.checkpointing import Checkpointer, truncate_metrics  # noqa: F401
@@ -30,9 +33,21 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
     the evaluation and before the row is written (``StopWhen`` stops on a metric).
     """
     validate_config(cfg)
-    with WorkdirLock(workdir):
+    with _held_by_process_zero(workdir):
         run = RunContext.prepare(cfg, workdir, overwrite, resume, tensorboard)
-        return train(run, default_callbacks(run.cfg, progress, callbacks))
+        return train(run, default_callbacks(run.cfg, progress and hosts.is_primary(), callbacks))
+
+
+@contextlib.contextmanager
+def _held_by_process_zero(workdir: str):
+    """``WorkdirLock(workdir)`` held by process 0 (the one that writes); every process learns whether it was free."""
+    lock = WorkdirLock(workdir)
+    hosts.on_primary(lock.__enter__)
+    try:
+        yield
+    finally:
+        if hosts.is_primary():
+            lock.__exit__(None, None, None)
 
 
 def train(run: RunContext, callbacks) -> RunSummary:
@@ -43,6 +58,8 @@ def train(run: RunContext, callbacks) -> RunSummary:
     with run.interruption.installed():
         for t in range(run.loop.rounds_run + 1, run.cfg.rounds + 1):
             row = run.round(t)
+            if hosts.distributed():  # what every process's callbacks see: a signal that reached one host stops all
+                run.interruption.synchronize()
             if row is None:  # the privacy budget would be exceeded: round t does not run
                 break
             if run.halted:  # a non-finite global model: the last good state is kept, nothing more is done
@@ -55,7 +72,7 @@ def train(run: RunContext, callbacks) -> RunSummary:
             if run.stop_reason:
                 break
             if run.interruption:
-                run.stop(f"interrupted by {run.interruption.signal_name}")
+                run.stop(f"interrupted by {run.interruption.signal_name or 'a signal to another process'}")
                 break
     for callback in callbacks:
         callback.on_train_end(run)

@@ -157,6 +157,23 @@ class ResultsWriter:
             self.scalars.close()
 
 
+class DiscardingWriter:
+    """A ``ResultsWriter`` that writes nothing: the one of every process but process 0 under several processes
+    (``core.hosts``), which computes the same rows."""
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+
+    def log(self, row: dict) -> None:
+        pass
+
+    def write_json(self, name: str, payload: dict) -> str:
+        return os.path.join(self.workdir, name)
+
+    def close(self) -> None:
+        pass
+
+
 def dumps(value, indent: int | None = None) -> str:
     """Strict JSON of ``value`` (numpy scalars and arrays converted; non-finite numbers as described
     in the module docstring; other objects as their ``str``); ``allow_nan=False`` makes any that slipped

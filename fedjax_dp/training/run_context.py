@@ -4,7 +4,9 @@ writer) and the one thing the loop asks of it, ``round(t)``.
 A round is privacy first: the releases round t will run (the specialised chain's), which clients may take part
 and whether the budget lets the round run at all (the tracker); then the cohort is drawn, packed and trained, the
 releases that ran are composed, and the round's row of metrics is returned for the callbacks
-(``training.callbacks``) to extend, judge and write. Privacy is not a callback: it decides who takes part and what
+(``training.callbacks``) to extend, judge and write. Under several processes (``core.hosts``) every process holds
+the same context and runs the same rounds; each packs only its own rows of a cohort, and only process 0 writes
+(the others get a ``DiscardingWriter``). Privacy is not a callback: it decides who takes part and what
 is released (as jax_privacy's execution plan keeps batch selection and noise together).
 """
 
@@ -19,6 +21,7 @@ import time
 import numpy as np
 
 from fedjax_dp.compression.traffic import broadcast_bytes, dense_upload_bytes
+from fedjax_dp.core import hosts
 from fedjax_dp.core import rng as rng_lib
 from fedjax_dp.core import tree
 from fedjax_dp.core.client_states import ClientStateStore
@@ -90,11 +93,12 @@ class RunContext:
         ``resume``), and its results writer; an earlier run in ``workdir`` is refused or, with ``overwrite``,
         removed first."""
         if resume:  # before the data and the checkpoint are read: another config cannot restore into this one
-            results.check_resumable(workdir, cfg.copy_and_resolve_references().to_json_best_effort(indent=2),
-                                    default_config().to_json_best_effort())
+            hosts.on_primary(results.check_resumable, workdir,
+                             cfg.copy_and_resolve_references().to_json_best_effort(indent=2),
+                             default_config().to_json_best_effort())
         else:  # an earlier run there is refused, or with overwrite removed whole (its checkpoints too)
-            results.prepare_workdir(workdir, overwrite)
-        scalars = TensorBoardScalars(os.path.join(workdir, "tensorboard")) if tensorboard else None
+            hosts.on_primary(results.prepare_workdir, workdir, overwrite)
+        scalars = TensorBoardScalars(os.path.join(workdir, "tensorboard")) if tensorboard and hosts.is_primary() else None
         start = time.perf_counter()
         dataset = build_dataset(cfg.data, cfg.seed)
         server_set = None
@@ -108,10 +112,12 @@ class RunContext:
             dataset = share_with_clients(dataset, server_set)
         pack = make_packer(cfg, dataset, requirements)  # refuses data the cohorts cannot be packed from, first
         tracker = privacy_tracker(cfg, runner, dataset)
-        streams = rng_lib.run_streams(cfg.seed, cfg.privacy.secure_rng)
+        entropy = hosts.shared_entropy() if cfg.privacy.secure_rng and hosts.distributed() else None
+        streams = rng_lib.run_streams(cfg.seed, cfg.privacy.secure_rng, entropy)
         params = model.init(streams.model_init)
         state = runner.init(params)
-        loop = LoopState(*rng_lib.host_generators(cfg.seed, cfg.privacy.secure_rng), secure_rng=cfg.privacy.secure_rng)
+        loop = LoopState(*rng_lib.host_generators(cfg.seed, cfg.privacy.secure_rng, entropy),
+                         secure_rng=cfg.privacy.secure_rng)
         if requirements.client_state:
             loop.client_states = ClientStateStore(runner.algorithm.client_state_init(params))
         if runner.uploads.keeps_client_state:  # error feedback's residuals
@@ -122,9 +128,10 @@ class RunContext:
         if resume:
             state = loop.restore(checkpointer, state, tracker, workdir,
                                  json.loads(default_config().to_json_best_effort()), runner.uploads.releases)
-        writer = results.ResultsWriter(workdir, cfg.to_json_best_effort(indent=2), overwrite, append=resume,
-                                       scalars=scalars,
-                                       defaults_json=default_config().to_json_best_effort() if resume else None)
+        writer = hosts.on_primary(results.ResultsWriter, workdir, cfg.to_json_best_effort(indent=2), overwrite,
+                                  append=resume, scalars=scalars,
+                                  defaults_json=default_config().to_json_best_effort() if resume else None)
+        writer = writer or results.DiscardingWriter(workdir)  # None on every process but process 0
         return cls(cfg, workdir, dataset, server_set, choice, model, runner, tracker, streams, state, loop,
                    checkpointer, writer, resume, start, pack=pack,
                    validation=server_set if validates_on_server_set(cfg) else None,
@@ -161,7 +168,12 @@ class RunContext:
         ids = sample_cohort(cfg, self.dataset.num_clients, loop.sampling_rng, eligible, t)
         row = {"round": t, "cohort_size": len(ids)}
         if len(ids) or tracker is not None:
-            cohort = self.pack(ids, loop.shuffle_rng, cohort_slots(cfg, self.dataset.num_clients, len(ids)))
+            slots = cohort_slots(cfg, self.dataset.num_clients, len(ids))
+            if runner.slot_multiple > 1:  # several hosts: an equal share each (empty slots add exactly zero)
+                slots = hosts.padded_slots(max(slots or 0, len(ids)), runner.slot_multiple)
+                cohort = self.pack(ids, loop.shuffle_rng, slots, hosts.host_rows(slots))
+            else:
+                cohort = self.pack(ids, loop.shuffle_rng, slots)
             slots = cohort["mask"].shape[0]
             cohort["client_id"] = np.pad(np.asarray(ids, np.int32), (0, slots - len(ids)))
             step_noise = tracker.step_inputs(t, ids, slots) if tracker is not None else None

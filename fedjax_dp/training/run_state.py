@@ -15,11 +15,13 @@ re-accounts the past at today's noise.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 import numpy as np
 
 from fedjax_dp.compression.traffic import TrafficMeter
+from fedjax_dp.core import hosts
 from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.training.checkpointing import Checkpointer, truncate_metrics
 from fedjax_dp.training.evaluation import headline_accuracy
@@ -69,7 +71,8 @@ class LoopState:
             "best": self.best, "last_eval": self.last_eval, "participation": self.participation,
             "uplink": self.meter.uplink, "downlink": self.meter.downlink, "all_dropped_streak": self.all_dropped_streak,
             "config": self.config, "privacy": tracker.composed() if tracker is not None else None,
-            "seconds": self.earlier_seconds + seconds, "divergence": self.divergence, **ids})
+            "seconds": self.earlier_seconds + seconds, "divergence": self.divergence,
+            "processes": hosts.process_count(), **ids})
         self.checkpointed.add(self.rounds_run)
 
     def restore(self, checkpointer: Checkpointer, state, tracker, workdir: str, defaults: dict | None = None,
@@ -101,6 +104,10 @@ class LoopState:
             if store is not None:
                 store.load(saved.get(ids_key, []), trees.get(name))
         self.rounds_run = saved["round"]
+        if saved.get("processes", 1) != hosts.process_count():
+            logging.warning("resuming %s, written by %d process(es), on %d: the cohort is re-sharded (the same clients, "
+                            "keys and noise; the cross-host sums may differ in their last bits)", where,
+                            saved.get("processes", 1), hosts.process_count())
         if saved["host_rngs"] is not None:  # secure: the fresh OS-entropy generators go on
             self.sampling_rng.bit_generator.state, self.shuffle_rng.bit_generator.state = saved["host_rngs"]
         self.client_updates, self.best, self.last_eval = saved["client_updates"], saved["best"], saved["last_eval"]
@@ -115,7 +122,7 @@ class LoopState:
                 raise ValueError(f"cannot resume from {where}: replaying its {len(self.participation)} rounds does not "
                                  f"compose what ran ({mismatch}); the epsilon would not be the model's")
         self.checkpointed.add(self.rounds_run)
-        truncate_metrics(os.path.join(workdir, "metrics.jsonl"), self.rounds_run)
+        hosts.on_primary(truncate_metrics, os.path.join(workdir, "metrics.jsonl"), self.rounds_run)
         return trees["state"]
 
     def seconds_total(self, seconds: float) -> float:

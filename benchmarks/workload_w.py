@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_dp.core import hosts
 from fedjax_dp.core.cohort import CohortEngine
 from fedjax_dp.core.strategy import StrategyChoice
 from fedjax_dp.algorithms.fedavg import FedAvg
@@ -63,12 +64,15 @@ class WorkloadW:
         self.server = server
 
     def _cohort(self, round_index: int, cohort: int) -> dict:
-        ids = cohort_ids(round_index, cohort, self.population)
+        """The cohort's clients, or under several processes this host's rows of them (``hosts.host_rows``)."""
+        rows = hosts.host_rows(cohort)
+        ids = cohort_ids(round_index, cohort, self.population)[rows]
+        n = len(ids)
         return {
-            "batches": {"x": self.x[ids].reshape(cohort, STEPS, BATCH, 28, 28, 1),
-                        "y": self.y[ids].reshape(cohort, STEPS, BATCH)},
-            "mask": np.ones((cohort, STEPS, BATCH), bool),
-            "key": jax.random.split(jax.random.key(round_index), cohort),
+            "batches": {"x": self.x[ids].reshape(n, STEPS, BATCH, 28, 28, 1),
+                        "y": self.y[ids].reshape(n, STEPS, BATCH)},
+            "mask": np.ones((n, STEPS, BATCH), bool),
+            "key": jax.random.split(jax.random.key(round_index), cohort)[rows],
         }
 
     def program_memory(self, cohort: int) -> dict:

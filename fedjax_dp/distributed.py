@@ -26,6 +26,8 @@ import time
 
 import jax
 
+from fedjax_dp.core.host_devices import use_a_device_per_core
+
 COORDINATOR = "FEDJAX_DP_COORDINATOR"  # host:port of process 0's coordination service
 NUM_PROCESSES = "FEDJAX_DP_NUM_PROCESSES"
 PROCESS_ID = "FEDJAX_DP_PROCESS_ID"
@@ -94,6 +96,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     if jax.distributed.is_initialized():
         return
     arguments = settings(coordinator_address, num_processes, process_id, timeout_s)
+    use_a_device_per_core()  # JAX fixes the CPU device count when it joins: ask first (``core.host_devices``)
     if arguments.get("process_id", 0) > 0:  # JAX ends the process from C++ when it cannot register: check first
         _reach(arguments["coordinator_address"], arguments["initialization_timeout"])
     try:

@@ -138,3 +138,15 @@ def test_the_engine_refuses_what_cannot_span_several_processes():
     assert "engine.strategy='loop' runs clients from Python on one host; under 2 processes" in str(refused.value)
     assert "engine.num_devices=3: under 2 processes the cohort spreads over all 4 devices" in str(refused.value)
     validate_config(cfg)  # one process: both allowed
+
+
+def test_a_script_that_initializes_gets_its_cpu_devices_on_every_process():
+    """fedjax_dp.distributed.initialize() asks for the CPU devices before JAX joins the run (once joined, JAX's
+    device count is fixed: a script's later ``use_a_device_per_core`` changed nothing and each host had one)."""
+    program = ("from fedjax_dp import distributed; distributed.initialize(); import jax; "
+               "print('devices', jax.process_index(), jax.local_device_count(), jax.device_count())")
+    out = subprocess.run([sys.executable, "-m", "fedjax_dp.launch", "-n", "2", "--cpu_devices", "2", "--",
+                          sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                         env=_environment())
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "devices 0 2 4" in out.stdout and "[process 1] devices 1 2 4" in out.stderr

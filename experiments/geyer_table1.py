@@ -28,6 +28,7 @@ from fedjax_dp.training.loop import run_experiment  # noqa: E402
 from fedjax_dp.training.compilation_cache import use_persistent_cache  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 from preflight import checked_runs  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 EPSILON = 8.0
 
@@ -49,15 +50,23 @@ def rounds_until_stop(k: int, m: int, q_budget: float, sampling: str, kind: str,
     return low
 
 
-def variants(k: int):
-    """(name, ``geyer_mnist`` argument, config overrides) trained for one K."""
-    rows = [("DP, fixed m, RDP (authors' sampling, sound accounting)", f"{k}", {}),
-            ("DP, fixed m, z=2, RDP (same effective noise as Poisson z=1)", f"{k}", {"dp.noise_multiplier": 2.0}),
-            ("DP, Poisson q=m/K, PLD", f"{k}:poisson", {})]
+VARIANTS = ("fixed", "fixed_z2", "poisson", "poisson_median", "fedavg")
+
+
+def variants(k: int, wanted=VARIANTS):
+    """(key, name, ``geyer_mnist`` argument, config overrides) trained for one K, those in ``wanted``.
+
+    ``poisson_median`` is the paper's own clip rule (S = the median of the round's raw update norms, Geyer et
+    al. 2017 Sec. 3) on the sound Poisson row: the noise is accounted, the threshold is not (``formal: false``)."""
+    rows = [("fixed", "DP, fixed m, RDP (authors' sampling, sound accounting)", f"{k}", {}),
+            ("fixed_z2", "DP, fixed m, z=2, RDP (same effective noise as Poisson z=1)", f"{k}", {"dp.noise_multiplier": 2.0}),
+            ("poisson", "DP, Poisson q=m/K, PLD", f"{k}:poisson", {}),
+            ("poisson_median", "DP, Poisson q=m/K, PLD, median clip (paper's rule, formal: false)", f"{k}:poisson",
+             {"dp.clip": "median"})]
     if k == 100:
-        rows.append(("non-DP FedAvg (reference)", f"{k}",
+        rows.append(("fedavg", "non-DP FedAvg (reference)", f"{k}",
                      {"algorithm": "fedavg", "rounds": 100, "dp": default_config().dp}))
-    return rows
+    return [row[1:] for row in rows if row[0] in wanted]
 
 
 def apply(cfg, overrides: dict):
@@ -95,11 +104,15 @@ def main():
     parser.add_argument("--data-dir", default=os.path.join(HERE, "..", "..", "shared", "data", "mnist"))
     parser.add_argument("--max-rounds", type=int, default=1000)
     parser.add_argument("--skip-training", action="store_true")
+    parser.add_argument("--variants", nargs="+", default=["fixed", "fixed_z2", "poisson", "fedavg"], choices=VARIANTS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     args = parser.parse_args()
-    runs = checked_runs(parser, lambda: [(f"K={k} {name}", run_config(args, spec, overrides), k, name)
-                                         for k in args.clients for name, spec, overrides in variants(k)])
+    runs = checked_runs(parser, lambda: [(f"K={k} {name} seed {seed}",
+                                          apply(run_config(args, spec, overrides), {"seed": seed}), k, name, seed)
+                                         for k in args.clients for name, spec, overrides in variants(k, args.variants)
+                                         for seed in args.seeds])
     os.makedirs(args.out, exist_ok=True)
-    report = {"epsilon": EPSILON, "stop_rounds": {}, "runs": []}
+    report = {"setting": provenance(), "args": vars(args), "epsilon": EPSILON, "stop_rounds": {}, "runs": []}
     curves = {}
     for k in args.clients:
         m, q_budget = geyer_mnist.SETTINGS[k]
@@ -108,26 +121,29 @@ def main():
         print(f"K={k}: rounds before delta(8) > Q={q_budget}: {report['stop_rounds'][k]}", flush=True)
         if args.skip_training:
             continue
-        for cfg, name in [(cfg, name) for _, cfg, run_k, name in runs if run_k == k]:
-            workdir = os.path.join(args.out, f"K{k}-" + "".join(ch if ch.isalnum() else "_" for ch in name)[:40])
+        for cfg, name, seed in [(cfg, name, seed) for _, cfg, run_k, name, seed in runs if run_k == k]:
+            workdir = os.path.join(args.out, f"K{k}-" + "".join(ch if ch.isalnum() else "_" for ch in name)[:60]
+                                   + f"-seed{seed}")
             start = time.perf_counter()
             summary = run_experiment(cfg, workdir, overwrite=True, progress=False)
             rows = results.read_metrics(workdir)
-            curves[f"K={k} {name}"] = rows
-            run = {"K": k, "variant": name, "ACC": summary.best_accuracy, "CR": summary.best_round,
+            curves[f"K={k} {name} seed {seed}"] = rows
+            run = {"K": k, "variant": name, "seed": seed, "formal": summary.formal, "ACC": summary.best_accuracy, "CR": summary.best_round,
                    "CC": summary.best_round * m if summary.best_round > 0 else 0, "rounds_run": summary.rounds,
                    "CC_total": summary.client_updates, "epsilon": summary.epsilon, "delta": cfg.privacy.delta,
                    "stopped_by_budget": summary.stopped_early, "seconds": time.perf_counter() - start}
             report["runs"].append(run)
             print(json.dumps(run), flush=True)
+            with open(os.path.join(args.out, "table1.json"), "w") as f:  # after every run: a crash keeps the rows
+                f.write(strict_json(report, indent=2))
     with open(os.path.join(args.out, "table1.json"), "w") as f:
         f.write(strict_json(report, indent=2))
-    lines = ["| K | variant | ACC | CR | CC (to CR) | rounds run | epsilon | delta | time (s) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| K | variant | seed | ACC | CR | CC (to CR) | rounds run | epsilon | formal | delta | time (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in report["runs"]:
         eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.2f}"
-        lines.append(f"| {r['K']} | {r['variant']} | {r['ACC']:.4f} | {r['CR']} | {r['CC']} | {r['rounds_run']} | "
-                     f"{eps} | {r['delta']:g} | {r['seconds']:.0f} |")
+        lines.append(f"| {r['K']} | {r['variant']} | {r['seed']} | {r['ACC']:.4f} | {r['CR']} | {r['CC']} | {r['rounds_run']} | "
+                     f"{eps} | {r['formal']} | {r['delta']:g} | {r['seconds']:.0f} |")
     with open(os.path.join(args.out, "table1.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     if curves:

@@ -22,6 +22,7 @@ from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.plots import plot_accuracy_vs_epsilon
 from fedjax_dp.training.results import dumps as strict_json
 from preflight import checked_runs
+from provenance import provenance
 
 
 def config(mode: str, epsilon: float, args):
@@ -74,7 +75,7 @@ def main():
                      "accuracy": s.final["test_accuracy"], "epsilon_spent": s.epsilon})
         print(json.dumps(rows[-1]), flush=True)
     with open(os.path.join(args.out, "sweep.json"), "w") as f:
-        f.write(strict_json({"args": vars(args), "rows": rows}, indent=2))
+        f.write(strict_json({"setting": provenance(), "args": vars(args), "rows": rows}, indent=2))
     points = {f"{mode} DP": [(r["epsilon_target"], r["accuracy"]["mean"], r["accuracy"]["ci95_half_width"] or 0.0)
                              for r in rows if r["mode"] == mode] for mode in ("central", "local")}
     plot_accuracy_vs_epsilon(points, os.path.join(args.out, "accuracy_vs_epsilon.png"),

@@ -19,7 +19,7 @@ per core (``use_a_device_per_core``, ``core.host_devices``) before they run; a s
 calls ``fedjax_dp.use_a_device_per_core()`` itself, before its first JAX computation.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from fedjax_dp import algorithms, compression, configs, core, data, models, privacy, training
 from fedjax_dp.core.host_devices import use_a_device_per_core

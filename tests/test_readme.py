@@ -38,17 +38,3 @@ def test_the_python_api_example_runs_and_its_epsilon_is_the_accountants(tmp_path
     assert summary.epsilon == pytest.approx(accountant.epsilon(1e-5), rel=1e-6)
     assert summary.epsilon == pytest.approx(4.0, abs=0.01)
     assert (tmp_path / "results" / "dp_quick" / "results.png").exists()
-
-
-def test_the_correlated_noise_example_runs_a_blt_stream_under_min_separation(tmp_path, monkeypatch):
-    import textwrap
-    monkeypatch.chdir(tmp_path)
-    (example,) = [block for block in _code_blocks("python") if '"dp.noise": "blt"' in block]
-    example = textwrap.dedent(example).replace('"rounds": 24', '"rounds": 6').replace("/tmp/blt", str(tmp_path / "blt"))
-    namespace = {}
-    exec(compile(example, "README.md:correlated-noise", "exec"), namespace)
-    result = namespace["result"]
-    assert result.rounds == 6 and result.formal is True and 0 < result.epsilon < float("inf")
-    import json
-    privacy = json.load(open(tmp_path / "blt" / "privacy.json"))
-    assert privacy["accounting"]["noise_strategy"] == "blt" and privacy["sampling"].startswith("4-min-separation")

@@ -248,6 +248,17 @@ def chain(*transforms: UploadTransform) -> Chain:
     transform without a clip before it, two noise transforms, a clip or noise without uniform weights, central
     noise divided by the realised count, compression between the clip and the noise, local noise after a
     server-side clip) are registered by ``privacy.mechanisms.chain_rules`` (``CHAIN_RULES``).
+
+    DP-FedAvg's chain (Geyer et al. 2017, Alg. 1: clip to S, Gaussian noise of std z S on the sum, divide by the
+    fixed expected cohort), and a chain refused before anything runs:
+
+    >>> from fedjax_dp.privacy import FlatClip, GaussianNoise
+    >>> dp_fedavg = chain(FlatClip(1.0), GaussianNoise(((1, 1.0),)), fixed_denominator(100.0))
+    >>> [type(t).__name__ for t in dp_fedavg]
+    ['FlatClip', 'GaussianNoise', 'UniformWeights']
+    >>> chain(GaussianNoise(((1, 1.0),)), FlatClip(1.0))
+    Traceback (most recent call last):
+    ValueError: upload chain chain(GaussianNoise, FlatClip): noise before any clip (its scale would be relative to no sensitivity bound); put a clip transform first
     """
     for t in transforms:
         if not isinstance(t, UploadTransform):

@@ -28,7 +28,13 @@ def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[
 
 
 def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Sort by label, cut into equal shards, ``shards_per_client`` random shards per client."""
+    """Sort by label, cut into equal shards, ``shards_per_client`` random shards per client (McMahan et al. 2017).
+
+    >>> labels = np.repeat(np.arange(10), 100)
+    >>> parts = shards(labels, num_clients=50, shards_per_client=2, rng=np.random.default_rng(0))
+    >>> len(parts), max(len(np.unique(labels[p])) for p in parts)
+    (50, 2)
+    """
     if shards_per_client < 1:
         raise ValueError(f"shards_per_client must be >= 1, got {shards_per_client}")
     num_shards = num_clients * shards_per_client
@@ -44,7 +50,13 @@ def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np
 
 def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator,
               min_examples: int = 1, max_tries: int = 100) -> list[np.ndarray]:
-    """Per-class Dirichlet(alpha) proportions; redraws until every client has ``min_examples``."""
+    """Per-class Dirichlet(alpha) proportions (Hsu et al. 2019); redraws until every client has ``min_examples``.
+
+    >>> labels = np.repeat(np.arange(10), 100)
+    >>> parts = dirichlet(labels, num_clients=20, alpha=0.1, rng=np.random.default_rng(0))
+    >>> sum(map(len, parts)), all(len(p) >= 1 for p in parts)
+    (1000, True)
+    """
     if not alpha > 0:
         raise ValueError(f"dirichlet alpha must be > 0, got {alpha}")
     _check_clients(num_clients, len(labels))

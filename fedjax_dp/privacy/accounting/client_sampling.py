@@ -43,7 +43,16 @@ class PoissonSampling:
         return RoundEvent("poisson", noise_multiplier, sampling_rate=self.rate)
 
     def calibrate(self, target_epsilon: float, delta: float, rounds: int, accountant: str = "pld") -> float:
-        """The least noise multiplier z whose ``rounds`` rounds spend ``target_epsilon`` at ``delta``."""
+        """The least noise multiplier z whose ``rounds`` rounds spend ``target_epsilon`` at ``delta``.
+
+        >>> sampler = PoissonSampling(num_clients=1000, rate=0.1)
+        >>> z = sampler.calibrate(target_epsilon=2.0, delta=1e-5, rounds=100)
+        >>> round(z, 3)
+        2.248
+        >>> from fedjax_dp.privacy import Accountant
+        >>> round(Accountant("pld").compose(sampler.round_event(z), count=100).epsilon(1e-5), 3)
+        2.0
+        """
         return calibrate_noise_multiplier(target_epsilon, delta, rounds, "poisson", sampling_rate=self.rate,
                                           kind=accountant)
 

@@ -1,0 +1,81 @@
+"""The documentation site: it builds offline with warnings as errors (a broken reference fails here), renders every
+notebook with its saved outputs, documents every public name, and its code examples and the public functions'
+docstring examples (doctests) run."""
+
+import doctest
+import importlib
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+DOCS = os.path.join(ROOT, "docs")
+SUBPACKAGES = ("fedjax_dp", "fedjax_dp.core", "fedjax_dp.algorithms", "fedjax_dp.privacy", "fedjax_dp.data",
+               "fedjax_dp.models", "fedjax_dp.compression", "fedjax_dp.training")
+DOCTESTED = {"fedjax_dp.experiment": 2, "fedjax_dp.core.uploads": 2, "fedjax_dp.privacy.accounting.accountant": 2,
+             "fedjax_dp.privacy.accounting.client_sampling": 2, "fedjax_dp.privacy.accounting.gdp": 3,
+             "fedjax_dp.data.partition": 2}
+"""Modules whose docstring examples the suite runs, with the least number of examples each must hold."""
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The site, built from scratch (``-E``) the way README.md says, warnings as errors."""
+    out = tmp_path_factory.mktemp("html")
+    env = {**os.environ, "FEDJAX_DP_CPU_DEVICES": "1"}
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-E", "-W", "--keep-going", "-q", "-b", "html", DOCS,
+                           str(out)], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return out
+
+
+def test_the_docs_build_command_is_the_one_the_readme_gives():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert 'python3 -m sphinx -W --keep-going -b html docs docs/_build/html' in readme
+
+
+def test_the_site_builds_without_a_warning_and_renders_each_notebook_with_its_outputs(built):
+    for name in ("index", "getting_started", "concepts", "privacy", "correlated_noise", "cohort_engine",
+                 "adding_an_algorithm", "distributed", "scorecard", "api/index"):
+        assert (built / f"{name}.html").exists(), name
+    notebooks = sorted(f[:-6] for f in os.listdir(os.path.join(ROOT, "colabs")) if f.endswith(".ipynb"))
+    for name in notebooks:
+        page = (built / "notebooks" / f"{name}.html").read_text()
+        assert "<img" in page and "cell_output" in page, f"{name}: rendered without its saved outputs"
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_the_api_reference_documents_every_public_name(built, package):
+    page_name = "fedjax_dp" if package == "fedjax_dp" else package.split(".", 1)[1]
+    page = (built / "api" / f"{page_name}.html").read_text()
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        value = getattr(module, name)
+        if callable(value) and not isinstance(value, type(os)):
+            assert f'id="{package}.{name}"' in page, f"{package}.{name} is missing from api/{page_name}"
+
+
+@pytest.mark.parametrize("module_name", sorted(DOCTESTED))
+def test_the_docstring_examples_run(module_name):
+    module = importlib.import_module(module_name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, report=True)
+    assert result.failed == 0
+    assert result.attempted >= DOCTESTED[module_name], f"{module_name}: its examples are gone"
+
+
+def test_the_correlated_noise_example_runs_a_blt_stream_under_min_separation(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    page = open(os.path.join(DOCS, "correlated_noise.md")).read()
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if '"dp.noise": "blt"' in b]
+    example = textwrap.dedent(example).replace('"rounds": 24', '"rounds": 6').replace("/tmp/blt", str(tmp_path / "blt"))
+    namespace = {}
+    exec(compile(example, "docs/correlated_noise.md", "exec"), namespace)
+    result = namespace["result"]
+    assert result.rounds == 6 and result.formal is True and 0 < result.epsilon < float("inf")
+    import json
+    privacy = json.load(open(tmp_path / "blt" / "privacy.json"))
+    assert privacy["accounting"]["noise_strategy"] == "blt" and privacy["sampling"].startswith("4-min-separation")

@@ -136,7 +136,7 @@ def test_cuag_sound_mode_stays_below_its_accounted_claim(mu):
 
 @pytest.mark.parametrize("centred", [True, False])
 def test_audit_of_the_adaptive_clip_count_catches_the_old_accounting(centred):
-    """Issue 16, finding 2: the count released 0/1 bits (sensitivity 1) while the claim assumed centred
+    """The count released 0/1 bits (sensitivity 1) while the claim assumed centred
     bits (1/2). With sigma_b = 1 the claim is a Gaussian of multiplier 2; the old release breaks it."""
     from fedjax_dp.privacy.audit.canary import adaptive_clip_count_round
     from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip

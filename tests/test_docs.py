@@ -79,3 +79,13 @@ def test_the_correlated_noise_example_runs_a_blt_stream_under_min_separation(tmp
     import json
     privacy = json.load(open(tmp_path / "blt" / "privacy.json"))
     assert privacy["accounting"]["noise_strategy"] == "blt" and privacy["sampling"].startswith("4-min-separation")
+
+
+def test_the_package_docstrings_carry_no_dated_measurements():
+    """Measurements live in ``benchmarks/RESULTS.md`` and the docs (``docs/measurements.md``); a module says what it
+    does, why, and which paper and equation."""
+    import pathlib
+    dated = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+    found = [f"{p.relative_to(ROOT)}:{i}" for p in pathlib.Path(ROOT, "fedjax_dp").rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if dated.search(line)]
+    assert not found, found

@@ -106,7 +106,7 @@ def test_when_every_client_raises_the_error_is_the_programs_and_is_raised(stream
 
 @pytest.mark.parametrize("local", [False, True])
 def test_a_raising_client_under_dp_is_counted_as_dropped(local):
-    """Issue 16, finding 10: the contained client's outputs had ``present`` zeroed, so a DP round
+    """The contained client's outputs had ``present`` zeroed, so a DP round
     reported 0 dropped and the loop never named it."""
     from fedjax_dp.core.uploads import chain, fixed_denominator
     from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
@@ -124,7 +124,7 @@ def test_a_raising_client_under_dp_is_counted_as_dropped(local):
 
 @pytest.mark.parametrize("local", [False, True])
 def test_a_raising_client_under_local_noise_sends_noise_not_zeros(local):
-    """Issue 16, finding 10: the contained client's message was exact zeros; under local noise it must
+    """The contained client's message was exact zeros; under local noise it must
     be what a client with a zero update sends (noise), and it still stays out of the sum."""
     from fedjax_dp.core.round import client_inputs
     from fedjax_dp.core.uploads import chain, fixed_denominator

@@ -1,4 +1,5 @@
-"""Issue 16 (privacy truth): one test per finding, each failing on the code the review read."""
+"""What the privacy report claims is what ran: sensitivities, sampling rates, budgets, refused settings, labels of
+what no guarantee covers, and the randomness behind the noise (each test was written failing, issue 16)."""
 
 import json
 import os
@@ -29,7 +30,7 @@ def _tracker(release, settings, sampler):
     return tracker
 
 
-def test_2_one_more_unclipped_client_moves_the_count_by_the_sensitivity_the_accounting_assumes():
+def test_one_more_unclipped_client_moves_the_count_by_the_sensitivity_the_accounting_assumes():
     clip = AdaptiveQuantileClip(initial_clip_norm=1.0, count_noise_std=3.0, denominator=10)
     state = clip.init(None)
 
@@ -47,7 +48,7 @@ def test_2_one_more_unclipped_client_moves_the_count_by_the_sensitivity_the_acco
     assert assumed_sensitivity == 0.5
 
 
-def test_3_fixed_size_sampling_is_accounted_over_the_clients_still_eligible():
+def test_fixed_size_sampling_is_accounted_over_the_clients_still_eligible():
     """K = 20, m = 2, z = 1, per-client budgets that only some clients keep: once clients drop out,
     m is drawn from |E_t| < K, and the event must say so (it said K)."""
     settings = _settings(client_epsilon_budget=float(gdp.epsilon_from_mu(2.0 * 1.2, 1e-5)))  # one round each (2S)
@@ -60,7 +61,7 @@ def test_3_fixed_size_sampling_is_accounted_over_the_clients_still_eligible():
     assert tracker.ledger.event(2, [release]).population == 18
 
 
-def test_4_local_noise_obeys_max_epsilon_before_each_round():
+def test_local_noise_obeys_max_epsilon_before_each_round():
     settings = _settings(max_epsilon=1.0)
     release = Release("g", "local", 8.0, "S", bound_value=1.0)
     tracker = _tracker(release, settings, FixedSizeSampling(5, 5))
@@ -71,7 +72,7 @@ def test_4_local_noise_obeys_max_epsilon_before_each_round():
     assert not tracker.allows(2, [release])  # a second round would take every client past epsilon 1
 
 
-def test_11_reported_sampling_rate_is_the_one_used_and_z0_is_not_formal():
+def test_reported_sampling_rate_is_the_one_used_and_z0_is_not_formal():
     release = Release("g", "central", 1.0, "S")
     tracker = _tracker(release, _settings(), FixedSizeSampling(12, 4))
     tracker.record(1, np.arange(4), [release])
@@ -112,12 +113,12 @@ def _refusal(**overrides):
     return str(error.value)
 
 
-def test_5_local_noise_with_adaptive_clipping_is_refused():
+def test_local_noise_with_adaptive_clipping_is_refused():
     assert "dp.clip='adaptive' with dp.noise_mode='local' is refused" in _refusal(dp__clip="adaptive",
                                                                                    dp__noise_mode="local")
 
 
-def test_14_conflicting_or_hopeless_dp_settings_are_refused_by_name():
+def test_conflicting_or_hopeless_dp_settings_are_refused_by_name():
     message = _refusal(privacy__target_epsilon=8.0, dp__noise_schedule="1:1.0,50:0.8")
     assert "privacy.target_epsilon=8.0 and dp.noise_schedule='1:1.0,50:0.8' both choose z" in message
     message = _refusal(privacy__max_epsilon=0.01, dp__noise_multiplier=0.5)
@@ -144,7 +145,7 @@ def test_a_noise_multiplier_that_calibration_or_a_schedule_would_replace_is_refu
     assert ran.config.dp.noise_multiplier == 1.3
 
 
-def test_13_pld_discretisation_is_a_parameter_checked_against_dp_accounting():
+def test_pld_discretisation_is_a_parameter_checked_against_dp_accounting():
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
 
@@ -161,7 +162,7 @@ def test_13_pld_discretisation_is_a_parameter_checked_against_dp_accounting():
         calibrate_noise_multiplier(1.0, 0.05, 10, "poisson", sampling_rate=0.01, kind="pld")
 
 
-def test_13_rdp_orders_and_fixed_size_pld_reach_the_tracker_and_the_report():
+def test_rdp_orders_and_fixed_size_pld_reach_the_tracker_and_the_report():
     from fedjax_dp.training.reporting import privacy_record
 
     assert "privacy.rdp_orders='2,x'" in _refusal(privacy__rdp_orders="2,x")
@@ -176,7 +177,7 @@ def test_13_rdp_orders_and_fixed_size_pld_reach_the_tracker_and_the_report():
     assert record["epsilon"] == record["epsilons"]["pld"]
 
 
-def test_6_a_non_private_run_says_formal_false_wherever_its_epsilon_appears(tmp_path):
+def test_a_non_private_run_says_formal_false_wherever_its_epsilon_appears(tmp_path):
     from fedjax_dp.training.loop import run_experiment
     from fedjax_dp.training.reporting import format_summary, progress_postfix
 
@@ -197,7 +198,7 @@ def test_6_a_non_private_run_says_formal_false_wherever_its_epsilon_appears(tmp_
     assert any("budget rule was applied to the formal part" in note for note in privacy["notes"])
 
 
-def test_9_and_12_privacy_json_lists_what_is_outside_the_guarantee_and_each_relation(tmp_path):
+def test_privacy_json_lists_what_is_outside_the_guarantee_and_each_relation(tmp_path):
     from fedjax_dp.training.loop import run_experiment
 
     cfg = default_config()
@@ -265,7 +266,7 @@ def test_personalised_figures_of_a_dp_run_are_listed_and_cannot_be_dropped(tmp_p
         run_experiment(cfg, str(tmp_path / "never"), progress=False)
 
 
-def test_1_a_server_set_drawn_from_the_clients_voids_the_guarantee(tmp_path):
+def test_a_server_set_drawn_from_the_clients_voids_the_guarantee(tmp_path):
     from fedjax_dp.training.build import server_set_breaches
     from fedjax_dp.training.loop import run_experiment
 
@@ -291,7 +292,7 @@ def _tiny_dp_config(**dp):
     return cfg
 
 
-def test_7_sampling_does_not_depend_on_the_shuffles(tmp_path, monkeypatch):
+def test_sampling_does_not_depend_on_the_shuffles(tmp_path, monkeypatch):
     """Sampling and per-client shuffles drew from one generator: a different number of local epochs (a
     different number of shuffle draws) changed which clients later rounds sampled."""
     from fedjax_dp.training import loop as loop_module
@@ -311,7 +312,7 @@ def test_7_sampling_does_not_depend_on_the_shuffles(tmp_path, monkeypatch):
     assert runs[0] == runs[1]
 
 
-def test_7_secure_rng_noise_is_not_reproducible_from_the_seed_and_is_not_written(tmp_path):
+def test_secure_rng_noise_is_not_reproducible_from_the_seed_and_is_not_written(tmp_path):
     from fedjax_dp.training.loop import run_experiment
 
     def final(name, secure):
@@ -330,7 +331,7 @@ def test_7_secure_rng_noise_is_not_reproducible_from_the_seed_and_is_not_written
     assert len(seeded["host_rngs"]) == 2
 
 
-def test_8_noise_is_gaussian_and_never_drawn_in_low_precision():
+def test_noise_is_gaussian_and_never_drawn_in_low_precision():
     from fedjax_dp.privacy.mechanisms.gaussian import NOISE_DRAWS, gaussian_noise_like, standard_normal
 
     x = np.asarray(standard_normal(jax.random.key(0), (1_000_000,)), np.float64)
@@ -341,7 +342,7 @@ def test_8_noise_is_gaussian_and_never_drawn_in_low_precision():
     assert noise["w"].dtype == jnp.float32
 
 
-def test_11_model_initialisation_key_is_no_round_key():
+def test_model_initialisation_key_is_no_round_key():
     """The model was initialised with fold_in(root, 6), which is round 6's key."""
     from fedjax_dp.core import rng
 

@@ -32,14 +32,13 @@ from flax import traverse_util
 from fedjax_dp.core.local_training import PerExampleLoss, local_stats, masked_mean, skips_padded_steps
 
 DEFERRED_DENSE_MODES = ("auto", "on", "off")  # engine.deferred_dense: auto = on CPU and GPU backends (where it was measured)
-MEASURED_BACKENDS = ("cpu", "gpu")  # where ``auto`` turns it on: benchmarks/RESULTS.md (CPU 2026-11-27, H100 2026-11-27)
+MEASURED_BACKENDS = ("cpu", "gpu")  # where ``auto`` turns it on (measured faster there: benchmarks/RESULTS.md)
 HISTORY_FRACTION = 4  # defer a kernel while steps x rows <= min(in, out) / HISTORY_FRACTION
 
 
 def on_by_default() -> bool:
-    """What ``engine.deferred_dense='auto'`` means: on where the backend is one it was measured faster on: the
-    CPU (workload W's CNN, ``benchmarks/RESULTS.md``) and an NVIDIA H100 (CNN C = 1000, chunks of 256: 3600 vs
-    3045 client updates/s, device peak 4,365 vs 6,550 MiB, 2026-11-27). Off elsewhere (TPU: not measured)."""
+    """What ``engine.deferred_dense='auto'`` means: on where the backend is one it was measured faster on (the
+    CPU and an NVIDIA GPU, ``benchmarks/RESULTS.md``). Off elsewhere (TPU: not measured)."""
     return jax.default_backend() in MEASURED_BACKENDS
 
 

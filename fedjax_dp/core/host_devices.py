@@ -2,9 +2,8 @@
 mesh, for the scans) on each core at once.
 
 XLA:CPU gives a process one CPU device by default and threads each operation over the cores. For the small
-batches of federated clients that threading scales poorly: one workload-W CNN client (6 steps of 10) took
-52 ms on one core and 40 ms on two (1.31x), while two clients on two single-core devices ran together at
-29-31 ms a client (``benchmarks/RESULTS.md``, 2026-11-26). The device count can only be set before JAX
+batches of federated clients that threading scales poorly, and two clients on two single-core devices beat one
+client threaded over both (``benchmarks/RESULTS.md``, "one device per core"). The device count can only be set before JAX
 starts its backends, so ``Experiment`` and the ``fedjax-dp`` command set it before they run (importing the
 package changes nothing; a hand-written script calls ``fedjax_dp.use_a_device_per_core()`` before its first JAX
 computation), unless the user already chose (``JAX_NUM_CPU_DEVICES``, ``jax_num_cpu_devices``, or

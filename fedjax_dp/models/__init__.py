@@ -33,11 +33,9 @@ def get_model(
 
 
 def evaluation_model(model):
-    """The model with XLA convolutions for the forward-only evaluation pass: on XLA:CPU the im2col form
-    that training prefers ran the personalised evaluation of 100 CIFAR-10 clients 3-4x slower (measured
-    in one run: 39-55 s vs 12-13 s). A thin first layer on 2x2 blocks (``conv_impl='space_to_depth'``) was 1.45x
-    faster on a loaded VM but 1.03x on a quiet one (``benchmarks/RESULTS.md``, 2026-11-28), so not used here.
-    Same parameters, same function."""
+    """The model with XLA convolutions for the forward-only evaluation pass: on XLA:CPU the im2col form that
+    training prefers is memory-bound on whole batches of images (``benchmarks/evaluation_pass.py``), and the
+    space-to-depth first layer's gain did not hold on a quiet machine. Same parameters, same function."""
     if getattr(model.module, "conv_impl", "xla") == "xla":
         return model
     return dataclasses.replace(model, module=model.module.clone(conv_impl="xla"))

@@ -10,8 +10,7 @@ becomes a batched matmul; inside a loop (``lax.scan`` over local steps or client
 run 10-60x slower than unrolled (jax-ml/jax#12868), im2col does not; outside loops XLA's convolution wins
 wherever im2col's patch matrix, kh*kw times the input, is large against the work of its matmul, and on a thin
 input XLA:CPU's convolution can run at a fraction of the rate it reaches on the 4x wider blocks. ``auto`` does not
-pick space-to-depth: its gains were large on a loaded VM (the personalised evaluation of ``cnn_pfl`` 1.45x faster) but
-not on a quiet one (1.03x, and the CUAG-PFL round 17 % slower in training; ``benchmarks/RESULTS.md``, 2026-11-28).
+pick space-to-depth: its gain did not hold on a quiet machine.
 """
 
 import flax.linen as nn
@@ -24,11 +23,8 @@ CONV_IMPLS = ("xla", "im2col", "space_to_depth", "per_layer")
 
 def im2col_suits(in_features: int, out_features: int) -> bool:
     """Whether im2col beats XLA's convolution for a 5x5 layer outside loops on XLA:CPU: when the input is thin
-    against the output (cout >= 8 cin), which makes the patch matrix small against the matmul. Measured
-    (forward + backward, 2-core VM, 2026-11-26), time XLA / im2col at batch x side, cin -> cout: 10 x 28,
-    1 -> 32: 1.23; 100 x 28, 1 -> 32: 2.73; 50 x 32, 3 -> 64: 1.88 (im2col wins); 10 x 14, 32 -> 64: 0.90;
-    100 x 32, 3 -> 16: 0.62; 100 x 16, 16 -> 16: 0.31; 50 x 16, 16 -> 32: 0.73; 50 x 16, 64 -> 64: 0.87 (XLA
-    wins); the one miss of the rule, 10 x 32, 3 -> 16: 1.14."""
+    against the output (cout >= 8 cin), which makes the patch matrix small against the matmul (the measurements
+    behind the rule: the documentation's "Measurements behind the defaults")."""
     return out_features >= 8 * in_features
 
 
@@ -45,16 +41,8 @@ def conv2d_im2col(x: jax.Array, kernel: jax.Array) -> jax.Array:
 def space_to_depth_wins(kernel_size: tuple[int, int], input_shape: tuple[int, ...], out_features: int) -> bool:
     """Whether ``conv2d_space_to_depth`` applies (a square, odd kernel of at least 5, on an image of even sides: a
     3x3 kernel would do 4x the arithmetic, a 5x5 one does 1.44x) and beats XLA's and im2col's convolutions on
-    XLA:CPU: a thin input, cin <= 3 and cout <= 16 cin. Measured on a loaded VM, where XLA's convolution of a thin
-    input suffered most (quiet, 50 x 32, 3 -> 16: 6.3 / 5.8 / 4.9 ms; forward at batch 500: 36.1 / 116 / 35.3), in one run (``benchmarks/conv_formulations.py``,
-    ``benchmarks/measured/cpu_2026-11-28_conv_formulations.json``, one single-core CPU device, two training jobs on
-    the machine), ms of XLA / im2col / space-to-depth at batch x side, cin -> cout, forward + kernel gradient:
-    50 x 32, 3 -> 16: 13.7 / 17.6 / 7.0; 10 x 32, 3 -> 16: 2.7 / 1.9 / 0.9; 50 x 32, 3 -> 32: 26.0 / 18.6 / 16.5;
-    50 x 32, 1 -> 16: 9.5 / 9.5 / 3.6; forward alone, batch 500: 3 -> 16 97.9 / 282 / 48.3; 3 -> 32 209 / 376 / 160;
-    1 -> 16 66.8 / 141 / 48.7. Outside the rule: 50 x 32, 3 -> 64 (17.7 / 44.3 / 30.4) and 28x28, 1 -> 32, whose
-    forward pass XLA runs fastest (batch 500: 47.4 / 119 / 99.1) while space-to-depth gains little in training
-    (batch 50: 5.6 / 4.8 / 5.3). At batch 500 its forward + backward is slower than XLA's (3 -> 16: 218 / 374 / 262):
-    the rule is for training batches of up to ~100 and for forward passes."""
+    XLA:CPU: a thin input, cin <= 3 and cout <= 16 cin, at training batches of up to ~100 and in forward passes
+    (the measurements: the documentation's "Measurements behind the defaults")."""
     kh, kw = kernel_size
     height, width, cin = input_shape[-3:]
     applies = kh == kw and kh % 2 == 1 and kh >= 5 and height % 2 == 0 and width % 2 == 0

@@ -10,9 +10,7 @@ eviction (under a file lock: concurrent runs may share the folder). A choice alr
 (``JAX_COMPILATION_CACHE_DIR`` or ``jax_compilation_cache_dir``). Seeds of one config and the cells of a table
 that differ only in data share their programs, so the cache helps within one process too.
 
-Measured (``benchmarks/compilation_cache.py``, 2-core AMD EPYC CPU, 2026-12-02, fresh processes, cold / warm):
-``cuag_pfl_cifar10`` for 2 rounds 121.7 s / 89.4 s; ``fedavg_mnist`` (the README's main command) 23.2 s / 18.2 s;
-the same accuracies (``benchmarks/measured/cpu_2026-12-02_compilation_cache.json``).
+What it saves is measured by ``benchmarks/compilation_cache.py``.
 """
 
 from __future__ import annotations

@@ -17,9 +17,8 @@ from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
 
 
 EVAL_BATCH = 250
-"""Examples per evaluation batch: on the 2-core CPU VM a pass over 10,000 images took 0.87 s (FedAvg CNN) and 0.90 s
-(``cnn_pfl``) at 250 against 1.44 and 1.49 s at 1000 (``benchmarks/evaluation_pass.py``, 2026-12-02; 100-2000
-tried before it, 250 the fastest), and compiles faster; the MLP and the character GRU ran the same either way."""
+"""Examples per evaluation batch: the fastest of 100-2000 for the conv models on a CPU, and it compiles faster
+(``benchmarks/evaluation_pass.py``)."""
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -33,9 +32,7 @@ def _batch_stats(model: Model, params, x, y, mask):
 def per_example_stats(model: Model, params, x: np.ndarray, y: np.ndarray, batch_size: int = EVAL_BATCH):
     """Loss and correctness of every example, in fixed-size padded batches (one compilation), with the
     forward-only pass's convolutions (``models.evaluation_model``: XLA's, whatever form training chose; on
-    XLA:CPU im2col's patches of a batch of images are memory-bound: the FedAvg CNN's pass over 10,000 MNIST-shaped
-    images took 7.9 s with them at batch 1000 against 0.87 s now, ``cnn_pfl``'s 5.0 s against 0.90 s,
-    ``benchmarks/evaluation_pass.py``)."""
+    XLA:CPU im2col's patches of a batch of images are memory-bound, ``benchmarks/evaluation_pass.py``)."""
     model = evaluation_model(model)
     n = len(y)
     losses, corrects = np.zeros(n, np.float32), np.zeros(n, np.float32)

@@ -327,13 +327,9 @@ def _pld_bracket(overspends, z_rdp: float) -> dp_accounting.ExplicitBracketInter
     """A bracket of the PLD calibration's root from the RDP answer z_rdp for the same dp_accounting event: RDP
     over-states epsilon, so z_pld <= z_rdp, and the PLD answer is usually within 10 % of it (0.94 z_rdp at q = 0.2,
     z ~ 1; for fixed-size sampling RDP's own replace-one bound is looser, 0.6, hence the Poisson event of the
-    Dong-Roth-Su reduction). A PLD of little noise is costly to build (at discretisation 1e-4 on a 2-core CPU, about
-    3 s at z = 0.29 against 0.6-1 s near z = 1.1), so the lower end steps down from 0.9 z_rdp
+    Dong-Roth-Su reduction). A PLD of little noise is costly to build, so the lower end steps down from 0.9 z_rdp
     (``PLD_BRACKET_FACTORS``) instead of starting at 0.25 z_rdp, and a step that does not overspend becomes the upper
-    end. ``benchmarks/pld_calibration.py`` (one process, three interleaved passes, 2-core CPU): the shipped DP
-    config's calibration 14.4-14.8 s with the wide bracket against 11.1-12.3 s, the notebook's 2-round one 11.7-12.6
-    against 8.9-9.0 s, fixed-size 100 of 500 10.4-13.8 against 11.4-12.3 s (no gain there); z equal to the
-    tolerance (1e-4). Brent's method still takes 5-6 evaluations inside the narrower bracket."""
+    end (``benchmarks/pld_calibration.py`` measures the gain; z is the same to the tolerance, 1e-4)."""
     upper = z_rdp * 1.001
     for factor in PLD_BRACKET_FACTORS:
         if overspends(factor * z_rdp):

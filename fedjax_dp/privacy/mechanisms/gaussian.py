@@ -43,11 +43,10 @@ def noise_dtype(dtype) -> jnp.dtype:
 def standard_normal(key: jax.Array, shape, dtype=jnp.float32) -> jax.Array:
     """N(0, 1) as the mean-preserving sum of ``NOISE_DRAWS`` draws (module docstring). The draws are made
     as one flat vector and reshaped: the same values as drawing the shape directly (JAX's threefry counts
-    over the flat index), but XLA:CPU compiles the flat draw several times faster (a 4 x 5 x 5 x 32 x 64
-    draw: 2.7 s against 0.4 s on the 2-core VM), and every DP program draws its noise this way. The key's
-    threefry runs unrolled (``core.unrolled_threefry``: the same draws to the bit), and the draws are summed
-    by three additions that XLA fuses with them instead of a reduce over their axis: the FedAvg CNN's noise
-    (1.66M numbers) 227 -> 23 ms on a 2-core CPU (``benchmarks/noise_draws.py``). The sum is in the same
+    over the flat index), but XLA:CPU compiles the flat draw several times faster, and every DP program draws its noise this
+    way. The key's threefry runs unrolled (``core.unrolled_threefry``: the same draws to the bit), and the draws
+    are summed by three additions that XLA fuses with them instead of a reduce over their axis
+    (``benchmarks/noise_draws.py`` measures both). The sum is in the same
     order, but XLA:CPU may contract a draw's last multiply (sqrt(2) erfinv(u)) and the addition into one
     fused multiply-add, one rounding instead of two: an entry can differ from the reduce's by a rounding of
     the summands (at most 4.8e-7 in 6.4M draws); the distribution is the same."""

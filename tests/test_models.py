@@ -167,3 +167,26 @@ def test_compiled_initialisation_gives_flax_eager_parameters_bit_for_bit(name, s
     eager = model.module.init(jax.random.key(1), jnp.zeros((1,) + shape))["params"]
     for a, b in zip(jax.tree_util.tree_leaves(compiled), jax.tree_util.tree_leaves(eager), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_pfldyn_authors_cnn_has_their_797962_parameters_and_unpadded_convolutions():
+    """``cnn_pfl_authors``: conv5x5-64, pool, conv5x5-64, pool, dense 384-192 with PyTorch's unpadded convolutions
+    (the CNN of PFLDyn's authors' CIFAR script); each conv equals ``nn.Conv(padding='VALID')``, in every implementation."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from fedjax_dp.models import get_model
+    from fedjax_dp.models.pfl_cnn import valid_conv
+
+    model = get_model("cnn_pfl_authors", (32, 32, 3), 10, conv_impl="xla")
+    params = model.module.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+    assert sum(leaf.size for leaf in jax.tree_util.tree_leaves(params)) == 797_962
+    x = jax.random.normal(jax.random.key(1), (2, 12, 12, 3))
+    conv = params["params"]["Conv2D_0"]
+    expected = nn.Conv(64, (5, 5), padding="VALID").apply({"params": conv}, x)
+    for impl in ("xla", "im2col"):
+        out = type("Wrap", (nn.Module,), {"__call__": nn.compact(lambda self, v: valid_conv(64, impl, v))})()
+        assert out.apply({"params": {"Conv2D_0": conv}}, x).shape == expected.shape == (2, 8, 8, 64)
+        assert jnp.allclose(out.apply({"params": {"Conv2D_0": conv}}, x), expected, atol=1e-5)
+    assert model.module.apply(params, jnp.zeros((3, 32, 32, 3)), penultimate=True).shape == (3, 192)

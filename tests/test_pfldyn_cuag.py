@@ -562,3 +562,38 @@ def test_the_authors_variant_of_the_config_sets_their_four_choices_and_a_typo_is
         "pfldyn.representation": "penultimate"}
     with pytest.raises(ValueError, match="cuag_pfl_cifar10:author: unknown variant 'author'"):
         fedjax_dp.configs.get("cuag_pfl_cifar10:author")
+
+
+def test_the_noise_scale_sweep_scales_alg4s_sigma_and_its_figure_and_drops_the_papers_claim(tmp_path):
+    """``cuag.sigma_scale`` (issue 78's sweep, sigma x 1, 1/2, ..., 1/16): each round's sigma_t is the schedule's
+    times the factor, the per-round figure the ledger composes follows the noise that ran (a smaller sigma spends
+    more), and the paper's claim, made for the unscaled schedule, is not reported as the run's."""
+    from fedjax_dp.privacy.accounting import gdp
+    from fedjax_dp.privacy.mechanisms.upload_cuag_noise import CuagPaperNoise
+
+    with pytest.warns(UserWarning, match="NO formal"):
+        full, quarter = (CuagPaperNoise(**PAPER_SETTING, sigma_scale=s) for s in (1.0, 0.25))
+    for t in (1, 7, 40):
+        assert quarter.inputs(t)["sigma"] == pytest.approx(0.25 * full.inputs(t)["sigma"])
+    figure = lambda noise: noise.releases(noise.inputs(3))[0].claims[0].mu_squared  # noqa: E731
+    assert figure(quarter) > figure(full)
+    with pytest.raises(ValueError, match="sigma scale"):
+        CuagPaperNoise(**PAPER_SETTING, sigma_scale=0.0)
+
+    runs = {}
+    for scale in (1.0, 0.5):
+        c = _pfl_config("cuag_pfl", **{"cuag.mode": "paper", "cuag.sigma_scale": scale, "compression.enabled": True})
+        with pytest.warns(UserWarning, match="NO formal"):
+            run_experiment(c, str(tmp_path / str(scale)), progress=False)
+        runs[scale] = json.load(open(tmp_path / str(scale) / "privacy.json"))
+    assert runs[1.0]["epsilons"]["paper_claim"] == pytest.approx(gdp.epsilon_from_mu(0.25, c.privacy.delta))
+    assert "paper_claim" not in runs[0.5]["epsilons"] and runs[0.5]["formal"] is False
+    assert runs[0.5]["epsilon"] > runs[1.0]["epsilon"]
+
+
+def test_a_sigma_scale_that_the_calibrated_sound_mode_would_ignore_is_refused():
+    from fedjax_dp.training.config_validation import validate_config
+
+    c = _pfl_config("cuag_pfl", **{"cuag.mode": "sound", "cuag.sigma_scale": 0.5})
+    with pytest.raises(ValueError, match="cuag.sigma_scale=0.5"):
+        validate_config(c)

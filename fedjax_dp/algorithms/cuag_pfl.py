@@ -100,11 +100,11 @@ def parse_sigma(text) -> float | str | None:
 def alg4_sigmas(sigma, cfg, ctx) -> list[float]:
     """sigma_t for t = 1..T: the fixed ``sigma`` or Alg. 4's schedule at the mean client size."""
     if sigma != "schedule":
-        return [float(sigma)]
+        return [float(sigma) * cfg.cuag.sigma_scale]
     size = int(np.mean(ctx.client_sizes)) if ctx.client_sizes else 500
     setting = dict(sampling_rate=ctx.sampling_rate(), batch_size=cfg.client.batch_size, dataset_size=size,
                    local_steps=cfg.pfldyn.local_steps)
-    return [adaptive_gdp.noise_scale(t, cfg.cuag.mu, **setting) for t in range(1, cfg.rounds + 1)]
+    return [adaptive_gdp.noise_scale(t, cfg.cuag.mu, **setting) * cfg.cuag.sigma_scale for t in range(1, cfg.rounds + 1)]
 
 
 def planned_participations(cfg, num_clients: int) -> int:
@@ -127,7 +127,8 @@ def build_cuag(ctx) -> tuple:
                                local_steps=cfg.pfldyn.local_steps,
                                client_mus=tuple(float(m) for m in mus) if heterogeneous else None,
                                client_sizes=ctx.client_sizes, fixed_sigma=sigma if fixed else 0.0,
-                               claimed_mu=0.0 if fixed or heterogeneous else float(c.mu),
+                               sigma_scale=float(c.sigma_scale),
+                               claimed_mu=0.0 if fixed or heterogeneous or c.sigma_scale != 1.0 else float(c.mu),
                                claim_note=paper_note(sigma if fixed else None, mus),
                                details=(("per_client_mu", None if fixed else [float(m) for m in mus]),))
         return algorithm, chain(noise, UniformWeights())
@@ -221,6 +222,11 @@ def check_cuag(cfg, need) -> None:
     need(not c.noise_multiplier or c.mode == "sound",
          f"cuag.noise_multiplier={c.noise_multiplier} applies to cuag.mode='sound' only, got mode {c.mode!r}")
     need(c.sound_noise in SOUND_NOISE, f"cuag.sound_noise {c.sound_noise!r} unknown; use one of {SOUND_NOISE}")
+    need(c.sigma_scale > 0 and math.isfinite(c.sigma_scale), f"cuag.sigma_scale must be a finite number > 0, got "
+         f"{c.sigma_scale}")
+    need(c.sigma_scale == 1.0 or c.mode == "paper" or str(c.sigma).strip(),
+         f"cuag.sigma_scale={c.sigma_scale} scales Alg. 4's sigma: it applies to cuag.mode='paper' or with cuag.sigma "
+         f"set, not to the {c.mode!r} mode's calibrated noise")
     if c.adaptive_clip:
         need(c.mode == "sound", f"cuag.adaptive_clip=True adapts the sound mode's C_l; got cuag.mode={c.mode!r}")
         need(c.count_noise_std > 0, f"cuag.adaptive_clip=True needs cuag.count_noise_std > 0 (each client's local noise "
@@ -268,6 +274,8 @@ SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
                    "sigma_t)",
     "sigma": "CUAG-PFL: Alg. 4's noise 2 C_l sigma / B with sigma fixed (a number) or 'schedule' (sigma_t); C_l the "
              "own norm (paper, no guarantee) or cuag.clip_norm (sound, accounted)",
+    "sigma_scale": "CUAG-PFL: Alg. 4's sigma (fixed or sigma_t) times this factor, the noise-scale sweep (issue 78); "
+                   "in paper mode a scale other than 1 voids the paper's claim (no paper_claim is reported)",
     "adaptive_clip": "CUAG-PFL sound mode: per-layer adaptive quantile clipping (Andrew et al. 2021) from "
                      "cuag.clip_norm, counts noised locally and accounted",
     "target_quantile": "CUAG-PFL adaptive_clip: the quantile gamma of each layer's norms to clip at",
@@ -290,6 +298,7 @@ registry.register_section("cuag", docs=SECTION_DOCS, read_when=(
     "noise_multiplier": 0.0,  # sound mode: > 0 fixes z (sigma) instead of calibrating it; epsilon accounted
     "sound_noise": "constant",  # sound mode, calibrated to mu: constant z | sigma_t (Alg. 4's shape)
     "sigma": "",  # Alg. 4's sigma: "" (mode default), "schedule" (sigma_t) or a fixed number (Table 5)
+    "sigma_scale": 1.0,  # Alg. 4's sigma times this factor (the noise-scale sweep); paper mode and cuag.sigma only
     "adaptive_clip": False,  # sound mode: per-layer adaptive quantile clipping (Andrew et al. 2021) from clip_norm
     "target_quantile": 0.5,  # adaptive_clip: gamma, the quantile of each layer's norms to clip at
     "clip_learning_rate": 0.2,  # adaptive_clip: eta

@@ -9,10 +9,11 @@ from fedjax_dp.models.char_rnn import SequenceModel, char_gru
 from fedjax_dp.models.cnn import FedAvgCNN
 from fedjax_dp.models.logistic import Logistic
 from fedjax_dp.models.mlp import MLP
-from fedjax_dp.models.pfl_cnn import VGG16, PflCNN, check_input_shape
+from fedjax_dp.models.pfl_cnn import VGG16, AuthorsCNN, PflCNN, check_input_shape
 
-MODEL_NAMES = ("logistic", "mlp_2nn", "mlp_600_100", "cnn_fedavg", "cnn_pfl", "vgg16", "vgg16_gn", "char_gru")
-PENULTIMATE_MODELS = ("mlp_2nn", "mlp_600_100", "cnn_fedavg", "cnn_pfl", "vgg16", "vgg16_gn")  # apply(..., penultimate=True)
+MODEL_NAMES = ("logistic", "mlp_2nn", "mlp_600_100", "cnn_fedavg", "cnn_pfl", "cnn_pfl_authors", "vgg16", "vgg16_gn",
+               "char_gru")
+PENULTIMATE_MODELS = ("mlp_2nn", "mlp_600_100", "cnn_fedavg", "cnn_pfl", "cnn_pfl_authors", "vgg16", "vgg16_gn")  # apply(..., penultimate=True)
 
 
 def get_model(
@@ -58,9 +59,10 @@ def _build(name: str, input_shape: tuple[int, ...], num_classes: int, conv_impl:
         return Model(name, MLP((600, 100), num_classes), input_shape, num_classes)
     if name == "cnn_fedavg":
         return Model(name, FedAvgCNN(num_classes, conv_impl), input_shape, num_classes, has_conv=True)
-    if name in ("cnn_pfl", "vgg16", "vgg16_gn"):
+    if name in ("cnn_pfl", "cnn_pfl_authors", "vgg16", "vgg16_gn"):
         check_input_shape(name, input_shape)
         module = (PflCNN(num_classes, conv_impl) if name == "cnn_pfl"
+                  else AuthorsCNN(num_classes, conv_impl) if name == "cnn_pfl_authors"
                   else VGG16(num_classes, conv_impl, group_norm=name == "vgg16_gn"))
         return Model(name, module, input_shape, num_classes, has_conv=True)
     if name == "char_gru":  # input_shape = (sequence_length,), num_classes = vocabulary size

@@ -10,6 +10,11 @@ Table 2 reports 0.8918 GB uplink for PFLDyn(Proto) over 300 rounds x 10 clients,
 classes 79,732. The output is the class logits for the softmax baselines and the representation
 r_W(x) for the prototype transform of PFLDyn(Proto) (its dimension is the class count).
 
+``AuthorsCNN`` (model ``cnn_pfl_authors``) is the CNN of PFLDyn's authors' CIFAR script (Acar et al. 2021's code):
+conv5x5-64, pool, conv5x5-64, pool, dense 384, dense 192, classes, with VALID (unpadded) convolutions as PyTorch's
+default: 797,962 parameters on 32x32x3 with 10 classes, about 11x the upload the seed's traffic implies. Not the
+seed's model; offered to test whether the model's size explains seed 004's gaps (issue 78's GPU grid).
+
 VGG16 here has 15,245,130 parameters for 10 classes (about 15M); it needs square
 inputs whose side is a multiple of 32 (five 2x2 pools), so 28x28 MNIST-like inputs are refused. Its conv and
 hidden dense weights are He-normal (He et al. 2015, Eq. 10: variance 2 / fan_in; torchvision's VGG uses the
@@ -46,6 +51,27 @@ class PflCNN(nn.Module):
             x = max_pool_2x2(x)
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(self.hidden)(x))
+        return x if penultimate else nn.Dense(self.num_outputs)(x)
+
+
+def valid_conv(features: int, impl: str, x):
+    """A 5x5 VALID convolution: the SAME one (any ``Conv2D`` implementation) cropped by 2 on each side, the same
+    values as an unpadded convolution for stride 1."""
+    y = Conv2D(features, (5, 5), impl=impl)(x)
+    return y[:, 2:-2, 2:-2, :]
+
+
+class AuthorsCNN(nn.Module):
+    num_outputs: int
+    conv_impl: str = "xla"
+
+    @nn.compact
+    def __call__(self, x, penultimate: bool = False):
+        for features in (64, 64):
+            x = max_pool_2x2(nn.relu(valid_conv(features, self.conv_impl, x)))
+        x = x.reshape((x.shape[0], -1))
+        for width in (384, 192):
+            x = nn.relu(nn.Dense(width)(x))
         return x if penultimate else nn.Dense(self.num_outputs)(x)
 
 

@@ -49,11 +49,14 @@ class CuagPaperNoise(UploadTransform):
     client_mus: tuple | None = None  # heterogeneous DP: mu_n per population client (Table 8)
     client_sizes: tuple | None = None  # |D_n| per population client (else ``dataset_size`` for all)
     fixed_sigma: float = 0.0  # > 0: Alg. 4's sigma held fixed instead of the sigma_t schedule (Table 5)
+    sigma_scale: float = 1.0  # the noise-scale sweep: every sigma (fixed or sigma_t) times this factor
     claimed_mu: float = 0.0  # > 0: the paper's claim for the whole run (where sigma follows the schedule made for it)
     claim_note: str = ""  # what privacy.json says of the paper's figures
     details: tuple = ()  # (key, value) pairs for privacy.json's accounting
 
     def __post_init__(self):
+        if not (self.sigma_scale > 0 and np.isfinite(self.sigma_scale)):
+            raise ValueError(f"the sigma scale must be a finite number > 0, got {self.sigma_scale!r}")
         if not (self.fixed_sigma >= 0 and np.isfinite(self.fixed_sigma)):
             raise ValueError(f"a fixed Alg. 4 sigma must be a finite number >= 0, got {self.fixed_sigma!r}")
         for mu, size in self._clients():
@@ -84,8 +87,9 @@ class CuagPaperNoise(UploadTransform):
 
     def _sigmas(self, round_index: int) -> list[float]:
         if self.fixed_sigma:
-            return [float(self.fixed_sigma)] * len(self._clients())
-        return [adaptive_gdp.noise_scale(round_index, mu, **self.setting(size)) for mu, size in self._clients()]
+            return [float(self.fixed_sigma) * self.sigma_scale] * len(self._clients())
+        return [adaptive_gdp.noise_scale(round_index, mu, **self.setting(size)) * self.sigma_scale
+                for mu, size in self._clients()]
 
     def inputs(self, round_index: int) -> dict:
         sigmas = self._sigmas(round_index)

@@ -64,8 +64,9 @@ def variants(k: int, wanted=VARIANTS):
             ("poisson_median", "DP, Poisson q=m/K, PLD, median clip (paper's rule, formal: false)", f"{k}:poisson",
              {"dp.clip": "median"})]
     if k == 100:
-        rows.append(("fedavg", "non-DP FedAvg (reference)", f"{k}",
-                     {"algorithm": "fedavg", "rounds": 100, "dp": default_config().dp}))
+        rows.append(("fedavg", "non-DP FedAvg (reference)", f"{k}",  # no DP: neither the dp nor the privacy section
+                     {"algorithm": "fedavg", "rounds": 100, "dp": default_config().dp,
+                      "privacy": default_config().privacy}))
     return [row[1:] for row in rows if row[0] in wanted]
 
 

@@ -35,3 +35,16 @@ def test_a_bad_run_anywhere_stops_the_script_before_any_run(script, argv, messag
         module.main()
     assert exited.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_every_run_of_geyers_table_passes_the_preflight_including_the_non_private_reference(tmp_path):
+    """The non-DP FedAvg reference at K = 100 kept the DP config's privacy section (Geyer's stop rule), which
+    FedAvg does not read, so the preflight refused the whole grid; every variant of every K must validate."""
+    module = load_experiment("geyer_table1")
+    from fedjax_dp.training.config_validation import validate_config
+
+    class Args:
+        data_dir, max_rounds = str(tmp_path), 10
+    for k in (100, 1000, 10000):
+        for name, spec, overrides in module.variants(k, module.VARIANTS):
+            validate_config(module.run_config(Args, spec, overrides))  # raises, naming the key, on a bad one

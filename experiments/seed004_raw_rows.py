@@ -25,7 +25,7 @@ EVALUATION_KEYS = ("personalized_accuracy", "client_accuracy")
 # The settings that tell a table's runs apart beyond its row (a --set learning rate, model, noise mode, rates).
 CONFIG_KEYS = ("seed", "algorithm", "model.name", "client.learning_rate", "cuag.mode", "compression.enabled",
                "compression.rates", "compression.r_min", "compression.r_max", "compression.refresh", "compression.signs",
-               "compression.error_feedback", "engine.unroll", "cuag.sigma", "cuag.clip_norm", "cuag.adaptive_clip",
+               "compression.error_feedback", "engine.unroll", "cuag.sigma", "cuag.sigma_scale", "cuag.clip_norm", "cuag.adaptive_clip",
                "cuag.count_noise_std", "data.source", "data.normalize", "data.augment", "client.grad_clip_norm", "pfldyn.server_mean",
                "pfldyn.representation")
 

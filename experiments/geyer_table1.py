@@ -132,9 +132,12 @@ def main():
             run = {"K": k, "variant": name, "seed": seed, "formal": summary.formal, "ACC": summary.best_accuracy, "CR": summary.best_round,
                    "CC": summary.best_round * m if summary.best_round > 0 else 0, "rounds_run": summary.rounds,
                    "CC_total": summary.client_updates, "epsilon": summary.epsilon, "delta": cfg.privacy.delta,
-                   "stopped_by_budget": summary.stopped_early, "seconds": time.perf_counter() - start}
+                   "stopped_by_budget": summary.stopped_early, "stop_reason": summary.stop_reason,
+                   "seconds": time.perf_counter() - start,
+                   "evaluations": [{k: r[k] for k in ("round", "test_accuracy", "epsilon", "clip_norm") if k in r}
+                                   for r in rows if "test_accuracy" in r]}
             report["runs"].append(run)
-            print(json.dumps(run), flush=True)
+            print(json.dumps({k: v for k, v in run.items() if k != "evaluations"}), flush=True)
             with open(os.path.join(args.out, "table1.json"), "w") as f:  # after every run: a crash keeps the rows
                 f.write(strict_json(report, indent=2))
     with open(os.path.join(args.out, "table1.json"), "w") as f:

@@ -110,3 +110,22 @@ def test_the_seeds_summary_pairs_each_difference_by_seed_with_a_t_interval(tmp_p
     path.write_text(json.dumps(rows))
     with pytest.raises(ValueError, match="two rows for ldp at epsilon 1, seed 2"):
         seeds.main([str(path)])
+
+
+def test_the_alpha_summary_pairs_each_alpha_with_alpha_one_and_with_the_plain_mean_by_seed(tmp_path):
+    """``experiments/seed003_alpha.py``: per (partition, epsilon, alpha) the means, the history term's paired
+    difference against alpha = 1 and the correlation weighting's against the plain mean, both by seed."""
+    alpha_script = load_experiment("seed003_alpha")
+    documents = []
+    for seed, (at_one, at_half, mean_half) in enumerate([(0.60, 0.50, 0.55), (0.70, 0.62, 0.66), (0.65, 0.55, 0.61)]):
+        for alpha, ldp, plain in ((1.0, at_one, at_one + 0.02), (0.5, at_half, mean_half)):
+            documents.append({"args": {"partition": "shards", "alpha": alpha, "seed": seed},
+                              "rows": [row("ldp", 4.0, ldp), row("ldp_mean", 4.0, plain)]})
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps({"runs": documents}))
+    rows = {r["alpha"]: r for r in alpha_script.main([str(path)])}
+    assert rows[0.5]["history"][0] == pytest.approx(-0.0933, abs=1e-4) and rows[0.5]["history"][2] == 3
+    assert rows[0.5]["correlation"][0] == pytest.approx(-0.05) and rows[1.0]["history"] is None
+    assert rows[1.0]["correlation"][0] == pytest.approx(-0.02)
+    with pytest.raises(ValueError, match="two rows"):
+        alpha_script.accuracies(documents + documents[:1])

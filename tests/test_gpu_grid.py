@@ -14,7 +14,7 @@ import gpu_grid  # noqa: E402
 
 def test_every_cell_is_named_once_resumes_and_reads_the_data_root():
     names = [c.name for c in gpu_grid.CELLS]
-    assert len(names) == len(set(names)) == 54
+    assert len(names) == len(set(names)) == 57
     for cell in gpu_grid.CELLS:
         cmd = gpu_grid.command(cell, "/o", "/data")
         assert cmd[-1] in ("--resume", "--reuse") and cmd[cmd.index("--out") + 1] == f"/o/{cell.name}"

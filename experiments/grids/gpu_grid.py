@@ -10,7 +10,8 @@ machine); a cell whose raw rows exist is skipped.
 
 Cells (seeds 0, 1, 2 each):
   seed 004, Table 2 at 300 rounds (CIFAR-10 ACID3): CUAG-PFL paper mode with Alg. 4's sigma x 1, 1/2, 1/4, 1/8,
-    1/16 (``cuag.sigma_scale``), with sigma fixed at 0.45, the sound mode, compression alone, PFLDyn(Proto), and
+    1/16 (``cuag.sigma_scale``), with sigma fixed at 0.45, the sound mode, compression alone, PFLDyn(Proto), FedAvg
+    scored by prototype adaptation as SCAFFOLD is (``eval_prototypes``; the global model's accuracy beside it), and
     PFLDyn(Proto) and paper mode on the PFLDyn authors' 0.8M-parameter CNN (``model.name=cnn_pfl_authors``);
   seed 002 at the paper's scale: FEMNIST (E = 5, B = 64, lr 0.002, 500 rounds) for every method, UGA's server rate
     eta_g swept over 0.002, 0.01, 0.05, 0.2, 1 and ``uga.gradient_reduction=sum_of_batch_means``, and Shakespeare
@@ -60,6 +61,7 @@ def seed004_cells() -> list[Cell]:
                  ("t2_sound", ("--only", "CUAG-PFL (sound mode, mu 0.25)"), (), 3),
                  ("t2_compression_alone", paper, ("cuag.mode=none",), 3),
                  ("t2_pfldyn", ("--only", "PFLDyn(Proto)"), (), 3),
+                 ("t2_fedavg_prototypes", ("--only", "FedAvg"), ("eval_prototypes=True",), 4),
                  ("t2_pfldyn_authors_cnn", ("--only", "PFLDyn(Proto)"), ("model.name=cnn_pfl_authors",), 6),
                  ("t2_paper_authors_cnn", paper, ("model.name=cnn_pfl_authors",), 6)]
     return [Cell(f"{name}_s{seed}", "seed004_tables.py", base + only + ("--seed", str(seed))

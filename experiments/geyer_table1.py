@@ -50,19 +50,35 @@ def rounds_until_stop(k: int, m: int, q_budget: float, sampling: str, kind: str,
     return low
 
 
-VARIANTS = ("fixed", "fixed_z2", "poisson", "poisson_median", "fedavg")
+VARIANTS = ("fixed", "fixed_z2", "poisson", "poisson_median", "poisson_cc", "poisson_cc_median", "poisson_ramp", "fedavg")
+PAPER_CC = {100: (550, 11), 1000: (11_880, 54), 10000: (209_500, 412)}
+"""The paper's Table 1 CC (client updates to the best round) and CR (that round): their ratio is the clients it
+averaged per round, m_t on average (50, 220 and 508), the only trace of its m_t schedule the paper gives."""
+RAMP = "1:0.3,4:0.5,8:0.7"  # K = 100: m_t rising 30 -> 50 -> 70 (mean 52 over 10 rounds), a schedule the CC allows
 
 
 def variants(k: int, wanted=VARIANTS):
     """(key, name, ``geyer_mnist`` argument, config overrides) trained for one K, those in ``wanted``.
 
     ``poisson_median`` is the paper's own clip rule (S = the median of the round's raw update norms, Geyer et
-    al. 2017 Sec. 3) on the sound Poisson row: the noise is accounted, the threshold is not (``formal: false``)."""
+    al. 2017 Sec. 3) on the sound Poisson row: the noise is accounted, the threshold is not (``formal: false``).
+    ``poisson_cc`` samples at the rate the paper's CC / CR implies (``PAPER_CC``), ``poisson_cc_median`` with the
+    median clip too, ``poisson_ramp`` (K = 100) a rising m_t schedule of the same mean (``sampling.rate_schedule``,
+    each round accounted at its own q_t; fixed clip: the adaptive clip's count assumes one expected cohort)."""
+    cc, cr = PAPER_CC.get(k, (1, 1))  # another K is refused by geyer_mnist.get_config, naming it
+    cc_rate = min(1.0, round(cc / cr / k, 4))
     rows = [("fixed", "DP, fixed m, RDP (authors' sampling, sound accounting)", f"{k}", {}),
             ("fixed_z2", "DP, fixed m, z=2, RDP (same effective noise as Poisson z=1)", f"{k}", {"dp.noise_multiplier": 2.0}),
             ("poisson", "DP, Poisson q=m/K, PLD", f"{k}:poisson", {}),
             ("poisson_median", "DP, Poisson q=m/K, PLD, median clip (paper's rule, formal: false)", f"{k}:poisson",
-             {"dp.clip": "median"})]
+             {"dp.clip": "median"}),
+            ("poisson_cc", f"DP, Poisson q={cc_rate:g} (the paper's CC / CR / K), PLD", f"{k}:poisson",
+             {"sampling.rate": cc_rate}),
+            ("poisson_cc_median", f"DP, Poisson q={cc_rate:g}, PLD, median clip (formal: false)", f"{k}:poisson",
+             {"sampling.rate": cc_rate, "dp.clip": "median"})]
+    if k == 100:
+        rows.append(("poisson_ramp", f"DP, Poisson q_t {RAMP}, PLD, fixed clip S = 1", f"{k}:poisson",
+                     {"sampling.rate_schedule": RAMP, "dp.clip": "fixed"}))
     if k == 100:
         rows.append(("fedavg", "non-DP FedAvg (reference)", f"{k}",  # no DP: neither the dp nor the privacy section
                      {"algorithm": "fedavg", "rounds": 100, "dp": default_config().dp,

@@ -234,3 +234,56 @@ def test_a_calibrated_run_says_what_z_was_calibrated_to_beside_the_realised_epsi
     line = next(row for row in summary.format().splitlines() if row.startswith("calibrated"))
     assert "epsilon 4 for a client taking part in every one of the 3 rounds" in line
     assert f"realised max over clients {summary.epsilon:.4g}" in line
+
+
+def test_a_sampling_rate_schedule_divides_round_t_by_its_own_q_t_k():
+    """Geyer et al.'s 1 / m_t: with a denominator schedule the round divides the sum by D_t (a traced input: one
+    program), so round 2 of ((1, 10), (2, 20)) equals a constant D = 20 and moves half as far as round 1."""
+    from fedjax_dp.core.uploads import chain, fixed_denominator
+
+    model = get_model("logistic", (4, 4, 1), 3)
+    params = model.init(jax.random.key(0))
+    data = random_client_data(np.random.default_rng(0), [6] * 4)
+    x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
+    cohort = pack_cohort(x, y, [np.arange(6 * k, 6 * k + 6) for k in range(4)], 3, 1, np.random.default_rng(1))
+
+    def step(denominators, round_index):
+        fedavg = FederatedRound(FedAvg(model.per_example_loss, optax.sgd(0.1)), uploads=chain(denominators))
+        state = fedavg.init(params)
+        new = fedavg(state, cohort, jax.random.key(3), round_index=round_index).state.params
+        return [np.asarray(a) - np.asarray(b) for a, b in zip(jax.tree_util.tree_leaves(new),
+                                                                jax.tree_util.tree_leaves(params))]
+
+    scheduled = fixed_denominator(10.0, ((1, 10.0), (2, 20.0)))
+    first, second = step(scheduled, 1), step(scheduled, 2)
+    for one, two, constant in zip(first, second, step(fixed_denominator(20.0), 1)):
+        np.testing.assert_allclose(two, constant, atol=1e-7)  # float32 rounding of w + delta (parameters ~ 1)
+        np.testing.assert_allclose(two, one / 2, atol=1e-7)
+    assert max(float(np.abs(d).max()) for d in first) > 1e-3  # the round moved the model
+
+
+def test_a_rate_schedule_samples_and_accounts_each_round_at_its_own_rate(tmp_path):
+    """``sampling.rate_schedule='1:0.1,4:0.3'``: rounds 1-3 draw about q K = 50 of the 500 clients, rounds 4-6 about
+    150, and the epsilon is dp_accounting's composition of 3 rounds at q = 0.1 and 3 at q = 0.3; calibrating one z to
+    the schedule, or an adaptive clip's fixed expected count, is refused by name before any data is loaded."""
+    import json
+
+    from fedjax_dp.experiment import Experiment
+    from fedjax_dp.privacy import Accountant, RoundEvent
+
+    overrides = {"rounds": 6, "privacy.target_epsilon": 0.0, "dp.noise_multiplier": 1.0, "dp.clip": "fixed",
+                 "sampling.rate_schedule": "1:0.1,4:0.3"}
+    summary = Experiment("dp_fedavg_mnist", overrides).run(str(tmp_path), overwrite=True, progress=False)
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    sizes = [r["cohort_size"] for r in rows if "cohort_size" in r]
+    assert max(sizes[:3]) < 90 < 110 < min(sizes[3:])
+    want = Accountant("pld").compose(RoundEvent("poisson", 1.0, sampling_rate=0.1), 3)
+    want.compose(RoundEvent("poisson", 1.0, sampling_rate=0.3), 3)
+    assert summary.formal and summary.epsilon == pytest.approx(want.epsilon(1e-5), rel=1e-9)
+    assert json.load(open(tmp_path / "privacy.json"))["sampling_rates"] == [0.1, 0.3]
+    for bad, key in ((dict(overrides, **{"privacy.target_epsilon": 4.0}), "privacy.target_epsilon"),
+                     (dict(overrides, **{"dp.clip": "adaptive"}), "dp.clip='adaptive'"),
+                     (dict(overrides, **{"sampling.rate_schedule": "2:0.1"}), "must start at round 1"),
+                     (dict(overrides, **{"sampling.rate_schedule": "1:1.5"}), "every q must lie in (0, 1]")):
+        with pytest.raises(ValueError, match=key.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+            Experiment("dp_fedavg_mnist", bad)

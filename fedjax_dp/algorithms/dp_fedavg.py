@@ -83,7 +83,7 @@ def dp_uploads(ctx) -> Chain:
     adaptive = dp.clip in ("adaptive", "per_layer_adaptive")
     noise = GaussianNoise(noise_schedule(ctx), local=dp.noise_mode == "local",
                           count_noise_std=count_noise_std if adaptive else 0.0, details=calibration(ctx))
-    return chain(UpdateStatistics(), clip, noise, fixed_denominator(denominator))
+    return chain(UpdateStatistics(), clip, noise, fixed_denominator(denominator, ctx.denominators()))
 
 
 def correlated_noise(ctx) -> CorrelatedNoise:

@@ -93,8 +93,15 @@ def check_dp(cfg, need) -> None:
          "client noises itself) with local noise")
     need(not (p.target_epsilon and dp.noise_schedule),
          f"privacy.target_epsilon={p.target_epsilon} and dp.noise_schedule={dp.noise_schedule!r} both choose z; set one")
+    rate_schedule = cfg.sampling.get("rate_schedule", "") if cfg.sampling.method == "poisson" else ""
+    if rate_schedule:
+        need(not p.target_epsilon, f"privacy.target_epsilon={p.target_epsilon} calibrates one z for a constant rate; "
+                                   f"with sampling.rate_schedule={rate_schedule!r} set dp.noise_multiplier")
+        need(dp.clip not in ("adaptive", "per_layer_adaptive"),
+             f"dp.clip={dp.clip!r} estimates its quantile against a fixed expected count; with "
+             f"sampling.rate_schedule={rate_schedule!r} use dp.clip='fixed', 'per_layer' or 'median'")
     valid = 0 < p.delta < 1 and p.accountant in ACCOUNTANTS
-    if p.target_epsilon > 0 and valid and cfg.rounds >= 1 and cfg.data.num_clients >= 1:
+    if p.target_epsilon > 0 and valid and cfg.rounds >= 1 and cfg.data.num_clients >= 1 and not rate_schedule:
         try:  # cached: the build calibrates with the same arguments
             calibrated_noise_multiplier(cfg, cfg.data.num_clients)
         except ValueError as error:

@@ -67,6 +67,12 @@ class BuildContext:
         from fedjax_dp.privacy.accounting.client_sampling import client_sampler
         return client_sampler(self.cfg.sampling, self.num_clients).expected_cohort()
 
+    def denominators(self) -> tuple:
+        """((first round, D_t), ...) where the fixed denominator follows a sampling-rate schedule, else ()."""
+        from fedjax_dp.privacy.accounting.client_sampling import client_sampler
+        sampler = client_sampler(self.cfg.sampling, self.num_clients)
+        return sampler.denominators() if hasattr(sampler, "denominators") else ()
+
     def sampling_rate(self) -> float:
         """lambda: the chance that a given client is in a round's cohort."""
         return self.expected_cohort() / self.num_clients

@@ -229,7 +229,10 @@ class FederatedRound:
                 metrics.update(transform_metrics)
             weight = sums["weight"]
             fixed = weighting is not None and weighting.denominator > 0
-            denominator = jnp.float32(weighting.denominator) if fixed else jnp.maximum(weight, 1e-12)
+            if fixed and weighting.schedule:  # D_t of a rate schedule, a traced input
+                denominator = inputs[list(uploads).index(weighting)]["denominator"]
+            else:
+                denominator = jnp.float32(weighting.denominator) if fixed else jnp.maximum(weight, 1e-12)
             aggregate = Aggregate(total, denominator, jnp.sum(kept), fixed)
             new_state, algorithm_metrics = algorithm.server_update(state.replace(uploads=tuple(new_states)), aggregate,
                                                                    key)

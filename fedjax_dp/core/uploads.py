@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.core.release import Claim, Release  # noqa: F401  (re-exported: transforms state releases)
+from fedjax_dp.core.schedules import schedule_value
 
 UNBOUNDED = math.inf
 
@@ -143,18 +144,26 @@ class UniformWeights(UploadTransform):
 
     kind: ClassVar[str] = "weighting"
     denominator: float = 0.0  # > 0: fixed (DP-FedAvg's m or qK, never the realised count)
+    schedule: tuple = ()  # ((first round, D_t), ...): a fixed denominator per round (q_t K of a rate schedule)
 
     def __post_init__(self):
         if not self.denominator >= 0:
             raise ValueError(f"fixed denominator must be > 0 (0 = count of kept clients), got {self.denominator}")
+        if self.schedule and not (self.denominator > 0 and all(d > 0 for _, d in self.schedule)):
+            raise ValueError(f"a denominator schedule needs fixed denominators > 0, got {self.schedule!r}")
+
+    def inputs(self, round_index: int) -> dict:
+        """Round t's fixed denominator D_t where it follows a schedule (traced: one program for every D_t)."""
+        return {"denominator": schedule_value(self.schedule, round_index)} if self.schedule else {}
 
 
-def fixed_denominator(denominator: float) -> UniformWeights:
+def fixed_denominator(denominator: float, schedule: tuple = ()) -> UniformWeights:
     """Geyer et al. / McMahan et al. 2018: divide the clipped sum by a FIXED D (m for fixed-size
-    sampling, qK for Poisson sampling), so the realised cohort size is never released."""
+    sampling, qK for Poisson sampling), so the realised cohort size is never released; ``schedule``
+    ((first round, D_t), ...): Geyer et al.'s 1 / m_t with m_t = q_t K of a sampling-rate schedule."""
     if not denominator > 0:
         raise ValueError(f"fixed denominator must be > 0, got {denominator}")
-    return UniformWeights(float(denominator))
+    return UniformWeights(float(denominator), tuple((int(t), float(d)) for t, d in schedule))
 
 
 def _traced_input(value):

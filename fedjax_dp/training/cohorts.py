@@ -32,8 +32,8 @@ def poisson_slots(rate: float, num_clients: int, drawn: int) -> int:
 
 def cohort_slots(cfg, num_clients: int, drawn: int) -> int | None:
     """The capacity a round's cohort is packed into, where cohorts vary in size (None: exactly the cohort)."""
-    if cfg.sampling.method == "poisson":
-        return poisson_slots(cfg.sampling.rate, num_clients, drawn)
+    if cfg.sampling.method == "poisson":  # the largest rate of a schedule: one capacity, one program
+        return poisson_slots(client_sampler(cfg.sampling, num_clients).max_rate, num_clients, drawn)
     sampler = client_sampler(cfg.sampling, num_clients)
     return sampler.slots(drawn) if isinstance(sampler, ParticipationSampling) else None
 

@@ -90,6 +90,9 @@ GENERIC_DOCS = {
                             "(and the fixed denominator)",
     "sampling.rate": "poisson sampling: probability q that a client takes part in a round; cyclic_poisson: that a "
                      "member of the round's group does",
+    "sampling.rate_schedule": "poisson sampling: per-round rates '1:q1,t2:q2,...' (from round t on, replacing "
+                              "sampling.rate; Geyer et al. 2017's m_t = q_t K), each round accounted at its own q_t; "
+                              "DP-FedAvg divides by q_t K",
     "sampling.min_separation": "b: min_separation: the fewest rounds between two of one client's; cyclic schemes: "
                                "the number of groups",
     "sampling.max_participations": "k: min_separation: a client's most rounds (0 = as many as b and the rounds allow)",

@@ -12,6 +12,7 @@ import fedjax_dp.algorithms  # noqa: F401  (registers every algorithm)
 from fedjax_dp.algorithms import registry
 from fedjax_dp.core import hosts
 from fedjax_dp.core.cohort import STRATEGIES
+from fedjax_dp.core.schedules import parse_schedule
 from fedjax_dp.core.deferred_dense import DEFERRED_DENSE_MODES as DEFERRED_DENSE
 from fedjax_dp.data.builders import NATURAL_SOURCES, PARTITIONS, SOURCES
 from fedjax_dp.data.augmentation import AUGMENTATIONS, FLIPPABLE_SOURCES
@@ -147,6 +148,12 @@ def _validate_sampling(cfg, need) -> None:
              f"sampling.cohort_size must lie in [1, data.num_clients={clients}], got {s.cohort_size}")
     if s.method in ("poisson", "cyclic_poisson"):
         need(0 < s.rate <= 1, f"sampling.rate q must lie in (0, 1], got {s.rate}")
+        if s.method == "poisson" and s.rate_schedule:
+            try:
+                for _, q in parse_schedule(s.rate_schedule, s.rate, key="sampling.rate_schedule", unit="q"):
+                    need(0 < q <= 1, f"sampling.rate_schedule={s.rate_schedule!r}: every q must lie in (0, 1], got {q}")
+            except ValueError as error:
+                need(False, str(error))
     if s.method in ("min_separation", "cyclic", "cyclic_poisson"):
         need(isinstance(s.min_separation, int) and 1 <= s.min_separation <= max(cfg.rounds, 1),
              f"sampling.min_separation b must be an integer in [1, rounds={cfg.rounds}], got {s.min_separation!r}")

@@ -54,6 +54,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.sampling = ml_collections.ConfigDict(dict(
         method="uniform",       # uniform | poisson | min_separation | single | cyclic | cyclic_poisson
         cohort_size=10, rate=0.1,
+        rate_schedule="",       # poisson: "1:0.3,6:0.5" (q_t from that round on, replacing rate; Geyer et al.'s m_t)
         min_separation=1,       # b: rounds between two of a client's (min_separation); groups (cyclic)
         max_participations=0,   # k: a client's most rounds under min_separation (0 = as b and the rounds allow)
         check_in_rate=1.0))     # min_separation / single: the chance a client checks in (is available) in a round

@@ -156,7 +156,8 @@ def run_title(cfg, dataset_name: str, num_clients: int, report=None) -> str:
     """A figure title naming the setting and its privacy parameters: algorithm, model, data, K, the
     cohort (m, or Poisson q), E and B, and with privacy z, S, epsilon, delta and the accountant."""
     s = cfg.sampling
-    cohort = f"m={s.cohort_size}" if s.method == "uniform" else f"Poisson q={s.rate:g}"
+    cohort = (f"m={s.cohort_size}" if s.method == "uniform" else f"Poisson q_t={s.rate_schedule}"
+              if s.get("rate_schedule", "") and s.method == "poisson" else f"Poisson q={s.rate:g}")
     title = (f"{cfg.algorithm}: {cfg.model.name} on {dataset_name}, K={num_clients}, {cohort}, "
              f"E={cfg.client.epochs}, B={cfg.client.batch_size}")
     if report is None:

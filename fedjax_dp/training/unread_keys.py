@@ -20,6 +20,7 @@ READ_ONLY_WHEN = (
     # (key, the key that decides, the values under which the first key is read)
     ("sampling.cohort_size", "sampling.method", ("uniform", "min_separation", "single")),
     ("sampling.rate", "sampling.method", ("poisson", "cyclic_poisson")),
+    ("sampling.rate_schedule", "sampling.method", ("poisson",)),
     ("sampling.min_separation", "sampling.method", ("min_separation", "cyclic", "cyclic_poisson")),
     ("sampling.max_participations", "sampling.method", ("min_separation",)),
     ("sampling.check_in_rate", "sampling.method", ("min_separation", "single")),

@@ -4,7 +4,9 @@ was, so sampling and accounting cannot be mismatched (issue 19: uniform sampling
 reported epsilon 1.66 where 8 was spent).
 
 * ``PoissonSampling(K, q)``: each client joins independently with probability q; add/remove-one
-  neighbours, sensitivity S; divide the sum by the fixed q K.
+  neighbours, sensitivity S; divide the sum by the fixed q K. With ``schedule`` ((first round, q_t), ...), round t
+  samples at q_t (Geyer et al. 2017's m_t = q_t K, adapted over training): each round is still a Poisson-subsampled
+  Gaussian, at its own rate, and the accountant composes the rounds' different events.
 * ``FixedSizeSampling(K, m)``: exactly m distinct clients; replace-one neighbours, sensitivity 2S (the
   clipped sum changes by up to 2S when one client's data is replaced): about twice the noise of
   Poisson sampling for the same epsilon.
@@ -16,6 +18,7 @@ import dataclasses
 
 import numpy as np
 
+from fedjax_dp.core.schedules import parse_schedule, schedule_value
 from fedjax_dp.data import sampling
 from fedjax_dp.privacy.accounting.accountant import RoundEvent, calibrate_noise_multiplier
 from fedjax_dp.privacy.accounting.participation_sampling import ParticipationSampling
@@ -26,21 +29,39 @@ from fedjax_dp.privacy.correlated.participation import SCHEMES, Participation
 class PoissonSampling:
     num_clients: int
     rate: float
+    schedule: tuple = ()  # ((first round, q_t), ...) from round 1; empty: q in every round
 
     def __post_init__(self):
-        if not 0 < self.rate <= 1:
-            raise ValueError(f"sampling rate q must lie in (0, 1], got rate={self.rate}")
+        for q in (self.rate, *(q for _, q in self.schedule)):
+            if not 0 < q <= 1:
+                raise ValueError(f"sampling rate q must lie in (0, 1], got rate={q}")
+        if self.schedule and self.schedule[0][0] != 1:
+            raise ValueError(f"a sampling-rate schedule starts at round 1, got {self.schedule!r}")
         if self.num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {self.num_clients}")
 
+    def rate_at(self, t: int | None) -> float:
+        """q_t, the rate of round t (``rate`` without a schedule, or where t is not given)."""
+        return schedule_value(self.schedule, t) if self.schedule and t is not None else self.rate
+
+    @property
+    def max_rate(self) -> float:
+        """The largest q any round samples at (what a round's packed cohort must hold)."""
+        return max(q for _, q in self.schedule) if self.schedule else self.rate
+
     def sample(self, rng: np.random.Generator, eligible: np.ndarray | None = None, t: int = 1) -> np.ndarray:
-        return sampling.poisson(self.num_clients, self.rate, rng, eligible)
+        return sampling.poisson(self.num_clients, self.rate_at(t), rng, eligible)
 
-    def expected_cohort(self) -> float:
-        return self.rate * self.num_clients
+    def expected_cohort(self, t: int | None = None) -> float:
+        """q_t K: the fixed denominator of round t (of round 1 where t is not given)."""
+        return self.rate_at(t if t is not None else 1) * self.num_clients
 
-    def round_event(self, noise_multiplier: float) -> RoundEvent:
-        return RoundEvent("poisson", noise_multiplier, sampling_rate=self.rate)
+    def denominators(self) -> tuple:
+        """((first round, q_t K), ...): the schedule of fixed denominators (empty without a rate schedule)."""
+        return tuple((t, q * self.num_clients) for t, q in self.schedule)
+
+    def round_event(self, noise_multiplier: float, t: int | None = None) -> RoundEvent:
+        return RoundEvent("poisson", noise_multiplier, sampling_rate=self.rate_at(t))
 
     def calibrate(self, target_epsilon: float, delta: float, rounds: int, accountant: str = "pld") -> float:
         """The least noise multiplier z whose ``rounds`` rounds spend ``target_epsilon`` at ``delta``.
@@ -53,7 +74,10 @@ class PoissonSampling:
         >>> round(Accountant("pld").compose(sampler.round_event(z), count=100).epsilon(1e-5), 3)
         2.0
         """
-        return calibrate_noise_multiplier(target_epsilon, delta, rounds, "poisson", sampling_rate=self.rate,
+        if len(self.schedule) > 1:
+            raise ValueError("calibrating one noise multiplier to a sampling-rate schedule is not supported: set "
+                             "dp.noise_multiplier (the accountant composes each round at its own rate)")
+        return calibrate_noise_multiplier(target_epsilon, delta, rounds, "poisson", sampling_rate=self.rate_at(1),
                                           kind=accountant)
 
 
@@ -98,4 +122,6 @@ def client_sampler(sampling_cfg, num_clients: int) -> PoissonSampling | FixedSiz
                                      float(sampling_cfg.check_in_rate))
     if sampling_cfg.method == "uniform":
         return FixedSizeSampling(num_clients, sampling_cfg.cohort_size)
-    return PoissonSampling(num_clients, sampling_cfg.rate)
+    schedule = parse_schedule(sampling_cfg.get("rate_schedule", ""), sampling_cfg.rate, key="sampling.rate_schedule",
+                              unit="q") if sampling_cfg.get("rate_schedule", "") else ()
+    return PoissonSampling(num_clients, sampling_cfg.rate, schedule)

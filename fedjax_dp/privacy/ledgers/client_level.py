@@ -104,7 +104,7 @@ class CentralLedger:
         if self.fixed:  # m drawn from the clients still eligible, not from all K
             eligible = int(self.eligible(t, releases).sum())
             return self.sampler.round_event(z, population=max(eligible, self.sampler.cohort_size))
-        return self.sampler.round_event(z)
+        return self.sampler.round_event(z, t)
 
     def eligible(self, t: int, releases: list[Release]) -> np.ndarray:
         return self.clients.eligible(self.multiplier(releases))
@@ -118,7 +118,7 @@ class CentralLedger:
             accountant.compose(event)
         self.clients.record(client_ids, event.noise_multiplier)
         self.noise_used.append(event.noise_multiplier)
-        self.rates_used.append(event.cohort_size / event.population if self.fixed else self.sampler.rate)
+        self.rates_used.append(event.cohort_size / event.population if self.fixed else event.sampling_rate)
 
     def epsilon(self) -> float:
         return self.accountants[self.settings.accountant].epsilon(self.settings.delta) if self.noise_used else 0.0
@@ -134,7 +134,7 @@ class CentralLedger:
         epsilons = {kind: (acc.epsilon(delta) if rounds else 0.0) for kind, acc in self.accountants.items()}
         z = self.noise_used
         if rounds and min(z) > 0 and not self.fixed:
-            mu = math.sqrt(sum(gdp.mu_clt(self.sampler.rate, zt, 1) ** 2 for zt in z))
+            mu = math.sqrt(sum(gdp.mu_clt(qt, zt, 1) ** 2 for qt, zt in zip(self.rates_used, z)))
             epsilons["gdp_clt_approximation"] = gdp.epsilon_from_mu(mu, delta)
         notes = []
         if self.fixed:
@@ -195,7 +195,7 @@ class LocalLedger:
         local = accounted([r for r in releases if r.locality == "local"])
         self.noise_used.append(float(combine(np.array([[r.noise_multiplier] for r in local]))[0]))
         fixed = isinstance(self.sampler, FixedSizeSampling)
-        self.rates_used.append(self.sampler.cohort_size / self.sampler.num_clients if fixed else self.sampler.rate)
+        self.rates_used.append(self.sampler.cohort_size / self.sampler.num_clients if fixed else self.sampler.rate_at(t))
 
     def epsilons(self) -> np.ndarray:
         return self.clients.epsilons()

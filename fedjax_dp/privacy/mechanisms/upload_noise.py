@@ -19,32 +19,10 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.core import rng, tree
+from fedjax_dp.core.schedules import parse_schedule, schedule_value  # noqa: F401  (re-exported)
 from fedjax_dp.core.uploads import ClientContext, Flow, Release, ServerContext, UploadTransform
 from fedjax_dp.privacy.mechanisms import clipping
 from fedjax_dp.privacy.mechanisms.gaussian import add_gaussian_noise
-
-
-def parse_schedule(text: str, default: float) -> tuple[tuple[int, float], ...]:
-    """'1:1.0,50:0.8' -> ((1, 1.0), (50, 0.8)) (value from that round on); '' -> constant default."""
-    if not text:
-        return ((1, float(default)),)
-    pairs = []
-    for item in text.split(","):
-        parts = item.split(":")
-        if len(parts) != 2:
-            raise ValueError(f"dp.noise_schedule={text!r}: each item must be 'round:z', got {item!r}")
-        try:
-            pairs.append((int(parts[0]), float(parts[1])))
-        except ValueError:
-            raise ValueError(f"dp.noise_schedule={text!r}: {item!r} is not 'round:z' (an integer and a number)") from None
-    if pairs[0][0] != 1 or any(b[0] <= a[0] for a, b in zip(pairs, pairs[1:])):
-        raise ValueError(f"dp.noise_schedule={text!r} must start at round 1 with increasing rounds")
-    return tuple(pairs)
-
-
-def schedule_value(schedule: tuple, round_index: int) -> float:
-    """The value of a piecewise-constant ``((start round, value), ...)`` schedule in round t."""
-    return [v for start, v in schedule if start <= round_index][-1]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -146,7 +146,7 @@ def main():
             rows = results.read_metrics(workdir)
             curves[f"K={k} {name} seed {seed}"] = rows
             run = {"K": k, "variant": name, "seed": seed, "formal": summary.formal, "ACC": summary.best_accuracy, "CR": summary.best_round,
-                   "CC": summary.best_round * m if summary.best_round > 0 else 0, "rounds_run": summary.rounds,
+                   "CC": sum(r.get("cohort_size", 0) for r in rows if 0 < r["round"] <= summary.best_round), "rounds_run": summary.rounds,
                    "CC_total": summary.client_updates, "epsilon": summary.epsilon, "delta": cfg.privacy.delta,
                    "stopped_by_budget": summary.stopped_early, "stop_reason": summary.stop_reason,
                    "seconds": time.perf_counter() - start,

@@ -50,7 +50,8 @@ def rounds_until_stop(k: int, m: int, q_budget: float, sampling: str, kind: str,
     return low
 
 
-VARIANTS = ("fixed", "fixed_z2", "poisson", "poisson_median", "poisson_cc", "poisson_cc_median", "poisson_ramp", "fedavg")
+VARIANTS = ("fixed", "fixed_z2", "poisson", "poisson_median", "poisson_cc", "poisson_cc_median", "poisson_cc_fixed",
+            "poisson_ramp", "fedavg")
 PAPER_CC = {100: (550, 11), 1000: (11_880, 54), 10000: (209_500, 412)}
 """The paper's Table 1 CC (client updates to the best round) and CR (that round): their ratio is the clients it
 averaged per round, m_t on average (50, 220 and 508), the only trace of its m_t schedule the paper gives."""
@@ -63,7 +64,7 @@ def variants(k: int, wanted=VARIANTS):
     ``poisson_median`` is the paper's own clip rule (S = the median of the round's raw update norms, Geyer et
     al. 2017 Sec. 3) on the sound Poisson row: the noise is accounted, the threshold is not (``formal: false``).
     ``poisson_cc`` samples at the rate the paper's CC / CR implies (``PAPER_CC``), ``poisson_cc_median`` with the
-    median clip too, ``poisson_ramp`` (K = 100) a rising m_t schedule of the same mean (``sampling.rate_schedule``,
+    median clip too, ``poisson_cc_fixed`` with a fixed clip S = 1 (to compare with the ramp), ``poisson_ramp`` (K = 100) a rising m_t schedule of the same mean (``sampling.rate_schedule``,
     each round accounted at its own q_t; fixed clip: the adaptive clip's count assumes one expected cohort)."""
     cc, cr = PAPER_CC.get(k, (1, 1))  # another K is refused by geyer_mnist.get_config, naming it
     cc_rate = min(1.0, round(cc / cr / k, 4))
@@ -75,7 +76,9 @@ def variants(k: int, wanted=VARIANTS):
             ("poisson_cc", f"DP, Poisson q={cc_rate:g} (the paper's CC / CR / K), PLD", f"{k}:poisson",
              {"sampling.rate": cc_rate}),
             ("poisson_cc_median", f"DP, Poisson q={cc_rate:g}, PLD, median clip (formal: false)", f"{k}:poisson",
-             {"sampling.rate": cc_rate, "dp.clip": "median"})]
+             {"sampling.rate": cc_rate, "dp.clip": "median"}),
+            ("poisson_cc_fixed", f"DP, Poisson q={cc_rate:g}, PLD, fixed clip S = 1", f"{k}:poisson",
+             {"sampling.rate": cc_rate, "dp.clip": "fixed"})]
     if k == 100:
         rows.append(("poisson_ramp", f"DP, Poisson q_t {RAMP}, PLD, fixed clip S = 1", f"{k}:poisson",
                      {"sampling.rate_schedule": RAMP, "dp.clip": "fixed"}))

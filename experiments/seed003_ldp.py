@@ -36,6 +36,7 @@ from fedjax_dp.training.default_config import default_config  # noqa: E402
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 from preflight import checked_runs  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 DELTA = 1e-5
 METHODS = ("fedavg", "ldp", "ldp_fixed", "ldp_mean", "ldp_poisson", "dpfedavg")
@@ -153,11 +154,11 @@ def main():
     args = p.parse_args()
     runs = checked_runs(p, lambda: plan_runs(args))
     os.makedirs(args.out, exist_ok=True)
-    rows = []
+    rows, setting = [], provenance()
     for name, cfg, extra in runs:
         rows.append(run(name, cfg, args, extra))
         with open(os.path.join(args.out, "rows.json"), "w") as f:  # after every run: a crash keeps the rows
-            f.write(strict_json({"args": vars(args), "rows": rows}, indent=2))
+            f.write(strict_json({"setting": setting, "args": vars(args), "rows": rows}, indent=2))
     plot(rows, os.path.join(args.out, "accuracy_vs_epsilon.png"))
 
 

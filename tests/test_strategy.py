@@ -1,7 +1,5 @@
 """``auto`` resolves to the measured formulation, and explicit engine settings are kept."""
 
-from types import SimpleNamespace
-
 import jax
 import numpy as np
 import pytest
@@ -117,32 +115,49 @@ def test_engine_max_replicated_gb_reaches_the_cohort_engine():
     assert runner._engine_options["max_replicated_bytes"] == 2**29
 
 
-def test_loop_free_steps_come_from_the_algorithms_requirements():
+def test_local_steps_are_the_sampled_steps_or_epochs_times_the_largest_clients_batches():
     from fedjax_dp.core.algorithm import Requirements
-    from fedjax_dp.training.build import loop_free_steps
+    from fedjax_dp.training.build import local_steps
 
     cfg = default_config()
     cfg.client.update(epochs=2, batch_size=10)
     sizes = [35, 60, 12]
-    assert loop_free_steps(cfg, Requirements(loop_free=True), sizes) == 2 * 6  # epochs x batches of the largest client
-    assert loop_free_steps(cfg, Requirements(sampled_steps=25, batches_per_step=2, loop_free=True), sizes) == 25
-    assert loop_free_steps(cfg, Requirements(), sizes) is None  # not declared: the scan, safe for any program
-    cfg.engine.num_devices = 2  # the loop spreads over devices too (round-robin), so it stays a candidate
-    assert loop_free_steps(cfg, Requirements(loop_free=True), sizes) == 2 * 6
+    assert local_steps(cfg, Requirements(), sizes) == 2 * 6  # epochs x batches of the largest client
+    assert local_steps(cfg, Requirements(sampled_steps=25, batches_per_step=2), sizes) == 25
+
+
+def test_loops_left_finds_while_loops_and_scans_not_wholly_unrolled_wherever_they_are_nested():
+    from fedjax_dp.core.loops import loops_left
+
+    double = lambda c, _: (2 * c, None)  # noqa: E731
+    assert loops_left(jax.make_jaxpr(lambda x: jax.lax.scan(double, x, None, length=4, unroll=True)[0])(1.0)) == []
+    assert loops_left(jax.make_jaxpr(lambda x: jax.lax.scan(double, x, None, length=4, unroll=2)[0])(1.0)) == [
+        "scan of length 4 (unroll 2)"]
+    in_jit_and_cond = jax.jit(lambda x: jax.lax.cond(x > 0, lambda y: jax.lax.fori_loop(0, 3, lambda i, c: c * 2, y),
+                                                     lambda y: y, x))
+    assert len(loops_left(jax.make_jaxpr(in_jit_and_cond)(1.0))) == 1  # fori_loop: a scan of length 3, unroll 1
+    dynamic = lambda x, n: jax.lax.fori_loop(0, n, lambda i, c: c * 2, x)  # noqa: E731
+    assert loops_left(jax.make_jaxpr(dynamic)(1.0, 3)) == ["while"]
+    inside_unrolled = lambda x: jax.lax.scan(lambda c, _: (jax.lax.fori_loop(0, 2, lambda i, d: d + 1, c), None),  # noqa: E731
+                                             x, None, length=3, unroll=True)[0]
+    assert len(loops_left(jax.make_jaxpr(inside_unrolled)(1.0))) == 1  # unrolling the outer scan copies the inner loop
 
 
 @pytest.mark.parametrize("algorithm, loop_free", [("cuag_pfl", True), ("pfldyn_proto", True), ("fedavg", True),
-                                                  ("scaffold", True), ("uga", False)])
-def test_an_algorithms_loop_free_declaration_matches_its_traced_client_program(algorithm, loop_free, tmp_path):
-    """``Requirements.loop_free`` is what ``auto`` trusts to unroll a conv model's steps on a CPU: with every
-    local step unrolled, a declared client program lowers to no loop, and UGA's (undeclared) to one."""
+                                                  ("scaffold", True), ("dp_scaffold", True), ("uga", False),
+                                                  ("fedmeta", True)])
+def test_the_traced_loop_free_verdict_is_what_the_unrolled_client_program_lowers_to(algorithm, loop_free, tmp_path):
+    """``auto`` unrolls a conv model's steps on a CPU where ``client_program_is_loop_free`` finds no loop in the
+    client program built with every step unrolled: traced, not declared. Checked against the lowered program (an
+    unrolled scan lowers to straight-line code, a loop over the model to a ``stablehlo.while`` carrying floats): UGA's evaluation pass over
+    its batches is a loop; FedMeta's steps on D_meta are the server's, not the client's."""
     from fedjax_dp.configs import cuag_pfl_cifar10
-    from fedjax_dp.core.round import client_inputs
+    from fedjax_dp.core.round import STEP_NOISE, client_inputs
     from fedjax_dp.core.strategy import StrategyChoice
-    from fedjax_dp.data.builders import build_dataset
+    from fedjax_dp.data.builders import build_dataset, build_server_set
     from fedjax_dp.data.cifar_files import load_cifar_uint8
     from fedjax_dp.models import get_model
-    from fedjax_dp.training.build import build_round
+    from fedjax_dp.training.build import build_round, client_program_is_loop_free
     from fedjax_dp.training.cohorts import make_packer
     from fixture_files import make_cifar_dir
 
@@ -150,29 +165,31 @@ def test_an_algorithms_loop_free_declaration_matches_its_traced_client_program(a
     load_cifar_uint8.cache_clear()
     cfg = cuag_pfl_cifar10.get_config()
     cfg.data.update(data_dir=str(tmp_path), num_clients=3, cache_dir=str(tmp_path / "cache"))
-    cfg.client.batch_size, cfg.sampling.cohort_size, cfg.algorithm = 4, 2, algorithm
+    cfg.client.batch_size, cfg.sampling.cohort_size = 4, 2
+    cfg.algorithm = "fedavg" if algorithm == "fedmeta" else algorithm
     cfg.compression.enabled = algorithm == "cuag_pfl"
-    dataset = build_dataset(cfg.data, cfg.seed)
+    cfg.fedmeta.enabled = algorithm == "fedmeta"
+    if algorithm == "dp_scaffold":
+        cfg.dp_scaffold.local_steps = 3
+    dataset, server_set = build_dataset(cfg.data, cfg.seed), None
+    if algorithm == "fedmeta":
+        server_set, dataset = build_server_set(cfg.data, cfg.server_data, dataset, cfg.seed)
     choice = StrategyChoice("loop", None, True, "per_layer")
     model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl)
-    runner = build_round(cfg, model, choice, dataset.num_clients, None, dataset.train_sizes())
+    runner = build_round(cfg, model, choice, dataset.num_clients, server_set, dataset.train_sizes())
+    assert client_program_is_loop_free(cfg, dataset, model, runner) is loop_free
     requirements = runner.algorithm.requirements
-    assert requirements.loop_free is loop_free
     params = model.init(jax.random.key(0))
     cohort = make_packer(cfg, dataset, requirements)([0], np.random.default_rng(0), None)
     client = jax.tree_util.tree_map(lambda x: x[0], client_inputs(cohort, jax.random.key(1)))
+    if requirements.step_noise:
+        client[STEP_NOISE] = np.float32(1.0)
     state = runner.algorithm.client_state_init(params) if requirements.client_state else None
     program = jax.jit(runner.algorithm.client_update).lower(runner.algorithm.broadcast(runner.init(params)), client,
                                                             state, client["key"]).as_text()
-    assert ("stablehlo.while" not in program) is loop_free  # an unrolled scan lowers to straight-line calls
-
-
-def test_fedmeta_declares_its_steps_on_d_meta():
-    from fedjax_dp.algorithms.fedavg import FedAvg
-    from fedjax_dp.algorithms.fedmeta import FedMeta
-
-    assert FedAvg.requirements.loop_free
-    assert not FedMeta.requirements.fget(SimpleNamespace(base=FedAvg)).loop_free
+    # a loop over the model carries floats; XLA's threefry lowering loops over its uint32 rounds (not over the model)
+    model_loops = [line for line in program.splitlines() if "stablehlo.while" in line and "f32" in line]
+    assert (not model_loops) is loop_free
 
 
 def test_a_run_builds_the_engine_its_algorithm_allows(tmp_path):

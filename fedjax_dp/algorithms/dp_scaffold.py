@@ -51,7 +51,7 @@ class DpScaffold(Scaffold):
 
     @property
     def requirements(self) -> Requirements:
-        return Requirements(client_state=True, sampled_steps=self.local_steps, loop_free=True,
+        return Requirements(client_state=True, sampled_steps=self.local_steps,
                             per_example_gradients=True, step_noise=True)
 
     def local_training(self, params, client, correction, key, scale):

@@ -36,7 +36,7 @@ class FedAvg:
     unroll: int | bool = 1  # lax.scan unroll of local training
     deferred_dense_rate: float | None = None  # client_optimizer is optax.sgd at this rate: defer large dense kernels
 
-    requirements: ClassVar[Requirements] = Requirements(loop_free=True)
+    requirements: ClassVar[Requirements] = Requirements()
 
     def __post_init__(self):
         check_decay(self.client_lr_decay)

@@ -75,7 +75,7 @@ class FedMeta:
 
     @property
     def requirements(self) -> Requirements:
-        return dataclasses.replace(self.base.requirements, server_set=True, loop_free=False)  # steps on D_meta
+        return dataclasses.replace(self.base.requirements, server_set=True)
 
     def init(self, params, key=None) -> ServerState:
         return self.base.init(params, key)

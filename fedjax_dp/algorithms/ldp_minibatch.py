@@ -71,7 +71,7 @@ class LdpMinibatch(FedAvg):
     @property
     def requirements(self) -> Requirements:
         return Requirements(sampled_steps=self.local_steps, poisson_batch_cap=self.poisson_batch_cap,
-                            loop_free=True, per_example_gradients=self.per_example, step_noise=True)
+                            per_example_gradients=self.per_example, step_noise=True)
 
     def client_update(self, shared, client, client_state, key) -> ClientOut:
         params, round_index = shared

@@ -82,7 +82,7 @@ class PFLDynProto:
     @property
     def requirements(self) -> Requirements:
         return Requirements(client_state=True, personalized=True, sampled_steps=self.local_steps, batches_per_step=2,
-                            global_classifier=False, loop_free=True)
+                            global_classifier=False)
 
     def init(self, params, key=None) -> ServerState:
         return init_server_state(params, optax.identity(), extra=jax.tree_util.tree_map(jnp.zeros_like, params))  # g^0

@@ -50,7 +50,7 @@ class Scaffold:
     client_lr_decay: float = 1.0
     unroll: int | bool = 1
 
-    requirements: ClassVar[Requirements] = Requirements(client_state=True, loop_free=True)
+    requirements: ClassVar[Requirements] = Requirements(client_state=True)
 
     def __post_init__(self):
         if not self.local_learning_rate > 0:

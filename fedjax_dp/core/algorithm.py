@@ -79,11 +79,6 @@ class Requirements:
         False for a representation (PFLDyn's meta-model), scored only through ``personalized_correct``.
       poisson_batch_cap: > 0: with ``sampled_steps``, each step is a Poisson batch instead (each example
         with probability B / n_k; ``data.packing.pack_poisson_cohort``) padded to this many slots.
-      loop_free: the round's program runs no loop over the model besides the local steps (a ``lax.scan`` whose
-        ``unroll`` the engine sets), so it has none once they are unrolled: what lets ``auto`` unroll a conv
-        model's steps on a CPU, where XLA runs convolution gradients 10-60x slower inside loops
-        (``core.strategy``). False where it has one, or has not said: UGA's evaluation pass, FedMeta's steps on
-        D_meta.
       step_noise: local steps draw DP-SGD noise from each client's noise key (``client["noise_key"]``, its one
         consumer: ``core.rng``), so the upload chain may not draw from it too.
       per_example_gradients: local steps take each example's gradient (DP-SGD's clipping): on a CPU ``auto``
@@ -100,7 +95,6 @@ class Requirements:
     batches_per_step: int = 1
     global_classifier: bool = True
     poisson_batch_cap: int = 0
-    loop_free: bool = False
     per_example_gradients: bool = False
     step_noise: bool = False
 

@@ -6,20 +6,22 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import numpy as np
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.compression.upload_transform import CompressedSensing
 from fedjax_dp.core import hosts
 from fedjax_dp.core.cohort import client_mesh
-from fedjax_dp.core.round import FederatedRound
-from fedjax_dp.core.strategy import StrategyChoice, choose_strategy
+from fedjax_dp.core.loops import loops_left
+from fedjax_dp.core.round import STEP_NOISE, FederatedRound, client_inputs
+from fedjax_dp.core.strategy import MAX_UNROLLED_CONV_STEPS, StrategyChoice, choose_strategy
 from fedjax_dp.core.uploads import Chain, chain
 from fedjax_dp.data.packing import num_steps
 from fedjax_dp.models import get_model
 from fedjax_dp.privacy.accounting.client_sampling import client_sampler
 from fedjax_dp.privacy.settings import PrivacySettings
 from fedjax_dp.privacy.tracker import PrivacyTracker, tracker_for
-from fedjax_dp.training.cohorts import expected_cohort
+from fedjax_dp.training.cohorts import expected_cohort, make_packer
 
 
 def resolve_engine(cfg, has_conv: bool, cohort_size: int, loop_free_steps: int | None = None,
@@ -44,21 +46,35 @@ def _resolved(e, auto: StrategyChoice) -> StrategyChoice:
     )
 
 
-def loop_free_steps(cfg, requirements, train_sizes) -> int | None:
-    """The local steps of a round whose algorithm declares it ``loop_free`` (``core.algorithm.Requirements``):
-    no loop over the model once its steps are unrolled; None where it does not."""
-    if not requirements.loop_free:
-        return None
+def local_steps(cfg, requirements, train_sizes) -> int:
+    """The local steps of a client's round: the algorithm's sampled steps, or epochs x batches of the largest
+    client."""
     if requirements.sampled_steps:
         return int(requirements.sampled_steps)
     return num_steps(int(max(train_sizes)), cfg.client.batch_size, cfg.client.epochs)
 
 
+def client_program_is_loop_free(cfg, dataset, model, runner: FederatedRound) -> bool:
+    """Whether ``runner``'s client program runs no loop once its local steps are unrolled (``core.loops``; the
+    local-training scan is the one the engine's ``unroll`` reaches, so it is traced with every step unrolled).
+    Traced, not compiled, on one client of the data: what the algorithm does decides, not what it declares."""
+    algorithm = runner.algorithm
+    requirements = algorithm.requirements
+    cohort = make_packer(cfg, dataset, requirements)([0], np.random.default_rng(0), None)
+    client = jax.tree_util.tree_map(lambda x: x[0], client_inputs(cohort, jax.random.key(0)))
+    if requirements.step_noise:  # the slot's DP-SGD noise multiplier, as the round passes it
+        client[STEP_NOISE] = np.float32(1.0)
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    shared = jax.eval_shape(lambda p: algorithm.broadcast(runner.init(p)), params)
+    state = jax.eval_shape(algorithm.client_state_init, params) if requirements.client_state else None
+    return not loops_left(jax.make_jaxpr(algorithm.client_update)(shared, client, state, client["key"]))
+
+
 def build_model_and_round(cfg, dataset, server_set=None):
     """``(choice, model, round)`` for ``dataset``. On a CPU the engine's choice for a conv model depends on
-    whether the client program can be loop-free (``loop_free_steps``) and takes per-example gradients, which
-    the built algorithm's requirements tell: the round is built with the default choice, and again when its
-    requirements change the choice (building traces shapes only)."""
+    whether the client program is loop-free once unrolled (``client_program_is_loop_free``, traced) and takes
+    per-example gradients (the algorithm's requirements): the round is built with the default choice, and again
+    when these change the choice (building traces shapes only)."""
     has_conv = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes).has_conv  # probed with the data's shape
     cohort = int(expected_cohort(cfg, dataset.num_clients))
 
@@ -70,8 +86,13 @@ def build_model_and_round(cfg, dataset, server_set=None):
     first = resolve_engine(cfg, has_conv, cohort)
     model, runner = build(first)
     requirements = runner.algorithm.requirements
-    choice = resolve_engine(cfg, has_conv, cohort, loop_free_steps(cfg, requirements, dataset.train_sizes()),
-                            requirements.per_example_gradients)
+    steps = None  # the local steps of a loop-free client program, the only case where ``auto`` unrolls them
+    if has_conv and jax.default_backend() == "cpu" and not requirements.per_example_gradients:
+        candidate = local_steps(cfg, requirements, dataset.train_sizes())
+        if candidate <= MAX_UNROLLED_CONV_STEPS:
+            unrolled_model, unrolled = build(dataclasses.replace(first, unroll=True))
+            steps = candidate if client_program_is_loop_free(cfg, dataset, unrolled_model, unrolled) else None
+    choice = resolve_engine(cfg, has_conv, cohort, steps, requirements.per_example_gradients)
     if choice != first:
         model, runner = build(choice)
     return choice, model, runner

@@ -17,7 +17,8 @@ rounds each after ``--warmup`` untimed ones), so a noisy machine slows them alik
 and its ratio to ``dp_fedavg`` are written, measured in this one run.
 
     python benchmarks/correlated_noise_round.py --model mlp --cohort 1000 --out benchmarks/out/cn_round_mlp.json
-    python benchmarks/correlated_noise_round.py --model cnn --cohort 100 --out benchmarks/out/cn_round_cnn.json
+    python benchmarks/correlated_noise_round.py --model cnn --cohort 100 --strategy loop --unroll full \
+        --out benchmarks/out/cn_round_cnn.json
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ def main():
     parser.add_argument("--model", default="mlp", choices=("mlp", "cnn"))
     parser.add_argument("--cohort", type=int, default=1000)
     parser.add_argument("--strategy", default="sequential", help="the cohort engine's formulation")
+    parser.add_argument("--unroll", default="1", help="local steps' scan unroll: an integer, or 'full'")
+    parser.add_argument("--conv-impl", default="xla", help="convolutions (auto's CPU choice for workload W's CNN: "
+                        "--strategy loop --unroll full --conv-impl xla)")
     parser.add_argument("--rounds", type=int, default=2000, help="the run length the strategies are built for")
     parser.add_argument("--bands", type=int, default=16)
     parser.add_argument("--buffers", type=int, default=4)
@@ -92,7 +96,9 @@ def main():
     parser.add_argument("--out", default="benchmarks/out/correlated_noise_round.json")
     args = parser.parse_args()
 
-    work = WorkloadW(args.model, args.strategy, None, 1, "xla", population=args.cohort, devices=jax.device_count())
+    unroll = True if args.unroll == "full" else int(args.unroll)
+    work = WorkloadW(args.model, args.strategy, None, unroll, args.conv_impl, population=args.cohort,
+                     devices=jax.device_count())
     params_count = sum(x.size for x in jax.tree_util.tree_leaves(work.params))
     servers = {name: NoisyServer(name, args, work.params) for name in args.variants}
     times = {name: [] for name in args.variants}

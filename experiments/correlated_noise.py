@@ -22,7 +22,7 @@ from fedjax_dp.training.results import dumps as strict_json
 from preflight import apply_overrides, checked_runs
 from provenance import provenance
 
-METHODS = ("dp_fedavg_poisson", "gaussian", "tree", "tree_honaker", "banded", "blt")
+METHODS = ("dp_fedavg_poisson", "gaussian", "tree", "tree_restart", "tree_honaker", "banded", "blt")
 
 
 def config(method: str, epsilon: float, args):

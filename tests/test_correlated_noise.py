@@ -114,7 +114,7 @@ def test_tree_aggregation_noise_covariance_is_the_closed_form(name):
 def test_sensitivity_under_participation_equals_brute_force(built, name, participation):
     C = built[name].matrix()
     brute = brute_force_sensitivity(C, participation)
-    exact = name in ("identity", "tree") or (name == "banded" and participation.scheme in ("single", "cyclic")) or \
+    exact = name in ("identity", "tree", "tree_restart") or (name == "banded" and participation.scheme in ("single", "cyclic")) or \
         participation == MIN_SEP and name == "banded"
     got = sensitivity(C, participation)
     assert got >= brute * (1 - 1e-9)
@@ -123,6 +123,36 @@ def test_sensitivity_under_participation_equals_brute_force(built, name, partici
     for t in (1, 5, N):  # the prefix sensitivities of the accounting: exact or bounds, never below
         bound = prefix_sensitivity(built[name], participation, t)
         assert bound >= brute_force_sensitivity(C[:t, :t], participation) * (1 - 1e-7)
+
+
+def test_a_tree_restarted_every_b_rounds_holds_one_participation_per_tree_and_streams_its_blocks():
+    """DP-FTRL's TreeRestart (Kairouz et al. 2021, Sec. 4): restarted every b rounds under b-min-separation, a
+    client's participations fall in different trees, so sens^2 = k (one unit-norm path per tree, the columns of
+    different trees orthogonal) where one tree over the run pays for their overlap; its noise is the block-diagonal
+    C's inverse times z, the trees' streams one after the other, and a restart clears the buffers."""
+    n, b = 16, 4
+    for participation in (Participation("min_separation", b), Participation("cyclic", b)):
+        k = participation.participations(n)
+        restarted = strategies.build("tree_restart", n, participation)
+        assert restarted.period == b and restarted.buffers == tree_aggregation.levels(b)
+        column_norms = np.linalg.norm(restarted.matrix(), axis=0)
+        # the brute force over every pattern: the first round of each tree (norm sqrt(levels)) in all k trees
+        assert brute_force_sensitivity(restarted.matrix(), participation) == pytest.approx(
+            math.sqrt(k) * column_norms.max(), rel=1e-12)
+        assert sensitivity(restarted.matrix(), participation) == pytest.approx(
+            brute_force_sensitivity(restarted.matrix(), participation), rel=1e-9)
+        plain = strategies.build("tree", n, participation)
+        assert sensitivity(restarted.matrix(), participation) < sensitivity(plain.matrix(), participation)
+    z = np.asarray(jax.random.normal(jax.random.key(3), (n, 5)))
+    one_tree = strategies.build("tree", b, Participation("single"))
+    state, blocks = restarted.noising.init_multiply(jnp.zeros(5)), []
+    for t in range(n):
+        out, state = restarted.noising.multiply_next(jnp.asarray(z[t], jnp.float32), state)
+        blocks.append(np.asarray(out))
+    tree_inverse = np.asarray(one_tree.noising.materialize(b), np.float64)
+    want = np.concatenate([tree_inverse @ z[start:start + b] for start in range(0, n, b)])
+    np.testing.assert_allclose(np.stack(blocks), want, rtol=1e-5, atol=1e-5)
+    assert strategies.build("tree_restart", n, Participation("single")).period == n  # once per run: one tree
 
 
 def test_blt_prefix_sensitivity_is_exact_where_its_toeplitz_coefficients_decrease(built):
@@ -234,6 +264,8 @@ def test_a_run_resumed_in_the_middle_of_a_band_equals_the_uninterrupted_one(tmp_
                                             r"sampling.method='poisson'"),
     (dict(dp=dict(bands=3)), r"dp.bands=3 > sampling.min_separation=2"),
     (dict(dp=dict(strategy_rounds=4)), r"dp.strategy_rounds=4 < rounds=6"),
+    (dict(dp=dict(noise="tree_restart", tree_restart=9)), r"dp.tree_restart=9 > the strategy's rounds 6"),
+    (dict(dp=dict(noise="tree_restart", tree_restart=-1)), r"dp.tree_restart must be an integer >= 0.*-1"),
     (dict(dp=dict(noise_mode="local")), r"dp.noise='banded' with dp.noise_mode='local'"),
     (dict(dp=dict(noise="blt"), sampling=dict(method="cyclic_poisson")), r"dp.noise='blt' with sampling.method="
                                                                          r"'cyclic_poisson'"),

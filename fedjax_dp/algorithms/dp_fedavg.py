@@ -91,7 +91,8 @@ def correlated_noise(ctx) -> CorrelatedNoise:
     strategy's rounds under the sampler's participation scheme, at z (``dp.noise_multiplier`` or calibrated)."""
     participation = client_sampling.participation(ctx.cfg.sampling)
     name = "identity" if ctx.cfg.dp.noise == "gaussian" else ctx.cfg.dp.noise
-    strategy = strategies.build(name, strategy_rounds(ctx.cfg), participation, ctx.cfg.dp.bands)
+    strategy = strategies.build(name, strategy_rounds(ctx.cfg), participation, ctx.cfg.dp.bands,
+                                  ctx.cfg.dp.tree_restart)
     return CorrelatedNoise(NoisePlan(strategy, participation, noise_schedule(ctx)[0][1]), details=calibration(ctx))
 
 

@@ -41,6 +41,8 @@ def check_correlated(cfg, need) -> None:
     need(dp.noise in NOISES, f"dp.noise {dp.noise!r} unknown; available: {NOISES}")
     need(isinstance(dp.bands, int) and dp.bands >= 0, f"dp.bands must be an integer >= 0 (0 = the separation), got "
                                                       f"{dp.bands!r}")
+    need(isinstance(dp.tree_restart, int) and dp.tree_restart >= 0,
+         f"dp.tree_restart must be an integer >= 0 (0 = the separation), got {dp.tree_restart!r}")
     need(isinstance(dp.strategy_rounds, int) and dp.strategy_rounds >= 0,
          f"dp.strategy_rounds must be an integer >= 0 (0 = rounds), got {dp.strategy_rounds!r}")
     if not correlated(cfg):
@@ -73,7 +75,10 @@ def check_correlated(cfg, need) -> None:
                                                f"{strategies.MAX_DENSE_ROUNDS} rounds, got {n}; use 'blt' or 'banded'")
         need(s.method != "cyclic" or n % b == 0, f"dp.noise='dense' with cyclic groups: sampling.min_separation={b} "
                                                  f"must divide the strategy's rounds {n}")
-    if dp.noise in ("tree", "tree_honaker"):
+    if dp.noise == "tree_restart":
+        need(dp.tree_restart <= n, f"dp.tree_restart={dp.tree_restart} > the strategy's rounds {n}: the first tree "
+                                   "would never restart; use dp.noise='tree' for one tree over the run")
+    if dp.noise in ("tree", "tree_restart", "tree_honaker"):
         need(n <= strategies.MAX_MATERIALIZED_ROUNDS, f"dp.noise={dp.noise!r} is built for at most "
                                                       f"{strategies.MAX_MATERIALIZED_ROUNDS} rounds, got {n}")
 
@@ -170,11 +175,14 @@ SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
     "clip_learning_rate": "adaptive clipping: geometric step of S per round",
     "noise_mode": "central (server adds noise to the sum) | local (each client noises its own update)",
     "noise": "gaussian (independent per round; under a participation scheme: the identity strategy, no "
-             "amplification) | tree (binary-tree aggregation, DP-FTRL) | tree_honaker (the tree with Honaker's "
+             "amplification) | tree (binary-tree aggregation, DP-FTRL) | tree_restart (the tree restarted every "
+             "dp.tree_restart rounds, DP-FTRL's TreeRestart) | tree_honaker (the tree with Honaker's "
              "efficient estimator) | banded (banded MF) | blt (buffered-linear-"
              "Toeplitz MF) | dense (optimised dense MF, short runs): correlated noise needs sampling.method = "
              "min_separation | single | cyclic | cyclic_poisson",
     "bands": "dp.noise='banded': the strategy's bands (0 = sampling.min_separation; at most it)",
+    "tree_restart": "dp.noise='tree_restart': the rounds of each tree (0 = sampling.min_separation, so a client "
+                    "takes part at most once per tree; single participation: the run)",
     "strategy_rounds": "correlated noise: the rounds the strategy is built for (0 = rounds; never fewer)",
 }
 registry.register_section("dp", docs=SECTION_DOCS, read_when=(
@@ -186,6 +194,7 @@ registry.register_section("dp", docs=SECTION_DOCS, read_when=(
     ("privacy.pld_discretization", "dp.noise_mode", ("central",)),
     ("privacy.rdp_orders", "dp.noise_mode", ("central",)),
     ("dp.bands", "dp.noise", ("banded",)),
+    ("dp.tree_restart", "dp.noise", ("tree_restart",)),
     ("dp.strategy_rounds", "dp.noise", NOISES[1:]),
 ), defaults={
     "noise_multiplier": 1.0,  # z: noise std on the clipped sum / S (privacy.target_epsilon > 0 calibrates it)
@@ -194,6 +203,7 @@ registry.register_section("dp", docs=SECTION_DOCS, read_when=(
     "clip_norm": 1.0,  # S (initial S for adaptive)
     "target_quantile": 0.5, "clip_learning_rate": 0.2,  # adaptive clipping (Andrew et al. 2021)
     "noise_mode": "central",  # central | local
-    "noise": "gaussian",  # gaussian | tree | tree_honaker | banded | blt | dense (correlated: sampling.method a participation scheme)
+    "noise": "gaussian",  # gaussian | tree | tree_restart | tree_honaker | banded | blt | dense (correlated: sampling.method a participation scheme)
     "bands": 0,  # dp.noise='banded': bands (0 = sampling.min_separation)
+    "tree_restart": 0,  # dp.noise='tree_restart': rounds of each tree (0 = sampling.min_separation)
     "strategy_rounds": 0})  # correlated noise: rounds the strategy is built for (0 = rounds)

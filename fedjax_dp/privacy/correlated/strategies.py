@@ -5,6 +5,8 @@ noise the server adds (row t of C^{-1} Z, jax_privacy's ``noise_addition``, Sec.
 
 * ``identity``: C = I: DP-FedAvg's independent noise (the baseline, accounted without amplification);
 * ``tree``: binary-tree aggregation (DP-FTRL, Kairouz et al. 2021; ``tree_aggregation``);
+* ``tree_restart``: the tree restarted every ``period`` rounds (DP-FTRL's TreeRestart, Kairouz et al. 2021, Sec. 4;
+  by default the separation b, so each client takes part at most once per tree);
 * ``tree_honaker``: the same tree with every node released and Honaker's efficient estimator (TensorFlow Privacy's
   ``EfficientTreeAggregator``): a rectangular C, one iid draw per level each round;
 * ``banded``: a b-banded Toeplitz C, column-normalised, optimised for the mean squared error of the prefix sums
@@ -33,7 +35,7 @@ from jax_privacy.matrix_factorization import buffered_toeplitz, dense, streaming
 from fedjax_dp.privacy.correlated import tree_aggregation
 from fedjax_dp.privacy.correlated.participation import Participation
 
-STRATEGIES = ("identity", "tree", "tree_honaker", "banded", "blt", "dense")
+STRATEGIES = ("identity", "tree", "tree_restart", "tree_honaker", "banded", "blt", "dense")
 MAX_DENSE_ROUNDS = 512  # dense optimisation is O(n^3) per step and its stream keeps n draws
 MAX_MATERIALIZED_ROUNDS = 4096  # C materialised on the host (sensitivity of tree / cyclic patterns, errors)
 
@@ -44,7 +46,8 @@ class Strategy:
     bands where it is banded (identity: 1), else None. toeplitz_coef: C's Toeplitz coefficients where C is Toeplitz
     (before any column normalisation), else None. column_normalized: C's columns rescaled to norm 1. dense_matrix:
     C itself where it is neither. buffers: model-sized buffers the stream keeps (its memory). draws: iid model-sized
-    draws the stream takes each round (a leading axis of its input when > 1)."""
+    draws the stream takes each round (a leading axis of its input when > 1). period: the rounds of each tree where
+    the tree restarts (``tree_restart``), else None."""
 
     name: str
     rounds: int
@@ -55,6 +58,7 @@ class Strategy:
     column_normalized: bool = False
     dense_matrix: np.ndarray | None = None
     draws: int = 1
+    period: int | None = None
 
     def matrix(self, rounds: int | None = None) -> np.ndarray:
         """What the first ``rounds`` rounds release, C's leading block in float64 (C is lower triangular: the first
@@ -66,6 +70,8 @@ class Strategy:
             return tree_aggregation.honaker_strategy_matrix(n)
         if self.name == "tree":
             return tree_aggregation.strategy_matrix(self.rounds)[:n, :n]
+        if self.name == "tree_restart":
+            return tree_aggregation.restarted_strategy_matrix(self.rounds, self.period)[:n, :n]
         if self.dense_matrix is not None:
             return self.dense_matrix[:n, :n]
         column = np.zeros(self.rounds)
@@ -88,6 +94,14 @@ def identity(rounds: int) -> Strategy:
 
 def tree(rounds: int) -> Strategy:
     return Strategy("tree", rounds, tree_aggregation.noising_matrix(rounds), tree_aggregation.levels(rounds))
+
+
+def tree_restart(rounds: int, period: int) -> Strategy:
+    """The tree restarted every ``period`` rounds (``tree_aggregation``; DP-FTRL's TreeRestart)."""
+    if not 1 <= period <= rounds:
+        raise ValueError(f"a restarted tree needs 1 <= period <= rounds={rounds}, got period={period}")
+    return Strategy("tree_restart", rounds, tree_aggregation.noising_matrix(rounds, period),
+                    tree_aggregation.levels(period), period=period)
 
 
 @functools.lru_cache(maxsize=16)
@@ -176,16 +190,19 @@ def dense_noising(C_inverse: np.ndarray) -> streaming_matrix.StreamingMatrix:
     return streaming_matrix.StreamingMatrix.from_array_implementation(init, multiply_next)
 
 
-def build(name: str, rounds: int, participation: Participation, bands: int = 0) -> Strategy:
-    """The strategy ``name`` for ``rounds`` rounds under ``participation`` (``bands`` for ``banded``: 0 = the
-    separation b)."""
+def build(name: str, rounds: int, participation: Participation, bands: int = 0, period: int = 0) -> Strategy:
+    """The strategy ``name`` for ``rounds`` rounds under ``participation`` (``bands`` for ``banded``, ``period`` for
+    ``tree_restart``: 0 = the separation b)."""
     if name not in STRATEGIES:
         raise ValueError(f"dp.noise strategy {name!r} unknown; choose one of {STRATEGIES}")
     if name == "identity":
         return identity(rounds)
-    if name in ("tree", "tree_honaker"):
+    if name in ("tree", "tree_restart", "tree_honaker"):
         if rounds > MAX_MATERIALIZED_ROUNDS:
             raise ValueError(f"dp.noise={name!r} is built for at most {MAX_MATERIALIZED_ROUNDS} rounds, got {rounds}")
+        if name == "tree_restart":
+            every = participation.separation if participation.scheme != "single" else rounds  # once per tree
+            return tree_restart(rounds, period or min(every, rounds))
         return tree(rounds) if name == "tree" else tree_honaker(rounds)
     if name == "banded":
         return banded(rounds, bands or min(participation.separation, rounds))

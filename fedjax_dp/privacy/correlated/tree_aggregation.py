@@ -12,6 +12,14 @@ them). The stream keeps one buffer per level: O(log n x parameters), independent
 Column t of C has a 1 in each row whose node contains t (at most one per level), so C^T C >= 0 and the
 min-separation bound of ``participation.sensitivity`` is exact.
 
+DP-FTRL's tree restart (Kairouz et al. 2021, Sec. 4, "TreeRestart"): a new tree every ``period`` rounds (their
+epoch: each example once per tree), so C is block diagonal with a tree over ``period`` leaves per block. A client
+that takes part at most once in any ``period`` consecutive rounds (``period`` <= the min-separation b) then has at
+most one participation per tree, and its columns in different trees are orthogonal: the sensitivity grows as the
+square root of its participations, where one tree over the whole run adds the overlap of every pair of them. The
+stream resets its buffers at each restart; the noise already added stays in the model (the next tree's prefix sums
+start from the released ones).
+
 Honaker's efficient estimator (Honaker 2015, "Efficient Use of Differentially Private Binary Trees"; TensorFlow
 Privacy's ``EfficientTreeAggregator``, which DP-FTRL runs) releases every node of the tree, each with its own noise
 (C: all the dyadic nodes completed so far, a rectangular factorization), and estimates a node bottom-up from its
@@ -42,9 +50,20 @@ def strategy_matrix(rounds: int) -> np.ndarray:
     return C
 
 
-def noising_matrix(rounds: int) -> streaming_matrix.StreamingMatrix:
-    """C^{-1} streamed (module docstring), for runs of up to ``rounds`` rounds."""
-    depth = levels(rounds)
+def restarted_strategy_matrix(rounds: int, period: int) -> np.ndarray:
+    """C of a tree restarted every ``period`` rounds: block diagonal, a tree over ``period`` leaves per block (the
+    last one cut at ``rounds``)."""
+    C = np.zeros((rounds, rounds))
+    for start in range(0, rounds, period):
+        size = min(period, rounds - start)
+        C[start:start + size, start:start + size] = strategy_matrix(size)
+    return C
+
+
+def noising_matrix(rounds: int, period: int = 0) -> streaming_matrix.StreamingMatrix:
+    """C^{-1} streamed (module docstring), for runs of up to ``rounds`` rounds; ``period`` > 0: a new tree every
+    ``period`` rounds (its buffers cleared, one buffer per level of a ``period``-leaf tree)."""
+    depth = levels(period or rounds)
 
     def init(abstract_value):
         zeros = jnp.zeros((depth,) + tuple(abstract_value.shape), abstract_value.dtype)
@@ -52,13 +71,17 @@ def noising_matrix(rounds: int) -> streaming_matrix.StreamingMatrix:
 
     def multiply_next(z, state):
         index, nodes = state
-        t = index + 1
+        if period:  # round t of its tree; the tree's first round starts from empty buffers
+            nodes = jnp.where(index % period == 0, jnp.zeros_like(nodes), nodes)
+            t = index % period + 1
+        else:
+            t = index + 1
         level = jax.lax.population_count((t & -t) - 1)  # ctz(t)
         below = (jnp.arange(depth) < level).reshape((depth,) + (1,) * z.ndim)
         noise = z - jnp.sum(jnp.where(below, nodes, 0), axis=0)
         here = (jnp.arange(depth) == level).reshape(below.shape)
         nodes = jnp.where(here, z[None], jnp.where(below, 0, nodes))
-        return noise, (t, nodes)
+        return noise, (index + 1, nodes)
 
     return streaming_matrix.StreamingMatrix.from_array_implementation(init, multiply_next)
 

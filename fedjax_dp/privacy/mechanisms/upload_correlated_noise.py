@@ -26,6 +26,7 @@ from fedjax_dp.privacy.correlated.plan import NoisePlan
 from fedjax_dp.privacy.mechanisms.gaussian import gaussian_noise_like
 
 STRATEGY_NAMES = {"identity": "independent (identity strategy)", "tree": "binary-tree aggregation (DP-FTRL)",
+                  "tree_restart": "binary-tree aggregation restarted periodically (DP-FTRL's TreeRestart)",
                   "tree_honaker": "binary-tree aggregation with Honaker's estimator (DP-FTRL)",
                   "banded": "banded matrix factorization", "blt": "buffered-linear-Toeplitz matrix factorization",
                   "dense": "dense matrix factorization"}
@@ -63,7 +64,8 @@ class CorrelatedNoise(UploadTransform):
 
     def mechanism(self) -> str:
         strategy = self.plan.strategy
-        bands = f", {strategy.bands} bands" if strategy.name == "banded" else ""
+        bands = (f", {strategy.bands} bands" if strategy.name == "banded" else
+                 f", a new tree every {strategy.period} rounds" if strategy.name == "tree_restart" else "")
         return (f"correlated Gaussian noise on the clipped sum ({STRATEGY_NAMES[strategy.name]}{bands}, "
                 f"{strategy.rounds} rounds)")
 

@@ -5,8 +5,8 @@ On a CPU, XLA runs a convolution's gradient 10-60x slower inside a loop than in 
 (``core.strategy``), so ``auto`` unrolls a conv model's local steps, but only where nothing else in the client's
 program loops over the model (UGA's evaluation pass over its batches, say): there unrolling the steps would leave
 the slow loop and only add compile time. A ``lax.scan`` whose ``unroll`` covers its whole length lowers to
-straight-line code; every other ``scan``, and every ``while`` (``fori_loop``, ``lax.map`` over a dynamic bound),
-is a loop.
+straight-line code; every other ``scan`` (``lax.map``, a ``fori_loop`` over static bounds) and every ``while``
+(a ``while_loop``, a ``fori_loop`` over bounds known only at run time) is a loop.
 """
 
 from __future__ import annotations

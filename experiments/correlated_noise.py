@@ -22,7 +22,8 @@ from fedjax_dp.training.results import dumps as strict_json
 from preflight import apply_overrides, checked_runs
 from provenance import provenance
 
-METHODS = ("dp_fedavg_poisson", "gaussian", "tree", "tree_restart", "tree_honaker", "banded", "blt")
+METHODS = ("dp_fedavg_poisson", "gaussian", "tree", "tree_restart", "tree_honaker", "banded", "blt", "dense")
+NON_PRIVATE = "fedavg_nonprivate"  # FedAvg without clipping or noise: the ceiling
 
 
 def config(method: str, epsilon: float, args):
@@ -30,6 +31,11 @@ def config(method: str, epsilon: float, args):
     c.algorithm, c.rounds, c.eval_every = "dp_fedavg", args.rounds, args.rounds
     c.data.partition, c.data.num_clients = "iid", args.clients
     c.client.epochs, c.client.batch_size, c.client.learning_rate = 1, args.batch, 0.1
+    if method == NON_PRIVATE:  # the ceiling: a uniform cohort of the cap, no clipping, no noise
+        c.algorithm = "fedavg"
+        c.sampling.update(method="uniform", cohort_size=args.cohort)
+        apply_overrides(c, args.set)
+        return c
     if method == "dp_fedavg_poisson":  # the same expected cohort, drawn by Poisson sampling
         c.sampling.update(method="poisson", rate=args.cohort / args.clients)
     else:
@@ -37,12 +43,15 @@ def config(method: str, epsilon: float, args):
                           check_in_rate=args.check_in_rate)
         c.dp.noise = method
     c.dp.clip_norm = args.clip
-    c.privacy.update(accountant="pld", delta=args.delta, target_epsilon=epsilon)
+    delta = args.delta or 1.0 / args.clients ** 1.1  # 0: 1 / N^1.1, as the issue and DP-FTRL's EMNIST runs
+    c.privacy.update(accountant="pld", delta=delta, target_epsilon=0.0 if method == NON_PRIVATE else epsilon)
     apply_overrides(c, args.set)
     return c
 
 
 def plan(args):
+    if args.non_private:
+        yield NON_PRIVATE, config(NON_PRIVATE, 0.0, args), 0.0, NON_PRIVATE
     for eps in args.epsilons:
         if eps <= 0:
             raise ValueError(f"--epsilons: every target epsilon must be > 0, got {eps:g}")
@@ -64,7 +73,8 @@ def main():
     parser.add_argument("--check-in-rate", type=float, default=0.5)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--clip", type=float, default=0.5)
-    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--delta", type=float, default=1e-5, help="0: 1 / clients^1.1")
+    parser.add_argument("--non-private", action="store_true", help=f"add {NON_PRIVATE}: uniform cohorts of --cohort, no DP")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE config override (repeatable)")
     parser.add_argument("--out", default="results/correlated_noise")
     args = parser.parse_args()
@@ -73,8 +83,11 @@ def main():
     rows = []
     for name, cfg, eps, method in runs:
         s = Experiment(cfg).run_seeds(args.seeds, os.path.join(args.out, name), overwrite=True, progress=False)
-        with open(os.path.join(s.workdirs[0], "privacy.json")) as f:
-            privacy = json.load(f)
+        privacy_path = os.path.join(s.workdirs[0], "privacy.json")
+        privacy = {"noise_multipliers": [0.0], "accounting": {}}  # the non-private row releases nothing
+        if method != NON_PRIVATE:
+            with open(privacy_path) as f:
+                privacy = json.load(f)
         rows.append({"epsilon_target": eps, "method": method, "noise_multiplier": privacy["noise_multipliers"][0],
                      "prefix_sum_rmse_over_z_clip": privacy["accounting"].get("prefix_sum_rmse_over_z_clip"),
                      "seeds": args.seeds, "rounds": s.rounds, "accuracy": s.final["test_accuracy"],
@@ -87,7 +100,8 @@ def main():
         rmse, z, a = r["prefix_sum_rmse_over_z_clip"], r["noise_multiplier"], r["accuracy"]
         over_z = "-" if rmse is None else f"{rmse:.2f}"
         over_s = "-" if rmse is None else f"{rmse * z:.2f}"
-        print(f"| {r['epsilon_target']:g} | {r['method']} | {z:.3f} | {over_z} | {over_s} | "
+        eps = "inf" if r["method"] == NON_PRIVATE else f"{r['epsilon_target']:g}"
+        print(f"| {eps} | {r['method']} | {z:.3f} | {over_z} | {over_s} | "
               f"{a['mean']:.4f} +- {a['ci95_half_width'] or 0:.4f} |")
 
 

@@ -155,6 +155,32 @@ def test_a_tree_restarted_every_b_rounds_holds_one_participation_per_tree_and_st
     assert strategies.build("tree_restart", n, Participation("single")).period == n  # once per run: one tree
 
 
+def prefix_rmse_at_unit_noise(C, participation):
+    """sens(C) x the RMS over rounds of ||(A C^{-1})[t]||: the prefix sums' noise over z S."""
+    decoder = np.tril(np.ones(C.shape)) @ np.linalg.inv(C)
+    return sensitivity(C, participation) * np.sqrt(np.mean((decoder ** 2).sum(axis=1)))
+
+
+@pytest.mark.parametrize("participation", [MIN_SEP, Participation("single")], ids=["b3k3", "single"])
+def test_the_dense_strategy_is_jax_privacys_optimum_and_no_worse_than_banded(participation):
+    """``dense.optimize`` returns the strategy C itself (not its Gram matrix X = C^T C): under min-separation its
+    columns have equal norm, and its prefix-sum error is at most the banded Toeplitz C's, a point of the same
+    feasible set (b-banded, equal column norms; Choquette-Choo et al. 2023, Sec. 4)."""
+    from jax_privacy.matrix_factorization import dense
+    n = 24
+    s = strategies.build("dense", n, participation)
+    C = s.matrix()
+    with jax.enable_x64(True):
+        want = np.asarray(dense.optimize(n) if participation.scheme == "single" else
+                          dense.optimize(n, bands=3, equal_norm=True), np.float64)
+    np.testing.assert_allclose(C, want, rtol=1e-9, atol=1e-12)
+    norms = np.linalg.norm(C, axis=0)
+    np.testing.assert_allclose(norms, norms.max(), rtol=1e-6)
+    banded = strategies.build("banded", n, participation, bands=3 if participation.scheme != "single" else n)
+    assert prefix_rmse_at_unit_noise(C, participation) <= prefix_rmse_at_unit_noise(banded.matrix(), participation) \
+        * (1 + 1e-6)
+
+
 def test_blt_prefix_sensitivity_is_exact_where_its_toeplitz_coefficients_decrease(built):
     s = built["blt"]
     assert np.all(np.diff(s.toeplitz_coef) <= 0)

@@ -148,14 +148,15 @@ def blt(rounds: int, participation: Participation) -> Strategy:
 
 @functools.lru_cache(maxsize=8)
 def _dense_matrix(rounds: int, scheme: str, b: int, k: int) -> np.ndarray:
-    if scheme == "cyclic":
-        X = dense.optimize(rounds, epochs=rounds // b)
-    elif k == 1:
-        X = dense.optimize(rounds)
-    else:
-        X = dense.optimize(rounds, bands=b, equal_norm=True)
-    C = np.asarray(dense.strategy_from_X(X), np.float64)
-    return np.tril(C)
+    """jax_privacy's ``dense.optimize`` returns the lower-triangular strategy C itself (not its Gram matrix)."""
+    with jax.enable_x64(True):
+        if scheme == "cyclic":
+            C = dense.optimize(rounds, epochs=rounds // b)
+        elif k == 1:
+            C = dense.optimize(rounds)
+        else:
+            C = dense.optimize(rounds, bands=b, equal_norm=True)
+        return np.tril(np.asarray(C, np.float64))
 
 
 def dense_strategy(rounds: int, participation: Participation) -> Strategy:

@@ -12,7 +12,7 @@ from fedjax_dp.models.mlp import MLP
 from fedjax_dp.models.pfl_cnn import VGG16, AuthorsCNN, PflCNN, check_input_shape
 
 MODEL_NAMES = ("logistic", "mlp_2nn", "mlp_600_100", "cnn_fedavg", "cnn_pfl", "cnn_pfl_authors", "vgg16", "vgg16_gn",
-               "char_gru")
+               "char_gru", "char_gru_small")
 PENULTIMATE_MODELS = ("mlp_2nn", "mlp_600_100", "cnn_fedavg", "cnn_pfl", "cnn_pfl_authors", "vgg16", "vgg16_gn")  # apply(..., penultimate=True)
 
 
@@ -67,6 +67,8 @@ def _build(name: str, input_shape: tuple[int, ...], num_classes: int, conv_impl:
         return Model(name, module, input_shape, num_classes, has_conv=True)
     if name == "char_gru":  # input_shape = (sequence_length,), num_classes = vocabulary size
         return char_gru(input_shape[0], num_classes)
+    if name == "char_gru_small":  # one GRU of 128: about a tenth of char_gru's recurrent work, for CPU-sized grids
+        return char_gru(input_shape[0], num_classes, hidden=(128,), name=name)
     raise ValueError(f"unknown model {name!r}; available: {MODEL_NAMES}")
 
 

@@ -59,6 +59,8 @@ class SequenceModel(Model):
         return (hits * mask).sum(axis=-1) / count
 
 
-def char_gru(sequence_length: int, vocab_size: int, pad_id: int = 0, hidden: Sequence[int] = (256, 256)) -> SequenceModel:
-    return SequenceModel("char_gru", CharGRU(vocab_size, hidden=tuple(hidden)), (sequence_length,), vocab_size,
+def char_gru(sequence_length: int, vocab_size: int, pad_id: int = 0, hidden: Sequence[int] = (256, 256),
+             name: str = "char_gru") -> SequenceModel:
+    """``char_gru``: GRU 256 x 2 (the paper's and TFF's); ``char_gru_small``: one GRU of 128 units."""
+    return SequenceModel(name, CharGRU(vocab_size, hidden=tuple(hidden)), (sequence_length,), vocab_size,
                          pad_id=pad_id)

@@ -44,7 +44,7 @@ GENERIC_DOCS = {
     "data.max_test_per_client": "acid / alid: cap on a client's test examples (0 = none)",
     "data.invert": "femnist: invert the pixel convention",
     "data.sequence_length": "shakespeare: characters per training window",
-    "model.name": "logistic | mlp_2nn | mlp_600_100 | cnn_fedavg | cnn_pfl | vgg16 | vgg16_gn (VGG16 + GroupNorm) | char_gru",
+    "model.name": "logistic | mlp_2nn | mlp_600_100 | cnn_fedavg | cnn_pfl | vgg16 | vgg16_gn (VGG16 + GroupNorm) | char_gru (GRU 256 x 2) | char_gru_small (one GRU of 128)",
     "model.compute_dtype": "'' (float32) or 'bfloat16' (mixed precision; parameters and DP noise stay float32)",
     "client.optimizer": "local optimizer: sgd (with client.momentum) | adam",
     "client.learning_rate": "local learning rate eta",

@@ -181,6 +181,16 @@ def test_the_dense_strategy_is_jax_privacys_optimum_and_no_worse_than_banded(par
         * (1 + 1e-6)
 
 
+def test_banded_under_single_participation_bands_the_whole_run_by_default():
+    """With each client in at most one round there is no separation to keep the bands within: ``dp.bands = 0``
+    means the run (as ``tree_restart``'s period does), not one band, which would be independent noise."""
+    single = Participation("single")
+    s = strategies.build("banded", 24, single)
+    assert s.bands == 24
+    identity = strategies.build("identity", 24, single)
+    assert prefix_rmse_at_unit_noise(s.matrix(), single) < 0.75 * prefix_rmse_at_unit_noise(identity.matrix(), single)
+
+
 def test_blt_prefix_sensitivity_is_exact_where_its_toeplitz_coefficients_decrease(built):
     s = built["blt"]
     assert np.all(np.diff(s.toeplitz_coef) <= 0)

@@ -180,7 +180,8 @@ SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
              "efficient estimator) | banded (banded MF) | blt (buffered-linear-"
              "Toeplitz MF) | dense (optimised dense MF, short runs): correlated noise needs sampling.method = "
              "min_separation | single | cyclic | cyclic_poisson",
-    "bands": "dp.noise='banded': the strategy's bands (0 = sampling.min_separation; at most it)",
+    "bands": "dp.noise='banded': the strategy's bands (0 = sampling.min_separation, at most it; single "
+             "participation: 0 = the run)",
     "tree_restart": "dp.noise='tree_restart': the rounds of each tree (0 = sampling.min_separation, so a client "
                     "takes part at most once per tree; single participation: the run)",
     "strategy_rounds": "correlated noise: the rounds the strategy is built for (0 = rounds; never fewer)",
@@ -204,6 +205,6 @@ registry.register_section("dp", docs=SECTION_DOCS, read_when=(
     "target_quantile": 0.5, "clip_learning_rate": 0.2,  # adaptive clipping (Andrew et al. 2021)
     "noise_mode": "central",  # central | local
     "noise": "gaussian",  # gaussian | tree | tree_restart | tree_honaker | banded | blt | dense (correlated: sampling.method a participation scheme)
-    "bands": 0,  # dp.noise='banded': bands (0 = sampling.min_separation)
+    "bands": 0,  # dp.noise='banded': bands (0 = sampling.min_separation; single participation: the run)
     "tree_restart": 0,  # dp.noise='tree_restart': rounds of each tree (0 = sampling.min_separation)
     "strategy_rounds": 0})  # correlated noise: rounds the strategy is built for (0 = rounds)

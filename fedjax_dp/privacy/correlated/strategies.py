@@ -193,7 +193,7 @@ def dense_noising(C_inverse: np.ndarray) -> streaming_matrix.StreamingMatrix:
 
 def build(name: str, rounds: int, participation: Participation, bands: int = 0, period: int = 0) -> Strategy:
     """The strategy ``name`` for ``rounds`` rounds under ``participation`` (``bands`` for ``banded``, ``period`` for
-    ``tree_restart``: 0 = the separation b)."""
+    ``tree_restart``: 0 = the separation b, or the whole run under single participation)."""
     if name not in STRATEGIES:
         raise ValueError(f"dp.noise strategy {name!r} unknown; choose one of {STRATEGIES}")
     if name == "identity":
@@ -205,8 +205,9 @@ def build(name: str, rounds: int, participation: Participation, bands: int = 0, 
             every = participation.separation if participation.scheme != "single" else rounds  # once per tree
             return tree_restart(rounds, period or min(every, rounds))
         return tree(rounds) if name == "tree" else tree_honaker(rounds)
-    if name == "banded":
-        return banded(rounds, bands or min(participation.separation, rounds))
+    if name == "banded":  # 0: the separation; single participation has none to keep within, so the whole run
+        every = participation.separation if participation.scheme != "single" else rounds
+        return banded(rounds, bands or min(every, rounds))
     if name == "blt":
         return blt(rounds, participation)
     return dense_strategy(rounds, participation)

@@ -38,3 +38,16 @@ def test_the_python_api_example_runs_and_its_epsilon_is_the_accountants(tmp_path
     assert summary.epsilon == pytest.approx(accountant.epsilon(1e-5), rel=1e-6)
     assert summary.epsilon == pytest.approx(4.0, abs=0.01)
     assert (tmp_path / "results" / "dp_quick" / "results.png").exists()
+
+
+def test_the_correlated_noise_example_runs_blt_under_min_separation_at_its_epsilon(tmp_path, monkeypatch):
+    import json
+    monkeypatch.chdir(tmp_path)
+    (example,) = [block for block in _code_blocks("python") if '"dp.noise": "blt"' in block]
+    namespace = {}
+    exec(compile(example, "README.md:correlated-noise", "exec"), namespace)
+    summary = namespace["blt_summary"]
+    assert summary.rounds == 8 and summary.formal is True
+    assert summary.epsilon == pytest.approx(4.0, abs=0.01)
+    privacy = json.loads((tmp_path / "results" / "blt_quick" / "privacy.json").read_text())
+    assert privacy["accounting"]["noise_strategy"] == "blt" and privacy["accounting"]["prefix_sum_rmse_over_z_clip"] > 0

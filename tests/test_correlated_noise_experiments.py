@@ -36,7 +36,7 @@ def test_every_run_of_the_grid_validates_and_delta_zero_means_one_over_n_to_the_
 
 def test_strategy_errors_gives_the_identitys_prefix_noise_in_closed_form(tmp_path, monkeypatch, capsys):
     """Identity under 3-min-separation over 12 rounds: sens = sqrt(4) and ||(A C^{-1})[t]|| = sqrt(t), so the RMSE
-    over z S is 2 sqrt(mean t) = 2 sqrt(6.5) and the largest 2 sqrt(12)."""
+    over z S is 2 sqrt(mean t) = 2 sqrt(6.5), the largest 2 sqrt(12), and each round's own noise 2."""
     module = load_experiment("strategy_errors")
     out = tmp_path / "errors.json"
     monkeypatch.setattr(sys, "argv", ["strategy_errors.py", "--rounds", "12", "--participation", "min_separation",
@@ -47,5 +47,6 @@ def test_strategy_errors_gives_the_identitys_prefix_noise_in_closed_form(tmp_pat
     assert rows["identity"]["sensitivity"] == pytest.approx(2.0)
     assert rows["identity"]["prefix_sum_rmse_over_z_clip"] == pytest.approx(2 * math.sqrt(6.5))
     assert rows["identity"]["prefix_sum_max_error_over_z_clip"] == pytest.approx(2 * math.sqrt(12))
+    assert rows["identity"]["per_round_rmse_over_z_clip"] == pytest.approx(2.0)  # each round: one unit draw
     assert rows["banded"]["prefix_sum_rmse_over_z_clip"] < rows["identity"]["prefix_sum_rmse_over_z_clip"]
     assert "| banded |" in capsys.readouterr().out

@@ -1,9 +1,14 @@
-"""The noise each correlated-noise strategy puts on the prefix sums, per unit of z S, for a run's length and
-participation, with no training: sens(C) x RMS_t ||(A C^{-1})[t]|| and the largest term (``NoisePlan.error``, the
-numbers ``privacy.json`` reports), and the noise of each round's own update, sens(C) x RMS_t ||(C^{-1})[t]|| (the
-step from prefix sum t - 1 to t; for the identity, sens(C) itself). At equal epsilon every strategy of one participation scheme has the same z, so
-this ratio is the noise the model receives; comparing it across strategies is how the papers' figures are read
-(e.g. DP-FTRL's efficient tree against the plain tree on StackOverflow, single participation over 1,600 rounds).
+"""The noise each correlated-noise strategy puts on the model, per unit of z S, for a run's length and
+participation, with no training:
+
+* the prefix sums' (what the model integrates): sens(C) x RMS_t ||(A C^{-1})[t]|| and the largest term
+  (``NoisePlan.error``, the numbers ``privacy.json`` reports);
+* each round's own update's, the step from prefix sum t - 1 to t: sens(C) x RMS_t ||(C^{-1})[t]|| (for the
+  identity, sens(C) itself).
+
+At equal epsilon every strategy of one participation scheme has the same z, so these are the noise the model
+receives; comparing them across strategies is how the papers' figures are read (e.g. DP-FTRL's efficient tree
+against the plain tree on StackOverflow, single participation over 1,600 rounds).
 
     python experiments/strategy_errors.py --rounds 1600 --participation single --out strategy_errors.json
     python experiments/strategy_errors.py --rounds 100 --participation min_separation --separation 5

@@ -24,6 +24,8 @@ from provenance import provenance
 
 METHODS = ("dp_fedavg_poisson", "gaussian", "tree", "tree_restart", "tree_honaker", "banded", "blt", "dense")
 NON_PRIVATE = "fedavg_nonprivate"  # FedAvg without clipping or noise: the ceiling
+CLIP_ONLY = "dp_fedavg_clip_only"  # the same clip, no noise (z = 0, no privacy): the ceiling the clip leaves
+REFERENCES = (NON_PRIVATE, CLIP_ONLY)
 
 
 def config(method: str, epsilon: float, args):
@@ -34,6 +36,11 @@ def config(method: str, epsilon: float, args):
     if method == NON_PRIVATE:  # the ceiling: a uniform cohort of the cap, no clipping, no noise
         c.algorithm = "fedavg"
         c.sampling.update(method="uniform", cohort_size=args.cohort)
+        apply_overrides(c, args.set)
+        return c
+    if method == CLIP_ONLY:  # a uniform cohort of the cap, clipped at --clip, z = 0
+        c.sampling.update(method="uniform", cohort_size=args.cohort)
+        c.dp.update(clip_norm=args.clip, noise_multiplier=0.0)
         apply_overrides(c, args.set)
         return c
     if method == "dp_fedavg_poisson":  # the same expected cohort, drawn by Poisson sampling
@@ -52,6 +59,8 @@ def config(method: str, epsilon: float, args):
 def plan(args):
     if args.non_private:
         yield NON_PRIVATE, config(NON_PRIVATE, 0.0, args), 0.0, NON_PRIVATE
+    if args.clip_only:
+        yield CLIP_ONLY, config(CLIP_ONLY, 0.0, args), 0.0, CLIP_ONLY
     for eps in args.epsilons:
         if eps <= 0:
             raise ValueError(f"--epsilons: every target epsilon must be > 0, got {eps:g}")
@@ -75,6 +84,8 @@ def main():
     parser.add_argument("--clip", type=float, default=0.5)
     parser.add_argument("--delta", type=float, default=1e-5, help="0: 1 / clients^1.1")
     parser.add_argument("--non-private", action="store_true", help=f"add {NON_PRIVATE}: uniform cohorts of --cohort, no DP")
+    parser.add_argument("--clip-only", action="store_true", help=f"add {CLIP_ONLY}: the same cohorts clipped at "
+                                                                 "--clip, no noise (no privacy)")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE config override (repeatable)")
     parser.add_argument("--out", default="results/correlated_noise")
     args = parser.parse_args()
@@ -85,7 +96,7 @@ def main():
         s = Experiment(cfg).run_seeds(args.seeds, os.path.join(args.out, name), overwrite=True, progress=False)
         privacy_path = os.path.join(s.workdirs[0], "privacy.json")
         privacy = {"noise_multipliers": [0.0], "accounting": {}}  # the non-private row releases nothing
-        if method != NON_PRIVATE:
+        if method not in REFERENCES:
             with open(privacy_path) as f:
                 privacy = json.load(f)
         rows.append({"epsilon_target": eps, "method": method, "noise_multiplier": privacy["noise_multipliers"][0],
@@ -100,7 +111,7 @@ def main():
         rmse, z, a = r["prefix_sum_rmse_over_z_clip"], r["noise_multiplier"], r["accuracy"]
         over_z = "-" if rmse is None else f"{rmse:.2f}"
         over_s = "-" if rmse is None else f"{rmse * z:.2f}"
-        eps = "inf" if r["method"] == NON_PRIVATE else f"{r['epsilon_target']:g}"
+        eps = "inf" if r["method"] in REFERENCES else f"{r['epsilon_target']:g}"
         print(f"| {eps} | {r['method']} | {z:.3f} | {over_z} | {over_s} | "
               f"{a['mean']:.4f} +- {a['ci95_half_width'] or 0:.4f} |")
 

@@ -1,5 +1,5 @@
 """The correlated-noise experiment scripts: every run of ``experiments/correlated_noise.py``'s grid (the non-private
-ceiling, every method, FEMNIST's overrides) validates before data, with delta = 1/N^1.1 where asked; and
+and clip-only ceilings, every method, FEMNIST's overrides) validates before data, with delta = 1/N^1.1 where asked; and
 ``experiments/strategy_errors.py`` reports the identity's prefix-sum noise in closed form."""
 
 import json
@@ -15,7 +15,7 @@ from fedjax_dp.training.config_validation import validate_config
 
 def grid_args(**changes):
     args = dict(epsilons=[2.0, 8.0], methods=None, seeds=[0], rounds=100, clients=105, cohort=20, separation=5,
-                check_in_rate=0.5, batch=16, clip=0.5, delta=0.0, non_private=True,
+                check_in_rate=0.5, batch=16, clip=0.5, delta=0.0, non_private=True, clip_only=True,
                 set=["data.source=femnist", "data.partition=natural", "model.name=mlp_2nn"])
     args.update(changes)
     return SimpleNamespace(**args)
@@ -24,11 +24,13 @@ def grid_args(**changes):
 def test_every_run_of_the_grid_validates_and_delta_zero_means_one_over_n_to_the_1_1():
     module = load_experiment("correlated_noise")
     runs = list(module.plan(grid_args(methods=list(module.METHODS))))
-    assert [r[0] for r in runs][0] == module.NON_PRIVATE and len(runs) == 1 + 2 * len(module.METHODS)
+    assert [r[0] for r in runs][:2] == list(module.REFERENCES) and len(runs) == 2 + 2 * len(module.METHODS)
     for name, cfg, eps, method in runs:
         validate_config(cfg)  # raises, naming the key, on a bad one
         if method == module.NON_PRIVATE:
             assert cfg.algorithm == "fedavg" and cfg.sampling.method == "uniform"
+        elif method == module.CLIP_ONLY:  # the clip of the DP runs, no noise
+            assert cfg.algorithm == "dp_fedavg" and cfg.dp.noise_multiplier == 0 and cfg.dp.clip_norm == 0.5
         else:
             assert cfg.privacy.delta == pytest.approx(1 / 105 ** 1.1) and cfg.privacy.target_epsilon == eps
             assert cfg.sampling.method == ("poisson" if method == "dp_fedavg_poisson" else "min_separation")

@@ -73,7 +73,7 @@ def plan(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), help="none: the references only")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--clients", type=int, default=500)

@@ -31,6 +31,22 @@ def make_femnist_file(tmp_path, writers_train=("w0", "w1", "w2"), writers_test=(
     return arrays
 
 
+def make_tff_emnist_dir(tmp_path, writers_train=("f0000_14", "f0001_41"), writers_test=("f0000_14", "f0001_41"),
+                        per=3, prefix="fed_emnist"):
+    """TensorFlow Federated's federated-EMNIST layout: ``examples/<writer>/{pixels, label}`` per split."""
+    rng = np.random.default_rng(2)
+    arrays = {}
+    for split, writers in (("train", writers_train), ("test", writers_test)):
+        with h5py.File(tmp_path / f"{prefix}_{split}.h5", "w") as f:
+            for writer in writers:
+                pixels = rng.random((per, 28, 28)).astype(np.float32)
+                labels = rng.integers(0, 62, per).astype(np.int32)
+                f.create_dataset(f"examples/{writer}/pixels", data=pixels)
+                f.create_dataset(f"examples/{writer}/label", data=labels)
+                arrays[(split, writer)] = (pixels, labels)
+    return arrays
+
+
 def make_shakespeare_dir(tmp_path, train, test):
     for split, roles in (("train", train), ("test", test)):
         with h5py.File(tmp_path / f"shakespeare_{split}.h5", "w") as f:

@@ -11,7 +11,7 @@ from fedjax_dp.data.cifar_files import load_cifar10, load_cifar_uint8
 from fedjax_dp.data.femnist_files import load_femnist
 from fedjax_dp.data.shakespeare_files import (BOS_ID, CHAR_VOCAB, EOS_ID, OOV_ID, PAD_ID, decode, load_shakespeare,
                                               read_snippets, snippet_windows)
-from fixture_files import make_cifar_dir, make_femnist_file, make_shakespeare_dir, write_npy_xz
+from fixture_files import make_cifar_dir, make_femnist_file, make_shakespeare_dir, make_tff_emnist_dir, write_npy_xz
 
 
 def test_cifar_fixture_round_trip_and_cache(tmp_path):
@@ -72,6 +72,27 @@ def test_femnist_groups_by_writer(tmp_path):
     np.testing.assert_array_equal(train.y[by_writer["w1"]], arrays["y_train"][4:8])
     inverted, _ = load_femnist(str(tmp_path), invert=True)
     np.testing.assert_allclose(inverted.x, 1.0 - train.x)
+
+
+def test_femnist_reads_tensorflow_federateds_emnist_files_by_writer(tmp_path):
+    arrays = make_tff_emnist_dir(tmp_path)
+    train, test = load_femnist(str(tmp_path))
+    assert train.x.shape == (6, 28, 28, 1) and test.client_ids().tolist() == ["f0000_14", "f0001_41"]
+    rows = train.indices_by_client()["f0001_41"]
+    pixels, labels = arrays[("train", "f0001_41")]
+    np.testing.assert_array_equal(train.y[rows], labels)
+    np.testing.assert_allclose(train.x[rows][..., 0], pixels)
+    inverted, _ = load_femnist(str(tmp_path), invert=True)
+    np.testing.assert_allclose(inverted.x, 1.0 - train.x)
+
+
+def test_femnist_reads_the_digits_only_files_and_needs_their_test_split(tmp_path):
+    make_tff_emnist_dir(tmp_path, prefix="fed_emnist_digitsonly")
+    assert load_femnist(str(tmp_path))[0].x.shape == (6, 28, 28, 1)
+    (tmp_path / "fed_emnist_digitsonly_test.h5").unlink()
+    load_femnist.cache_clear()
+    with pytest.raises(FileNotFoundError, match="fed_emnist_digitsonly_test.h5 not found"):
+        load_femnist(str(tmp_path))
 
 
 def test_shakespeare_tokenisation_matches_tff_convention():

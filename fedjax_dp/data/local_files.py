@@ -32,3 +32,14 @@ def default_data_dir(dataset: str) -> str:
     experiments set the variable)."""
     root = os.environ.get(DATA_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "fedjax_dp", "data")
     return os.path.join(root, dataset)
+
+
+def open_hdf5(path: str, needed_by: str):
+    """``h5py.File(path, "r")``; h5py is an optional dependency (the ``shakespeare`` extra), so its absence is an
+    error naming what needs it and how to install it."""
+    try:
+        import h5py
+    except ImportError as error:
+        raise ValueError(f'{needed_by} reads HDF5 files: pip install "fedjax_dp[shakespeare]" (or pip install h5py)') \
+            from error
+    return h5py.File(path, "r")

@@ -16,7 +16,7 @@ import functools
 import numpy as np
 
 from fedjax_dp.data.array_cache import cached_arrays
-from fedjax_dp.data.local_files import find_file
+from fedjax_dp.data.local_files import find_file, open_hdf5
 from fedjax_dp.data.natural_clients import GroupedSplit
 
 CHAR_VOCAB = 'dhlptx@DHLPTX $(,048cgkoswCGKOSW[_#\'/37;?bfjnrvzBFJNRVZ"&*.26:\naeimquyAEIMQUY]!%)-159\r'
@@ -45,13 +45,7 @@ def decode(ids: np.ndarray) -> str:
 
 def read_snippets(path: str) -> dict[str, list[bytes]]:
     """``{role: [snippet bytes, ...]}`` of one TFF Shakespeare HDF5 file."""
-    try:
-        import h5py  # an optional dependency: only this loader needs it
-    except ImportError as error:
-        raise ValueError('data.source=shakespeare reads HDF5 files: pip install "fedjax_dp[shakespeare]" '
-                         "(or pip install h5py)") from error
-
-    with h5py.File(path, "r") as f:
+    with open_hdf5(path, "data.source=shakespeare") as f:
         if "examples" not in f:
             raise ValueError(f"{path} is not a TFF Shakespeare file: it has no 'examples' group")
         return {role: [bytes(s) for s in f["examples"][role]["snippets"][()]] for role in f["examples"]}

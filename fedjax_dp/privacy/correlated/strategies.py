@@ -191,6 +191,12 @@ def dense_noising(C_inverse: np.ndarray) -> streaming_matrix.StreamingMatrix:
     return streaming_matrix.StreamingMatrix.from_array_implementation(init, multiply_next)
 
 
+def _default_span(rounds: int, participation: Participation) -> int:
+    """The default bands of ``banded`` and period of ``tree_restart``: the separation b, so a client's participations
+    never share a band or a tree; single participation has no second round to keep apart, so the whole run."""
+    return rounds if participation.scheme == "single" else min(participation.separation, rounds)
+
+
 def build(name: str, rounds: int, participation: Participation, bands: int = 0, period: int = 0) -> Strategy:
     """The strategy ``name`` for ``rounds`` rounds under ``participation`` (``bands`` for ``banded``, ``period`` for
     ``tree_restart``: 0 = the separation b, or the whole run under single participation)."""
@@ -202,12 +208,10 @@ def build(name: str, rounds: int, participation: Participation, bands: int = 0, 
         if rounds > MAX_MATERIALIZED_ROUNDS:
             raise ValueError(f"dp.noise={name!r} is built for at most {MAX_MATERIALIZED_ROUNDS} rounds, got {rounds}")
         if name == "tree_restart":
-            every = participation.separation if participation.scheme != "single" else rounds  # once per tree
-            return tree_restart(rounds, period or min(every, rounds))
+            return tree_restart(rounds, period or _default_span(rounds, participation))
         return tree(rounds) if name == "tree" else tree_honaker(rounds)
-    if name == "banded":  # 0: the separation; single participation has none to keep within, so the whole run
-        every = participation.separation if participation.scheme != "single" else rounds
-        return banded(rounds, bands or min(every, rounds))
+    if name == "banded":
+        return banded(rounds, bands or _default_span(rounds, participation))
     if name == "blt":
         return blt(rounds, participation)
     return dense_strategy(rounds, participation)

@@ -86,7 +86,8 @@ def main():
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--clip", type=float, default=0.5)
     parser.add_argument("--delta", type=float, default=1e-5, help="0: 1 / clients^1.1")
-    parser.add_argument("--non-private", action="store_true", help=f"add {NON_PRIVATE}: uniform cohorts of --cohort, no DP")
+    parser.add_argument("--non-private", action="store_true",
+                        help=f"add {NON_PRIVATE}: uniform cohorts of --cohort, no DP")
     parser.add_argument("--clip-only", action="store_true", help=f"add {CLIP_ONLY}: the same cohorts clipped at "
                                                                  "--clip, no noise (no privacy)")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE config override (repeatable)")

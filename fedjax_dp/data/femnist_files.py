@@ -7,8 +7,9 @@
   ``examples/<writer>/pixels`` (n, 28, 28) float in [0, 1] and ``examples/<writer>/label`` (TFF's
   ``emnist.load_data``, derived from LEAF). Needs h5py (``pip install "fedjax_dp[shakespeare]"``).
 
-The npz is read when both are present. Pixels follow LEAF's convention (ink is dark, the background is 1.0) in both;
-``invert=True`` gives the MNIST convention (background 0.0).
+The npz is read when both are present. Pixels are read as stored: the npz has LEAF's convention (ink is dark, the
+background is 1.0), and TFF's files come from LEAF's preprocessing (their background is not checked here: this
+machine has no copy). ``invert=True`` flips them (1 - x), giving the MNIST convention for LEAF's.
 """
 
 from __future__ import annotations

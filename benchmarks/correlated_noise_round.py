@@ -1,9 +1,9 @@
-"""A whole round of workload W with correlated noise against DP-FedAvg's independent noise (issue 75, "Performance":
-the round's time with matrix-factorization noise within 10 % of DP-FedAvg's).
+"""A whole round of workload W with correlated noise against DP-FedAvg's independent noise (issue
+75, "Performance": the round's time with matrix-factorization noise within 10 % of DP-FedAvg's).
 
-Every variant runs the same round: workload W's cohort (``workload_w.WorkloadW``: local training, clipping, the
-clipped sum over the cohort engine) and then the server's noise step on the model's pytree, followed by the
-server update. Only the noise step differs:
+Every variant runs the same round: workload W's cohort (``workload_w.WorkloadW``: local training,
+clipping, the clipped sum over the cohort engine) and then the server's noise step on the model's
+pytree, followed by the server update. Only the noise step differs:
 
   dp_fedavg  the library's ``GaussianNoise`` (DP-FedAvg's central noise: the baseline)
   identity   ``CorrelatedNoise`` with the identity strategy (the same draws, through the stream)
@@ -11,13 +11,15 @@ server update. Only the noise step differs:
   blt        ``--buffers``-buffer BLT (O(buffers x params) state)
   tree       binary-tree aggregation (O(log2(rounds) x params) state)
 
-The strategies are built for ``--rounds`` rounds (the stream's cost does not depend on how far it has gone:
-``benchmarks/correlated_noise.py`` measures that). The variants are alternated round by round (``--repeats``
-rounds each after ``--warmup`` untimed ones), so a noisy machine slows them alike; each variant's median round
-and its ratio to ``dp_fedavg`` are written, measured in this one run.
+The strategies are built for ``--rounds`` rounds (the stream's cost does not depend on how far it
+has gone: ``benchmarks/correlated_noise.py`` measures that). The variants are alternated round by
+round (``--repeats`` rounds each after ``--warmup`` untimed ones), so a noisy machine slows them
+alike; each variant's median round and its ratio to ``dp_fedavg`` are written, measured in this one
+run.
 
-    python benchmarks/correlated_noise_round.py --model mlp --cohort 1000 --out benchmarks/out/cn_round_mlp.json
-    python benchmarks/correlated_noise_round.py --model cnn --cohort 100 --strategy loop --unroll full \
+    python benchmarks/correlated_noise_round.py --model mlp --cohort 1000 --out
+    benchmarks/out/cn_round_mlp.json python benchmarks/correlated_noise_round.py --model cnn
+    --cohort 100 --strategy loop --unroll full \
         --out benchmarks/out/cn_round_cnn.json
 """
 
@@ -52,14 +54,17 @@ VARIANTS = ("dp_fedavg", "identity", "banded", "blt", "tree")
 def noise_transform(name: str, args):
     """The upload transform of one variant and the inputs its server side reads."""
     if name == "dp_fedavg":
-        return GaussianNoise(schedule=((1, SIGMA),)), {"z": jnp.float32(SIGMA), "z_update": jnp.float32(SIGMA)}
+        return GaussianNoise(schedule=((1, SIGMA),)), {
+            "z": jnp.float32(SIGMA),
+            "z_update": jnp.float32(SIGMA),
+        }
     plan = NoisePlan(strategy(name, args), Participation("single"), SIGMA)
     return CorrelatedNoise(plan), {"std_over_clip": jnp.float32(plan.std_over_clip)}
 
 
 class NoisyServer:
-    """Workload W's server step with the library's noise transform: noise the clipped sum, divide by the cohort,
-    apply; the transform's state (the stream's buffers) carried from round to round."""
+    """Workload W's server step with the library's noise transform: noise the clipped sum, divide by
+    the cohort, apply; the transform's state (the stream's buffers) carried from round to round."""
 
     def __init__(self, name: str, args, params):
         transform, inputs = noise_transform(name, args)
@@ -80,14 +85,26 @@ class NoisyServer:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="mlp", choices=("mlp", "cnn"))
     parser.add_argument("--cohort", type=int, default=1000)
     parser.add_argument("--strategy", default="sequential", help="the cohort engine's formulation")
-    parser.add_argument("--unroll", default="1", help="local steps' scan unroll: an integer, or 'full'")
-    parser.add_argument("--conv-impl", default="xla", help="convolutions (auto's CPU choice for workload W's CNN: "
-                        "--strategy loop --unroll full --conv-impl xla)")
-    parser.add_argument("--rounds", type=int, default=2000, help="the run length the strategies are built for")
+    parser.add_argument(
+        "--unroll", default="1", help="local steps' scan unroll: an integer, or 'full'"
+    )
+    parser.add_argument(
+        "--conv-impl",
+        default="xla",
+        help=(
+            "convolutions (auto's CPU choice for workload W's CNN: "
+            "--strategy loop --unroll full --conv-impl xla)"
+        ),
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2000, help="the run length the strategies are built for"
+    )
     parser.add_argument("--bands", type=int, default=16)
     parser.add_argument("--buffers", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
@@ -97,13 +114,21 @@ def main():
     args = parser.parse_args()
 
     unroll = True if args.unroll == "full" else int(args.unroll)
-    work = WorkloadW(args.model, args.strategy, None, unroll, args.conv_impl, population=args.cohort,
-                     devices=jax.device_count())
+    work = WorkloadW(
+        args.model,
+        args.strategy,
+        None,
+        unroll,
+        args.conv_impl,
+        population=args.cohort,
+        devices=jax.device_count(),
+    )
     params_count = sum(x.size for x in jax.tree_util.tree_leaves(work.params))
     servers = {name: NoisyServer(name, args, work.params) for name in args.variants}
     times = {name: [] for name in args.variants}
     for r in range(args.warmup + args.repeats):
-        for name in args.variants:  # alternated: each round of the comparison runs every variant once
+        # alternated: each round of the comparison runs every variant once
+        for name in args.variants:
             work.server = servers[name]
             start = time.perf_counter()
             work.round(r, args.cohort)
@@ -113,13 +138,30 @@ def main():
     results = {}
     for name in args.variants:
         median = statistics.median(times[name])
-        results[name] = {"round_s_median": median, "round_s": times[name],
-                         "state_model_copies": servers[name].state_bytes / (4 * params_count),
-                         "ratio_to_dp_fedavg": median / base if base else None}
-        print(name, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in results[name].items()
-                     if k != "round_s"}, flush=True)
-    write_result(args.out, {"args": vars(args), "params": params_count, "devices": jax.device_count(),
-                            "results": results})
+        results[name] = {
+            "round_s_median": median,
+            "round_s": times[name],
+            "state_model_copies": servers[name].state_bytes / (4 * params_count),
+            "ratio_to_dp_fedavg": median / base if base else None,
+        }
+        print(
+            name,
+            {
+                k: round(v, 4) if isinstance(v, float) else v
+                for k, v in results[name].items()
+                if k != "round_s"
+            },
+            flush=True,
+        )
+    write_result(
+        args.out,
+        {
+            "args": vars(args),
+            "params": params_count,
+            "devices": jax.device_count(),
+            "results": results,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""What a run's epsilon queries cost under PLD accounting, with and without ``cached_pld`` (issue 20).
+"""What a run's epsilon queries cost under PLD accounting, with and without ``cached_pld`` (issue
+20).
 
-A run asks for epsilon after round after round of the same Poisson-subsampled Gaussian. dp_accounting's
-``PLDAccountant`` builds the round's PLD from the mechanism at every query; ``CachedPldAccountant``
-(``fedjax_dp.privacy.accounting.cached_pld``, what ``privacy.accounting.accountant`` uses) builds it once. Both are timed in
-this one process over the same schedule, interleaved, and their epsilons compared (they must be equal).
-JSON out; the seconds depend on the machine (say which), the ratio is the result.
+A run asks for epsilon after round after round of the same Poisson-subsampled Gaussian.
+dp_accounting's ``PLDAccountant`` builds the round's PLD from the mechanism at every query;
+``CachedPldAccountant`` (``fedjax_dp.privacy.accounting.cached_pld``, what
+``privacy.accounting.accountant`` uses) builds it once. Both are timed in this one process over the
+same schedule, interleaved, and their epsilons compared (they must be equal). JSON out; the seconds
+depend on the machine (say which), the ratio is the result.
 
     python benchmarks/pld_queries.py --out benchmarks/out/pld_queries.json
 """
@@ -28,8 +30,8 @@ from fedjax_dp.privacy.accounting import cached_pld  # noqa: E402
 
 
 def queries(make, event, rounds, every, delta):
-    """Seconds and epsilons of a run's queries: after every ``every``-th round, a fresh accountant of
-    the whole history (what ``privacy.accounting.accountant.Accountant`` does at each query)."""
+    """Seconds and epsilons of a run's queries: after every ``every``-th round, a fresh accountant
+    of the whole history (what ``privacy.accounting.accountant.Accountant`` does at each query)."""
     start, epsilons = time.perf_counter(), []
     for t in range(every, rounds + 1, every):
         accountant = make()
@@ -48,18 +50,31 @@ def main():
     parser.add_argument("--out", default=os.path.join("benchmarks", "out", "pld_queries.json"))
     args = parser.parse_args()
     event = PoissonSampledDpEvent(args.rate, GaussianDpEvent(args.noise))
-    makers = {"dp_accounting": lambda: pld_privacy_accountant.PLDAccountant(value_discretization_interval=args.discretization),
-              "cached": lambda: cached_pld.CachedPldAccountant(value_discretization_interval=args.discretization)}
+    makers = {
+        "dp_accounting": lambda: pld_privacy_accountant.PLDAccountant(
+            value_discretization_interval=args.discretization
+        ),
+        "cached": lambda: cached_pld.CachedPldAccountant(
+            value_discretization_interval=args.discretization
+        ),
+    }
     seconds, epsilons = {name: [] for name in makers}, {}
-    for _ in range(2):  # interleaved twice; the cache is cleared so each cached pass builds its PLD once
+    # interleaved twice; the cache is cleared so each cached pass builds its PLD once
+    for _ in range(2):
         for name, make in makers.items():
             cached_pld.subsampled_gaussian_pld.cache_clear()
             took, epsilons[name] = queries(make, event, args.rounds, args.every, 1e-5)
             seconds[name].append(took)
-    result = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "args": vars(args),
-              "queries": len(epsilons["cached"]), "seconds": seconds,
-              "ratio_dp_accounting_over_cached": min(seconds["dp_accounting"]) / min(seconds["cached"]),
-              "epsilons_equal": epsilons["cached"] == epsilons["dp_accounting"], "final_epsilon": epsilons["cached"][-1]}
+    result = {
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "args": vars(args),
+        "queries": len(epsilons["cached"]),
+        "seconds": seconds,
+        "ratio_dp_accounting_over_cached": min(seconds["dp_accounting"]) / min(seconds["cached"]),
+        "epsilons_equal": epsilons["cached"] == epsilons["dp_accounting"],
+        "final_epsilon": epsilons["cached"][-1],
+    }
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)

@@ -1,5 +1,6 @@
-"""``timed``: the first call of a function (compilation included) and the median of later calls; ``best_ms``: the
-best mean of back-to-back calls, for operations of a few milliseconds where one call's dispatch would dominate."""
+"""``timed``: the first call of a function (compilation included) and the median of later calls;
+``best_ms``: the best mean of back-to-back calls, for operations of a few milliseconds where one
+call's dispatch would dominate."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import jax
 
 
 def timed(fn, repeats: int) -> tuple[float, float]:
-    """(first call incl. compilation, median of ``repeats`` later calls), seconds; blocks on results."""
+    """(first call incl. compilation, median of ``repeats`` later calls), seconds; blocks on
+    results."""
     start = time.perf_counter()
     jax.block_until_ready(fn())
     first = time.perf_counter() - start
@@ -23,7 +25,8 @@ def timed(fn, repeats: int) -> tuple[float, float]:
 
 
 def best_ms(fn, *args, calls: int = 50, repeats: int = 5) -> float:
-    """Best over ``repeats`` of the mean milliseconds of ``calls`` back-to-back calls (after a compiling one)."""
+    """Best over ``repeats`` of the mean milliseconds of ``calls`` back-to-back calls (after a
+    compiling one)."""
     jax.block_until_ready(fn(*args))
     best = float("inf")
     for _ in range(repeats):

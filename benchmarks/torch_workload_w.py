@@ -1,16 +1,18 @@
-"""Workload W in PyTorch on whatever device torch sees (CUDA if present): the peers' two formulations,
-run on the GPU for the side-by-side of ``gpu_side_by_side.py``.
+"""Workload W in PyTorch on whatever device torch sees (CUDA if present): the peers' two
+formulations, run on the GPU for the side-by-side of ``gpu_side_by_side.py``.
 
-The peer harness (``../shared/bench/peers/bench_torch.py``) is CPU-only; this runner takes its models
-(``models_torch.py`` from ``--peers``) and the shared workload definition (``workload_w_data``) and runs:
+The peer harness (``../shared/bench/peers/bench_torch.py``) is CPU-only; this runner takes its
+models (``models_torch.py`` from ``--peers``) and the shared workload definition
+(``workload_w_data``) and runs:
 
 * ``--impl loop``: one ``nn.Module``, the global weights copied in, 6 ``torch.optim.SGD`` steps per
   client, the flat delta clipped and accumulated on the device (no host synchronisation per client);
-* ``--impl vmap``: ``torch.func.vmap(grad(functional_call))`` over chunks of ``--chunk`` clients with
-  per-client weights, 6 SGD steps, clip, sum.
+* ``--impl vmap``: ``torch.func.vmap(grad(functional_call))`` over chunks of ``--chunk`` clients
+  with per-client weights, 6 SGD steps, clip, sum.
 
-TF32 matmuls and convolutions are allowed (``--tf32``, the default), as XLA allows them for float32 on
-this GPU generation, so both frameworks use the same arithmetic. Prints one ``RESULT {json}`` line.
+TF32 matmuls and convolutions are allowed (``--tf32``, the default), as XLA allows them for float32
+on this GPU generation, so both frameworks use the same arithmetic. Prints one ``RESULT {json}``
+line.
 """
 
 from __future__ import annotations
@@ -26,12 +28,25 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from workload_w_data import BATCH, CLIP, FLOPS_PER_CLIENT_UPDATE, LR, SIGMA, STEPS, cohort_ids, make_population  # noqa: E402
+from workload_w_data import (
+    BATCH,
+    CLIP,
+    FLOPS_PER_CLIENT_UPDATE,
+    LR,
+    SIGMA,
+    STEPS,
+    cohort_ids,
+    make_population,
+)  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peers", required=True, help="folder holding the peer harness's models_torch.py")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--peers", required=True, help="folder holding the peer harness's models_torch.py"
+    )
     parser.add_argument("--model", choices=["cnn", "mlp"], required=True)
     parser.add_argument("--cohort", type=int, required=True)
     parser.add_argument("--impl", choices=["loop", "vmap"], required=True)
@@ -82,17 +97,21 @@ def main():
             x, y = cohort_data(r)
             acc = torch.zeros_like(gvec)
             for c in range(cohort):
-                with torch.no_grad():  # a copy: vector_to_parameters makes the parameters views of its input
+                # a copy: vector_to_parameters makes the parameters views of its input
+                with torch.no_grad():
                     vector_to_parameters(gvec.clone(), params)
                 for s in range(STEPS):
                     opt.zero_grad(set_to_none=True)
-                    F.cross_entropy(model(x[c, s * BATCH:(s + 1) * BATCH]), y[c, s * BATCH:(s + 1) * BATCH]).backward()
+                    F.cross_entropy(
+                        model(x[c, s * BATCH : (s + 1) * BATCH]), y[c, s * BATCH : (s + 1) * BATCH]
+                    ).backward()
                     opt.step()
                 with torch.no_grad():
                     d = parameters_to_vector(params) - gvec
                     acc.add_(d * clip_scale(d.norm()))
             with torch.no_grad():
                 return server_apply(gvec, acc)
+
     else:
         names = [n for n, _ in model.named_parameters()]
         shapes = [p.shape for _, p in model.named_parameters()]
@@ -105,13 +124,19 @@ def main():
             acc = torch.zeros_like(gvec)
             with torch.no_grad():
                 for c0 in range(0, cohort, args.chunk):
-                    xc, yc = x[c0:c0 + args.chunk], y[c0:c0 + args.chunk]
+                    xc, yc = x[c0 : c0 + args.chunk], y[c0 : c0 + args.chunk]
                     k = xc.shape[0]
                     flat = gvec.unsqueeze(0).repeat(k, 1)
-                    per_client = {n: flat[:, int(i):int(i) + sz].view((k,) + tuple(s))
-                                  for n, s, sz, i in zip(names, shapes, sizes, offsets)}
+                    per_client = {
+                        n: flat[:, int(i) : int(i) + sz].view((k,) + tuple(s))
+                        for n, s, sz, i in zip(names, shapes, sizes, offsets)
+                    }
                     for s in range(STEPS):
-                        g = vgrad(per_client, xc[:, s * BATCH:(s + 1) * BATCH], yc[:, s * BATCH:(s + 1) * BATCH])
+                        g = vgrad(
+                            per_client,
+                            xc[:, s * BATCH : (s + 1) * BATCH],
+                            yc[:, s * BATCH : (s + 1) * BATCH],
+                        )
                         for n in names:
                             per_client[n].sub_(g[n], alpha=LR)
                     d = flat - gvec
@@ -136,13 +161,26 @@ def main():
             times.append(elapsed)
     median = statistics.median(times)
     ups = cohort / median
-    row = {"framework": "torch", "model": args.model, "cohort": cohort, "impl": args.impl,
-           "chunk": args.chunk if args.impl == "vmap" else None, "tf32": args.tf32,
-           "round_times_s": [round(t, 4) for t in times], "median_round_s": median, "first_round_s": first,
-           "client_updates_per_s": ups, "achieved_gflops": ups * FLOPS_PER_CLIENT_UPDATE[args.model] / 1e9,
-           "finite": bool(torch.isfinite(gvec).all()), "torch": torch.__version__, "device": str(device),
-           "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-           "device_peak_mib": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None}
+    row = {
+        "framework": "torch",
+        "model": args.model,
+        "cohort": cohort,
+        "impl": args.impl,
+        "chunk": args.chunk if args.impl == "vmap" else None,
+        "tf32": args.tf32,
+        "round_times_s": [round(t, 4) for t in times],
+        "median_round_s": median,
+        "first_round_s": first,
+        "client_updates_per_s": ups,
+        "achieved_gflops": ups * FLOPS_PER_CLIENT_UPDATE[args.model] / 1e9,
+        "finite": bool(torch.isfinite(gvec).all()),
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "device_peak_mib": (
+            torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
+        ),
+    }
     print("RESULT " + json.dumps(row), flush=True)
 
 

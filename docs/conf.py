@@ -1,11 +1,12 @@
 """Sphinx configuration of the fedjax_dp documentation.
 
-Sphinx with MyST-NB, as optax and flax build theirs: pages are Markdown (MyST), the notebooks in ``colabs/`` are
-rendered with the outputs they were saved with (never executed here), and the API reference is generated from the
-docstrings of each subpackage's ``__all__``. The build needs no network (no intersphinx) and the suite runs it with
-warnings as errors (``tests/test_docs.py``):
+Sphinx with MyST-NB, as optax and flax build theirs: pages are Markdown (MyST), the notebooks in
+``colabs/`` are rendered with the outputs they were saved with (never executed here), and the API
+reference is generated from the docstrings of each subpackage's ``__all__``. The build needs no
+network (no intersphinx) and the suite runs it with warnings as errors (``tests/test_docs.py``):
 
-    python3 -m pip install -e ".[docs]" && python3 -m sphinx -W --keep-going -b html docs docs/_build/html
+    python3 -m pip install -e ".[docs]" && python3 -m sphinx -W --keep-going -b html docs
+    docs/_build/html
 """
 
 import os
@@ -21,18 +22,25 @@ author = "the fedjax_dp authors"
 copyright = "2026, the fedjax_dp authors"
 release = version = fedjax_dp.__version__
 
-extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napoleon",
-              "sphinx.ext.mathjax"]
+extensions = [
+    "myst_nb",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+]
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
 myst_heading_anchors = 4
-nb_execution_mode = "off"  # the notebooks' saved outputs (the suite runs them itself, tests/test_colabs.py)
+# the notebooks' saved outputs (the suite runs them itself, tests/test_colabs.py)
+nb_execution_mode = "off"
 nb_merge_streams = True
 
 autosummary_generate = True
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
-autodoc_typehints = "none"  # signatures as written; resolving every annotation would need intersphinx
+# signatures as written; resolving every annotation would need intersphinx
+autodoc_typehints = "none"
 autodoc_member_order = "bysource"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
@@ -45,10 +53,14 @@ html_theme_options = {"show_toc_level": 2}
 
 
 def _results_links(app, relative_path, parent_docname, content):
-    """The scorecard (``experiments/README.md``) links into ``RESULTS.md`` beside it; included here, that notebook
-    is the ``results`` page."""
+    """The scorecard (``experiments/README.md``) links into ``RESULTS.md`` beside it; included here,
+    that notebook is the ``results`` page."""
     if str(relative_path).endswith("experiments/README.md"):
-        content[0] = content[0].replace("](RESULTS.md#", "](results.md#").replace("](RESULTS.md)", "](results.md)")
+        content[0] = (
+            content[0]
+            .replace("](RESULTS.md#", "](results.md#")
+            .replace("](RESULTS.md)", "](results.md)")
+        )
 
 
 def setup(app):

@@ -20,9 +20,13 @@ MATRICES = ("block", "gaussian", "bernoulli")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", type=int, default=512)
-    parser.add_argument("--rates", type=float, nargs="+", default=[round(0.1 * k, 1) for k in range(1, 10)])
+    parser.add_argument(
+        "--rates", type=float, nargs="+", default=[round(0.1 * k, 1) for k in range(1, 10)]
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/cs_coherence")
     args = parser.parse_args()
@@ -32,14 +36,20 @@ def main():
     for kind in MATRICES:
         for rate in args.rates:
             phi = make_operator(kind, args.size, rate, seed=args.seed).dense()
-            row = {"matrix": kind, "rate": rate, **{b: coherence(phi, psi) for b, psi in bases.items()}}
+            row = {
+                "matrix": kind,
+                "rate": rate,
+                **{b: coherence(phi, psi) for b, psi in bases.items()},
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
     with open(os.path.join(args.out, "coherence.json"), "w") as f:
         f.write(strict_json({"size": args.size, "seed": args.seed, "rows": rows}, indent=2))
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     for ax, b in zip(axes, BASES):
         for kind in MATRICES:
@@ -55,7 +65,11 @@ def main():
     print("| matrix | " + " | ".join(f"r={r:g}" for r in args.rates) + " |")
     for kind in MATRICES:
         for b in BASES:
-            print(f"| {kind}/{b} | " + " | ".join(f"{r[b]:.2f}" for r in rows if r["matrix"] == kind) + " |")
+            print(
+                f"| {kind}/{b} | "
+                + " | ".join(f"{r[b]:.2f}" for r in rows if r["matrix"] == kind)
+                + " |"
+            )
 
 
 if __name__ == "__main__":

@@ -17,8 +17,11 @@ from ml_collections import config_flags
 from fedjax_dp.data.builders import build_dataset
 from fedjax_dp.data.describe import describe, plot_label_distribution
 
-_CONFIG = config_flags.DEFINE_config_file("config", os.path.join("experiments", "configs", "fedavg_mnist.py"),
-                                          "Experiment config file (ml_collections).")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    os.path.join("experiments", "configs", "fedavg_mnist.py"),
+    "Experiment config file (ml_collections).",
+)
 _PLOT = flags.DEFINE_string("plot", "", "Write the label-distribution plot (PNG) here.")
 
 

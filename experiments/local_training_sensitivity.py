@@ -1,18 +1,20 @@
-"""How far a last-bit difference travels in CUAG-PFL's local training: the check behind "the CPU engines compute
-the same function" (experiments/RESULTS.md, Table 8 / Table 3 on CIFAR-100 ALID3).
+"""How far a last-bit difference travels in CUAG-PFL's local training: the check behind "the CPU
+engines compute the same function" (experiments/RESULTS.md, Table 8 / Table 3 on CIFAR-100 ALID3).
 
-Part 1 (``--steps``): one client of the seed-004 setting (``cnn_pfl``, CIFAR-100 ALID3 unless told otherwise)
-trains S steps of SGD at the paper's beta = 0.1 on batches of 2B = 100 from one initialisation three ways:
-im2col convolutions, XLA's convolution (``per_layer`` picks it for both layers of ``cnn_pfl``), and im2col from the
-initialisation scaled by (1 + 1e-7). It reports, after each S, the relative parameter distance of the last two
-to the first and the mean training loss of each. Equal growth of the two distances means the dynamics, not the
-convolution, decide how far runs drift apart.
+Part 1 (``--steps``): one client of the seed-004 setting (``cnn_pfl``, CIFAR-100 ALID3 unless told
+otherwise) trains S steps of SGD at the paper's beta = 0.1 on batches of 2B = 100 from one
+initialisation three ways: im2col convolutions, XLA's convolution (``per_layer`` picks it for both
+layers of ``cnn_pfl``), and im2col from the initialisation scaled by (1 + 1e-7). It reports, after
+each S, the relative parameter distance of the last two to the first and the mean training loss of
+each. Equal growth of the two distances means the dynamics, not the convolution, decide how far runs
+drift apart.
 
-Part 2 (``--rounds-check``): round 1 of the Table 8 paper-mode run (``experiments/seed004_tables.py --table 8``)
-on each CPU engine, its ``train_loss`` and personalised accuracy side by side: engines whose convolutions are
-the same XLA program give the same bits; the others differ from round 1.
+Part 2 (``--rounds-check``): round 1 of the Table 8 paper-mode run (``experiments/seed004_tables.py
+--table 8``) on each CPU engine, its ``train_loss`` and personalised accuracy side by side: engines
+whose convolutions are the same XLA program give the same bits; the others differ from round 1.
 
-    python experiments/local_training_sensitivity.py --out results/local_training_sensitivity.json --rounds-check
+    python experiments/local_training_sensitivity.py --out results/local_training_sensitivity.json
+    --rounds-check
 """
 
 from __future__ import annotations
@@ -41,24 +43,34 @@ sys.path.insert(0, HERE)
 
 from seed004_tables import configure, split_overrides  # noqa: E402
 
-# (strategy, unroll, conv_impl): the scan engine used before 2026-11-26, three bit-identical relatives of it,
+# (strategy, unroll, conv_impl): the scan engine used before 2026-11-26, three bit-identical
+# relatives of it,
 # and the loop-free engine `auto` picks on a CPU now.
-ENGINES = (("sequential", "1", "im2col"), ("sequential", "full", "im2col"), ("loop", "full", "im2col"),
-           ("loop", "full", "per_layer"))
+ENGINES = (
+    ("sequential", "1", "im2col"),
+    ("sequential", "full", "im2col"),
+    ("loop", "full", "im2col"),
+    ("loop", "full", "per_layer"),
+)
 
 
 def client_data(source: str, split: str, seed: int, client: int):
     args = SimpleNamespace(rounds=1, eval_every=1, seed=seed, source=source, data_dir="")
-    dataset = build_dataset(configure(args, split_overrides(split)).data, seed)  # the seed-004 tables' data
+    # the seed-004 tables' data
+    dataset = build_dataset(configure(args, split_overrides(split)).data, seed)
     index = dataset.client_train[client]
     return dataset, jnp.asarray(dataset.x[index]), jnp.asarray(dataset.y[index])
 
 
-def train(dataset, x, y, conv_impl: str, steps: int, perturbation: float, seed: int, lr: float, batch: int):
-    """``steps`` SGD steps of softmax cross-entropy from ``model.init(key(seed))`` scaled by ``1 + perturbation``;
-    the batches are the same for every call."""
+def train(
+    dataset, x, y, conv_impl: str, steps: int, perturbation: float, seed: int, lr: float, batch: int
+):
+    """``steps`` SGD steps of softmax cross-entropy from ``model.init(key(seed))`` scaled by ``1 +
+    perturbation``; the batches are the same for every call."""
     model = get_model("cnn_pfl", dataset.example_shape, dataset.num_classes, conv_impl=conv_impl)
-    params = jax.tree_util.tree_map(lambda p: p * (1 + perturbation), model.init(jax.random.key(seed)))
+    params = jax.tree_util.tree_map(
+        lambda p: p * (1 + perturbation), model.init(jax.random.key(seed))
+    )
     optimizer = optax.sgd(lr)
 
     def loss(p, xb, yb):
@@ -86,11 +98,24 @@ def local_steps_part(args) -> list[dict]:
     dataset, x, y = client_data(args.source, args.split, args.seed, args.client)
     rows = []
     for steps in args.steps:
-        run = lambda impl, eps=0.0: train(dataset, x, y, impl, steps, eps, args.seed, args.lr, args.batch)  # noqa: E731
-        (reference, loss_ref), (xla, loss_xla), (nudged, loss_nudged) = run("im2col"), run("xla"), run("im2col", 1e-7)
-        rows.append({"steps": steps, "distance_xla_conv": relative_distance(reference, xla),
-                     "distance_init_times_1_plus_1e-7": relative_distance(reference, nudged),
-                     "mean_loss_im2col": loss_ref, "mean_loss_xla_conv": loss_xla, "mean_loss_nudged": loss_nudged})
+        run = lambda impl, eps=0.0: train(
+            dataset, x, y, impl, steps, eps, args.seed, args.lr, args.batch
+        )  # noqa: E731
+        (reference, loss_ref), (xla, loss_xla), (nudged, loss_nudged) = (
+            run("im2col"),
+            run("xla"),
+            run("im2col", 1e-7),
+        )
+        rows.append(
+            {
+                "steps": steps,
+                "distance_xla_conv": relative_distance(reference, xla),
+                "distance_init_times_1_plus_1e-7": relative_distance(reference, nudged),
+                "mean_loss_im2col": loss_ref,
+                "mean_loss_xla_conv": loss_xla,
+                "mean_loss_nudged": loss_nudged,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -101,22 +126,55 @@ def round_one_part(args) -> list[dict]:
         for strategy, unroll, conv in ENGINES:
             out = os.path.join(tmp, f"{strategy}_{unroll}_{conv}")
             data_dir = [] if args.source == "cifar10" else ["--source", args.source]
-            subprocess.run([sys.executable, os.path.join(HERE, "seed004_tables.py"), "--table", "8", "--only",
-                            "paper mode, mu_n in [0.1, 4]", "--splits", args.split, *data_dir, "--rounds", "1",
-                            "--eval-every", "1", "--seed", str(args.seed), "--out", out, "--set",
-                            f"engine.strategy={strategy}", f"engine.unroll={unroll}", f"engine.conv_impl={conv}"],
-                           check=True, capture_output=True)
-            metrics = [json.loads(line) for line in open(glob.glob(os.path.join(out, "*", "metrics.jsonl"))[0])]
+            subprocess.run(
+                [
+                    sys.executable,
+                    os.path.join(HERE, "seed004_tables.py"),
+                    "--table",
+                    "8",
+                    "--only",
+                    "paper mode, mu_n in [0.1, 4]",
+                    "--splits",
+                    args.split,
+                    *data_dir,
+                    "--rounds",
+                    "1",
+                    "--eval-every",
+                    "1",
+                    "--seed",
+                    str(args.seed),
+                    "--out",
+                    out,
+                    "--set",
+                    f"engine.strategy={strategy}",
+                    f"engine.unroll={unroll}",
+                    f"engine.conv_impl={conv}",
+                ],
+                check=True,
+                capture_output=True,
+            )
+            metrics = [
+                json.loads(line)
+                for line in open(glob.glob(os.path.join(out, "*", "metrics.jsonl"))[0])
+            ]
             first = next(m for m in metrics if m.get("round") == 1)
-            rows.append({"strategy": strategy, "unroll": unroll, "conv_impl": conv,
-                         "train_loss_round_1": first["train_loss"],
-                         "personalized_accuracy_round_1": first["personalized_accuracy"]})
+            rows.append(
+                {
+                    "strategy": strategy,
+                    "unroll": unroll,
+                    "conv_impl": conv,
+                    "train_loss_round_1": first["train_loss"],
+                    "personalized_accuracy_round_1": first["personalized_accuracy"],
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--source", default="cifar100", choices=["cifar10", "cifar100"])
     p.add_argument("--split", default="alid3")
     p.add_argument("--seed", type=int, default=0)
@@ -127,8 +185,16 @@ def main():
     p.add_argument("--rounds-check", action="store_true", help="also run part 2 (about 4 x 50 s)")
     p.add_argument("--out", default="results/local_training_sensitivity.json")
     args = p.parse_args()
-    report = {"backend": jax.default_backend(), "source": args.source, "split": args.split, "seed": args.seed,
-              "client": args.client, "lr": args.lr, "batch": args.batch, "local_steps": local_steps_part(args)}
+    report = {
+        "backend": jax.default_backend(),
+        "source": args.source,
+        "split": args.split,
+        "seed": args.seed,
+        "client": args.client,
+        "lr": args.lr,
+        "batch": args.batch,
+        "local_steps": local_steps_part(args),
+    }
     if args.rounds_check:
         report["round_one"] = round_one_part(args)
     write_json(args.out, report, indent=2)

@@ -1,11 +1,12 @@
-"""Seed 002 (UGA / FedMeta) experiments: the six methods on one dataset, or the D_meta overlap sweep.
+"""Seed 002 (UGA / FedMeta) experiments: the six methods on one dataset, or the D_meta overlap
+sweep.
 
 Methods: FedAvg, FedProx (mu = 2e-4), FedShare (shared 1 %), UGA, FedMeta (FedAvg clients), FedMeta
-w/ UGA. Output under ``--out``: one results directory per run, ``table.json``, ``table.md`` (final and
-best accuracy, rounds to each threshold, wall time: the shape of the paper's Tables 1-3) and
-``curves.png``. ``--overlap-sweep`` (FEMNIST) runs FedAvg and FedMeta with D_meta drawn from 20 writers
-overlapping the training writers by 0/25/50/75/100 % (Fig. 5) and evaluates both on the central test
-set.
+w/ UGA. Output under ``--out``: one results directory per run, ``table.json``, ``table.md`` (final
+and best accuracy, rounds to each threshold, wall time: the shape of the paper's Tables 1-3) and
+``curves.png``. ``--overlap-sweep`` (FEMNIST) runs FedAvg and FedMeta with D_meta drawn from 20
+writers overlapping the training writers by 0/25/50/75/100 % (Fig. 5) and evaluates both on the
+central test set.
 
     python experiments/seed002_tables.py --dataset femnist --rounds 15 --out results/seed002/femnist
     python experiments/seed002_tables.py --dataset femnist --overlap-sweep --rounds 10
@@ -29,11 +30,21 @@ from preflight import apply_overrides, checked_runs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS = {
-    "fedavg": ("fedavg", False), "fedprox": ("fedprox", False), "fedshare": ("fedshare", False),
-    "uga": ("uga", False), "fedmeta": ("fedavg", True), "fedmeta_uga": ("uga", True),
+    "fedavg": ("fedavg", False),
+    "fedprox": ("fedprox", False),
+    "fedshare": ("fedshare", False),
+    "uga": ("uga", False),
+    "fedmeta": ("fedavg", True),
+    "fedmeta_uga": ("uga", True),
 }
-LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedshare": "FedShare", "uga": "UGA", "fedmeta": "FedMeta",
-          "fedmeta_uga": "FedMeta w/ UGA"}
+LABELS = {
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "fedshare": "FedShare",
+    "uga": "UGA",
+    "fedmeta": "FedMeta",
+    "fedmeta_uga": "FedMeta w/ UGA",
+}
 THRESHOLDS = {"cifar10": (0.5, 0.6, 0.75), "femnist": (0.7, 0.8, 0.9), "shakespeare": (0.47,)}
 
 
@@ -63,29 +74,43 @@ def rounds_to(rows, threshold: float):
 
 def summarise(name, workdir, summary: dict, thresholds):
     rows = results.read_metrics(workdir)
-    return {"run": name, "final_accuracy": summary["final"]["test_accuracy"], "best_accuracy": summary["best_accuracy"],
-            "rounds": summary["rounds"], "seconds": summary["seconds"], "stop_reason": summary.get("stop_reason"),
-            "rounds_to": {f"{t:g}": rounds_to(rows, t) for t in thresholds},
-            "curve": [(r["round"], r["test_accuracy"]) for r in rows if "test_accuracy" in r]}
+    return {
+        "run": name,
+        "final_accuracy": summary["final"]["test_accuracy"],
+        "best_accuracy": summary["best_accuracy"],
+        "rounds": summary["rounds"],
+        "seconds": summary["seconds"],
+        "stop_reason": summary.get("stop_reason"),
+        "rounds_to": {f"{t:g}": rounds_to(rows, t) for t in thresholds},
+        "curve": [(r["round"], r["test_accuracy"]) for r in rows if "test_accuracy" in r],
+    }
 
 
 def write_outputs(out, rows, thresholds, settings, title):
     with open(os.path.join(out, "table.json"), "w") as f:
         f.write(strict_json({"settings": settings, "rows": rows}, indent=2))
-    head = ("| run | final acc | best acc | " + " | ".join(f"rounds to {t:g}" for t in thresholds)
-            + " | seconds | stopped |")
+    head = (
+        "| run | final acc | best acc | "
+        + " | ".join(f"rounds to {t:g}" for t in thresholds)
+        + " | seconds | stopped |"
+    )
     lines = [f"Settings: {settings}", "", head, "|" + " --- |" * (5 + len(thresholds))]
     for r in rows:
         reach = [str(r["rounds_to"][f"{t:g}"] or f">{r['rounds']}") for t in thresholds]
-        lines.append(f"| {r['run']} | {r['final_accuracy']:.4f} | {r['best_accuracy']:.4f} | " + " | ".join(reach)
-                     + f" | {r['seconds']:.0f} | {r['stop_reason'] or ''} |")
+        lines.append(
+            f"| {r['run']} | {r['final_accuracy']:.4f} | {r['best_accuracy']:.4f} | "
+            + " | ".join(reach)
+            + f" | {r['seconds']:.0f} | {r['stop_reason'] or ''} |"
+        )
     text = "\n".join(lines)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text + "\n")
     print(text)
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
         ax.plot(*zip(*r["curve"]), marker=".", label=r["run"])
@@ -104,7 +129,10 @@ def _stored_run(workdir: str, cfg) -> str:
     nothing there, or a different config). Options the stored config predates (added to the library
     later, at their defaults) are ignored."""
     try:
-        with open(os.path.join(workdir, "config.json")) as f, open(os.path.join(workdir, "summary.json")) as g:
+        with (
+            open(os.path.join(workdir, "config.json")) as f,
+            open(os.path.join(workdir, "summary.json")) as g,
+        ):
             stored, summary = json.load(f), json.load(g)
     except FileNotFoundError:
         return "none"
@@ -123,25 +151,46 @@ def _agrees(stored, current) -> bool:
 
 def main():
     use_persistent_cache()  # the cells' programs, compiled once across cells and runs
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dataset", choices=sorted(THRESHOLDS), default="femnist")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--eval-every", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eta-g", type=float, default=0.0, help="UGA's server rate (default: the client rate)")
-    parser.add_argument("--set", nargs="*", default=[], help="config overrides, e.g. client.learning_rate=0.05")
+    parser.add_argument(
+        "--eta-g", type=float, default=0.0, help="UGA's server rate (default: the client rate)"
+    )
+    parser.add_argument(
+        "--set", nargs="*", default=[], help="config overrides, e.g. client.learning_rate=0.05"
+    )
     parser.add_argument("--overlap-sweep", action="store_true")
     parser.add_argument("--overlaps", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
     parser.add_argument("--out", default="")
-    parser.add_argument("--reuse", action="store_true", help="keep finished runs of the same config; resume interrupted ones from their checkpoint")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep finished runs of the same config; resume interrupted ones from their checkpoint",
+    )
     args = parser.parse_args()
-    out = args.out or os.path.join("results", "seed002", args.dataset + ("-overlap" if args.overlap_sweep else ""))
+    out = args.out or os.path.join(
+        "results", "seed002", args.dataset + ("-overlap" if args.overlap_sweep else "")
+    )
     thresholds = THRESHOLDS[args.dataset]
-    runs = ([(f"fedmeta-overlap{o:g}", "fedmeta", o) for o in args.overlaps] + [("fedavg", "fedavg", None)]
-            if args.overlap_sweep else [(m, m, None) for m in args.methods])
-    runs = checked_runs(parser, lambda: [(name, method_config(args, method, overlap), method, overlap)
-                                         for name, method, overlap in runs])
+    runs = (
+        [(f"fedmeta-overlap{o:g}", "fedmeta", o) for o in args.overlaps]
+        + [("fedavg", "fedavg", None)]
+        if args.overlap_sweep
+        else [(m, m, None) for m in args.methods]
+    )
+    runs = checked_runs(
+        parser,
+        lambda: [
+            (name, method_config(args, method, overlap), method, overlap)
+            for name, method, overlap in runs
+        ],
+    )
     os.makedirs(out, exist_ok=True)
     rows = []
     for name, cfg, method, overlap in runs:
@@ -151,17 +200,34 @@ def main():
             with open(os.path.join(workdir, "summary.json")) as f:
                 summary = json.load(f)
         else:
-            summary = dataclasses.asdict(run_experiment(cfg, workdir, overwrite=True, progress=False,
-                                                        resume=stored == "interrupted"))
+            summary = dataclasses.asdict(
+                run_experiment(
+                    cfg, workdir, overwrite=True, progress=False, resume=stored == "interrupted"
+                )
+            )
         if summary["interrupted"]:  # SIGINT / SIGTERM: checkpointed; --reuse resumes it
-            print(f"{name}: interrupted after round {summary['rounds']}; stopping the sweep "
-                  f"(run again with --reuse to resume)", flush=True)
+            print(
+                f"{name}: interrupted after round {summary['rounds']}; stopping the sweep "
+                "(run again with --reuse to resume)",
+                flush=True,
+            )
             break
-        rows.append(summarise(LABELS[method] + (f" (overlap {overlap:.0%})" if overlap is not None else ""),
-                              workdir, summary, thresholds))
+        rows.append(
+            summarise(
+                LABELS[method] + (f" (overlap {overlap:.0%})" if overlap is not None else ""),
+                workdir,
+                summary,
+                thresholds,
+            )
+        )
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "curve"}), flush=True)
-    settings = {"dataset": args.dataset, "rounds": args.rounds, "seed": args.seed, "overrides": args.set,
-                "eta_g": args.eta_g or "client lr"}
+    settings = {
+        "dataset": args.dataset,
+        "rounds": args.rounds,
+        "seed": args.seed,
+        "overrides": args.set,
+        "eta_g": args.eta_g or "client lr",
+    }
     write_outputs(out, rows, thresholds, settings, f"seed 002 on {args.dataset}")
 
 

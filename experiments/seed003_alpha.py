@@ -1,15 +1,17 @@
-"""Seed 003, claim 2's history term: the method at alpha in {1, 0.75, 0.5, 0.25} on IID and label-skewed MNIST, with
-the plain mean beside it, over seeds (issue 78).
+"""Seed 003, claim 2's history term: the method at alpha in {1, 0.75, 0.5, 0.25} on IID and
+label-skewed MNIST, with the plain mean beside it, over seeds (issue 78).
 
-The patent's server step is w_{t+1} = (1 - alpha) w_t + alpha sum_k a_k w_k (claim 2, step s6): alpha = 1 switches
-the history term off, and every headline run had alpha = 1. This reads the ``rows.json`` of
-``experiments/seed003_ldp.py`` runs made with ``--alpha A --methods ldp ldp_mean`` (one folder per partition,
-epsilon, alpha and seed, or a committed raw-rows file holding them under ``runs``) and prints, per partition and
-per-client epsilon, the mean final accuracy of each alpha with its 95 % t half-width, and two paired differences by
-seed: the history term (ldp at alpha minus ldp at alpha = 1) and the correlation weighting at that alpha (ldp minus
-ldp_mean, the plain mean on the same privacy path).
+The patent's server step is w_{t+1} = (1 - alpha) w_t + alpha sum_k a_k w_k (claim 2, step s6):
+alpha = 1 switches the history term off, and every headline run had alpha = 1. This reads the
+``rows.json`` of ``experiments/seed003_ldp.py`` runs made with ``--alpha A --methods ldp ldp_mean``
+(one folder per partition, epsilon, alpha and seed, or a committed raw-rows file holding them under
+``runs``) and prints, per partition and per-client epsilon, the mean final accuracy of each alpha
+with its 95 % t half-width, and two paired differences by
+seed: the history term (ldp at alpha minus ldp at alpha = 1) and the correlation weighting at that
+alpha (ldp minus ldp_mean, the plain mean on the same privacy path).
 
-    python experiments/seed003_alpha.py results/s3alpha/*/rows.json --json results/seed003_alpha.json
+    python experiments/seed003_alpha.py results/s3alpha/*/rows.json --json
+    results/seed003_alpha.json
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from seed003_seeds import interval  # noqa: E402
 
 
 def runs_of(path: str) -> list[dict]:
-    """The rows.json documents in ``path``: one file, or a raw-rows file with a list of them under ``runs``."""
+    """The rows.json documents in ``path``: one file, or a raw-rows file with a list of them under
+    ``runs``."""
     with open(path) as f:
         data = json.load(f)
     return data["runs"] if "runs" in data else [data]
@@ -55,13 +58,22 @@ def summarise(table: dict) -> list[dict]:
     rows = []
     for partition, epsilon in sorted({(k[0], k[1]) for k in table}):
         for alpha in sorted({k[2] for k in table if k[:2] == (partition, epsilon)}, reverse=True):
-            ldp, mean = table.get((partition, epsilon, alpha, "ldp"), {}), table.get((partition, epsilon, alpha, "ldp_mean"), {})
+            ldp, mean = (
+                table.get((partition, epsilon, alpha, "ldp"), {}),
+                table.get((partition, epsilon, alpha, "ldp_mean"), {}),
+            )
             base = table.get((partition, epsilon, 1.0, "ldp"), {})
-            rows.append({"partition": partition, "epsilon": epsilon, "alpha": alpha,
-                         "ldp": (*interval(list(ldp.values())), len(ldp)) if ldp else None,
-                         "ldp_mean": (*interval(list(mean.values())), len(mean)) if mean else None,
-                         "history": paired(ldp, base) if alpha != 1.0 else None,
-                         "correlation": paired(ldp, mean)})
+            rows.append(
+                {
+                    "partition": partition,
+                    "epsilon": epsilon,
+                    "alpha": alpha,
+                    "ldp": (*interval(list(ldp.values())), len(ldp)) if ldp else None,
+                    "ldp_mean": (*interval(list(mean.values())), len(mean)) if mean else None,
+                    "history": paired(ldp, base) if alpha != 1.0 else None,
+                    "correlation": paired(ldp, mean),
+                }
+            )
     return rows
 
 
@@ -72,17 +84,23 @@ def fmt(cell, signed: bool = False) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("files", nargs="+")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     rows = summarise(accuracies([doc for path in args.files for doc in runs_of(path)]))
-    print("| partition | per-client epsilon | alpha | ldp (correlation weights) | ldp_mean (plain mean) | "
-          "history: ldp(alpha) - ldp(1), paired | correlation: ldp - ldp_mean, paired |")
+    print(
+        "| partition | per-client epsilon | alpha | ldp (correlation weights) | ldp_mean (plain"
+        " mean) | history: ldp(alpha) - ldp(1), paired | correlation: ldp - ldp_mean, paired |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['partition']} | {r['epsilon']:g} | {r['alpha']:g} | {fmt(r['ldp'])} | {fmt(r['ldp_mean'])} | "
-              f"{fmt(r['history'], True)} | {fmt(r['correlation'], True)} |")
+        print(
+            f"| {r['partition']} | {r['epsilon']:g} | {r['alpha']:g} | {fmt(r['ldp'])} |"
+            f" {fmt(r['ldp_mean'])} | {fmt(r['history'], True)} | {fmt(r['correlation'], True)} |"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -1,5 +1,5 @@
-"""Seed 003: accuracy against the per-client epsilon threshold, one panel per dataset and model, drawn
-from the committed raw rows of ``experiments/seed003_ldp.py`` runs (no training).
+"""Seed 003: accuracy against the per-client epsilon threshold, one panel per dataset and model,
+drawn from the committed raw rows of ``experiments/seed003_ldp.py`` runs (no training).
 
 Each ``--panel TITLE FILE [FILE ...]`` is one panel; a file is either one run's ``rows.json``
 (``{"rows": [...]}``) or a collection of them (``{"runs": {name: {"args": ..., "rows": [...]}}}``).
@@ -7,8 +7,9 @@ Only the rows of ``--seed`` are drawn (rows without a seed field count as seed 0
 
     python experiments/seed003_figure.py \\
         --panel "MNIST, patent's CNN (cnn_fedavg)" experiments/raw_rows/seed003_cnn_grid.json \\
-        --panel "CIFAR-10, patent's CNN (cnn_pfl)" experiments/raw_rows/seed003_cifar10_cnn_grid.json \\
-        --out experiments/figures/seed003_accuracy_vs_epsilon.png
+        --panel "CIFAR-10, patent's CNN (cnn_pfl)"
+        experiments/raw_rows/seed003_cifar10_cnn_grid.json \\ --out
+        experiments/figures/seed003_accuracy_vs_epsilon.png
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from seed003_ldp import plot_panel, plt  # noqa: E402
 
 
 def seeded_rows(path: str) -> list[dict]:
-    """Every row of one committed file (a ``rows.json`` of ``seed003_ldp.py``, or ``runs`` of them), each with its
-    ``seed``: the row's own, else its run's ``args.seed``, else 0 (the grids' default)."""
+    """Every row of one committed file (a ``rows.json`` of ``seed003_ldp.py``, or ``runs`` of them),
+    each with its ``seed``: the row's own, else its run's ``args.seed``, else 0 (the grids'
+    default)."""
     with open(path) as f:
         data = json.load(f)
     runs = list(data["runs"].values()) if "runs" in data else [data]
@@ -42,8 +44,12 @@ def load_rows(path: str, seed: int) -> list[dict]:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--panel", nargs="+", action="append", required=True, metavar="TITLE_THEN_FILES")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--panel", nargs="+", action="append", required=True, metavar="TITLE_THEN_FILES"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()

@@ -1,20 +1,21 @@
-"""Seed 003 (local mini-batch gradient DP, per-client thresholds, history/correlation weighting): accuracy
-against the per-client epsilon threshold, and the ablations the patent's two claims need.
+"""Seed 003 (local mini-batch gradient DP, per-client thresholds, history/correlation weighting):
+accuracy against the per-client epsilon threshold, and the ablations the patent's two claims need.
 
 Methods, each at per-client epsilon in ``--epsilons`` (delta 1e-5):
-  ldp          the method: threshold schedule (adaptive z in [z_0, z_max]), correlation weights, alpha
-  ldp_fixed    the same with fixed noise (``ldp.adaptive = False, ldp.fixed_noise = 'calibrated'``): each
-               client's own z, the least under which the q T participations of S steps expected of it
-               spend its epsilon by its own ledger, kept for the run (one z for IID clients of equal
-               size; more noise for FEMNIST's smaller writers); same stopping rule
+  ldp          the method: threshold schedule (adaptive z in [z_0, z_max]), correlation weights,
+               alpha
+  ldp_fixed    the same with fixed noise (``ldp.adaptive = False, ldp.fixed_noise = 'calibrated'``):
+               each client's own z, the least under which the q T participations of S steps expected
+               of it spend its epsilon by its own ledger, kept for the run (one z for IID clients of
+               equal size; more noise for FEMNIST's smaller writers); same stopping rule
   ldp_mean     the method with uniform weights (a_k = 1/K): no correlation weighting
   ldp_poisson  the method with Poisson step batches (each example w.p. B / n_k) and per-client PLD
                ledgers: the same threshold, accounted as what ran
   dpfedavg     DP-FedAvg, local noise, client-level: z so that q T participations spend epsilon
                (GDP, sensitivity 2S), per-client budget epsilon (a different unit: a whole client)
   fedavg       non-private reference (once)
-(``--methods`` picks a subset) and ``--alphas`` / ``--taus`` sweeps of the method at the middle epsilon. Writes ``rows.json``, a
-markdown table and ``accuracy_vs_epsilon.png`` under ``--out``.
+(``--methods`` picks a subset) and ``--alphas`` / ``--taus`` sweeps of the method at the middle
+epsilon. Writes ``rows.json``, a markdown table and ``accuracy_vs_epsilon.png`` under ``--out``.
 
     python experiments/seed003_ldp.py --data-dir ../shared/data/mnist --out results/seed003
 """
@@ -53,7 +54,8 @@ def base(args):
     c.data.invert = args.invert
     c.sampling.cohort_size = args.cohort
     c.client.update(batch_size=args.batch, learning_rate=args.gamma, epochs=1)
-    c.server_data.overlap, c.server_data.fraction = 0.0, 0.01  # the held-out validation set (step s6)
+    # the held-out validation set (step s6)
+    c.server_data.overlap, c.server_data.fraction = 0.0, 0.01
     return c
 
 
@@ -63,8 +65,15 @@ def ldp(args, eps, **ldp_fields):
     if ldp_fields.get("step_sampling") == "poisson":
         c.privacy.accountant = "pld"  # Poisson steps are accounted by the PLD ledger
     c.privacy.delta = DELTA
-    c.ldp.update(thresholds=str(eps), local_steps=args.steps, clip_norm=args.clip,
-                 noise_multiplier=args.z0, max_noise_multiplier=args.zmax, alpha=args.alpha, temperature=args.tau)
+    c.ldp.update(
+        thresholds=str(eps),
+        local_steps=args.steps,
+        clip_norm=args.clip,
+        noise_multiplier=args.z0,
+        max_noise_multiplier=args.zmax,
+        alpha=args.alpha,
+        temperature=args.tau,
+    )
     c.ldp.update(ldp_fields)
     return c
 
@@ -74,8 +83,11 @@ def dp_fedavg(args, eps):
     c.algorithm = "dp_fedavg"
     participations = max(1, args.cohort / args.clients * args.rounds)
     c.privacy.update(delta=DELTA, client_epsilon_budget=eps)
-    c.dp.update(noise_mode="local", clip_norm=args.clip,
-                noise_multiplier=2 * math.sqrt(participations) / gdp.mu_from_epsilon(eps, DELTA))
+    c.dp.update(
+        noise_mode="local",
+        clip_norm=args.clip,
+        noise_multiplier=2 * math.sqrt(participations) / gdp.mu_from_epsilon(eps, DELTA),
+    )
     return c
 
 
@@ -84,11 +96,20 @@ def run(name, cfg, args, extra):
     s = run_experiment(cfg, workdir, overwrite=True, progress=False)
     privacy = json.load(open(os.path.join(workdir, "privacy.json")))
     spread = privacy.get("epsilons", {}).get("per_client", {})
-    row = {"run": name, **extra, "accuracy": s.final.get("test_accuracy"), "best": s.best_accuracy,
-           "validation": s.final.get("validation_accuracy"), "epsilon_max": s.epsilon, "formal": s.formal,
-           "epsilon_quantiles": spread.get("quantiles_of_participants"), "rounds": s.rounds,
-           "stopped": next((n for n in privacy.get("notes", []) if "clients stopped" in n), None),
-           "noise_multipliers": privacy.get("noise_multipliers"), "seconds": round(s.seconds, 1)}
+    row = {
+        "run": name,
+        **extra,
+        "accuracy": s.final.get("test_accuracy"),
+        "best": s.best_accuracy,
+        "validation": s.final.get("validation_accuracy"),
+        "epsilon_max": s.epsilon,
+        "formal": s.formal,
+        "epsilon_quantiles": spread.get("quantiles_of_participants"),
+        "rounds": s.rounds,
+        "stopped": next((n for n in privacy.get("notes", []) if "clients stopped" in n), None),
+        "noise_multipliers": privacy.get("noise_multipliers"),
+        "seconds": round(s.seconds, 1),
+    }
     print(json.dumps(row), flush=True)
     return row
 
@@ -100,27 +121,47 @@ def plan_runs(args):
         fedavg = base(args)
         fedavg.algorithm = "fedavg"
         runs.append(("fedavg", fedavg, {"method": "fedavg", "epsilon": None}))
-    variants = {"ldp": {}, "ldp_fixed": {"adaptive": False, "fixed_noise": "calibrated"},
-                "ldp_mean": {"weighting": "uniform"}, "ldp_poisson": {"step_sampling": "poisson"}}
+    variants = {
+        "ldp": {},
+        "ldp_fixed": {"adaptive": False, "fixed_noise": "calibrated"},
+        "ldp_mean": {"weighting": "uniform"},
+        "ldp_poisson": {"step_sampling": "poisson"},
+    }
     for eps in args.epsilons:
         if eps <= 0:
             raise ValueError(f"--epsilons: every per-client epsilon must be > 0, got {eps:g}")
         for method in METHODS[1:]:
             if method in wanted:
-                cfg = dp_fedavg(args, eps) if method == "dpfedavg" else ldp(args, eps, **variants[method])
+                cfg = (
+                    dp_fedavg(args, eps)
+                    if method == "dpfedavg"
+                    else ldp(args, eps, **variants[method])
+                )
                 runs.append((f"{method}-eps{eps:g}", cfg, {"method": method, "epsilon": eps}))
     middle = args.epsilons[len(args.epsilons) // 2]
     for alpha in args.alphas:
-        runs.append((f"ldp-alpha{alpha:g}", ldp(args, middle, alpha=alpha),
-                     {"method": "ldp", "epsilon": middle, "alpha": alpha}))
+        runs.append(
+            (
+                f"ldp-alpha{alpha:g}",
+                ldp(args, middle, alpha=alpha),
+                {"method": "ldp", "epsilon": middle, "alpha": alpha},
+            )
+        )
     for tau in args.taus:
-        runs.append((f"ldp-tau{tau:g}", ldp(args, middle, temperature=tau),
-                     {"method": "ldp", "epsilon": middle, "tau": tau}))
+        runs.append(
+            (
+                f"ldp-tau{tau:g}",
+                ldp(args, middle, temperature=tau),
+                {"method": "ldp", "epsilon": middle, "tau": tau},
+            )
+        )
     return runs
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--epsilons", type=float, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--alphas", type=float, nargs="*", default=[0.5, 1.0])
     p.add_argument("--taus", type=float, nargs="*", default=[0.0, 5.0])
@@ -139,10 +180,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", default="iid")
     p.add_argument("--source", default="mnist")
     p.add_argument("--data-dir", default="")
-    p.add_argument("--min-train", type=int, default=0, help="natural partitions: writers with at least this many "
-                   "training examples (each step draws B of them)")
-    p.add_argument("--invert", action="store_true", help="femnist: ink high, background 0 (LEAF stores the "
-                   "background high)")
+    p.add_argument(
+        "--min-train",
+        type=int,
+        default=0,
+        help=(
+            "natural partitions: writers with at least this many "
+            "training examples (each step draws B of them)"
+        ),
+    )
+    p.add_argument(
+        "--invert",
+        action="store_true",
+        help="femnist: ink high, background 0 (LEAF stores the background high)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--out", default="results/seed003")
@@ -157,7 +208,8 @@ def main():
     rows, setting = [], provenance()
     for name, cfg, extra in runs:
         rows.append(run(name, cfg, args, extra))
-        with open(os.path.join(args.out, "rows.json"), "w") as f:  # after every run: a crash keeps the rows
+        # after every run: a crash keeps the rows
+        with open(os.path.join(args.out, "rows.json"), "w") as f:
             f.write(strict_json({"setting": setting, "args": vars(args), "rows": rows}, indent=2))
     plot(rows, os.path.join(args.out, "accuracy_vs_epsilon.png"))
 
@@ -170,17 +222,22 @@ def plot(rows, path):
 
 
 def plot_panel(ax, rows, title=None):
-    """Final test accuracy against the per-client epsilon, one line per method (the alpha / tau sweeps
-    left out), non-private FedAvg as a dashed line."""
+    """Final test accuracy against the per-client epsilon, one line per method (the alpha / tau
+    sweeps left out), non-private FedAvg as a dashed line."""
     for method in METHODS[1:]:
-        pts = sorted((r["epsilon"], r["accuracy"]) for r in rows if r["method"] == method and "alpha" not in r
-                     and "tau" not in r)
+        pts = sorted(
+            (r["epsilon"], r["accuracy"])
+            for r in rows
+            if r["method"] == method and "alpha" not in r and "tau" not in r
+        )
         if pts:
             ax.plot(*zip(*pts), marker="o", label=method)
     ref = [r["accuracy"] for r in rows if r["method"] == "fedavg"]
     if ref:
         ax.axhline(ref[0], color="k", linestyle="--", label="fedavg (non-private)")
-    ax.set(xscale="log", xlabel="per-client epsilon (delta 1e-5)", ylabel="test accuracy", title=title)
+    ax.set(
+        xscale="log", xlabel="per-client epsilon (delta 1e-5)", ylabel="test accuracy", title=title
+    )
     epsilons = sorted({r["epsilon"] for r in rows if r["epsilon"] is not None})
     ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
     ax.minorticks_off()

@@ -1,16 +1,18 @@
-"""Seed 003 over several seeds: each method's mean final accuracy and the paired differences the patent's claims
-are about, with 95 % t intervals.
+"""Seed 003 over several seeds: each method's mean final accuracy and the paired differences the
+patent's claims are about, with 95 % t intervals.
 
-Reads raw-row files of ``experiments/seed003_ldp.py`` runs (its ``rows.json``, or a committed raw-rows file with
-``runs`` of them; ``seed003_figure.seeded_rows``: a row's seed is its own, else its run's, else 0). For every
-per-client epsilon it prints:
+Reads raw-row files of ``experiments/seed003_ldp.py`` runs (its ``rows.json``, or a committed
+raw-rows file with ``runs`` of them; ``seed003_figure.seeded_rows``: a row's seed is its own, else
+its run's, else 0). For every per-client epsilon it prints:
 
   mean +- t half-width of each method's final test accuracy;
-  ldp_fixed - ldp (claim 1, "less noise for the same guarantee": fixed noise calibrated per client against the
-    threshold schedule) and ldp_mean - ldp (claim 2, "better accuracy from correlation weighting": the plain mean
-    on the same privacy path), paired by seed.
+  ldp_fixed - ldp (claim 1, "less noise for the same guarantee": fixed noise calibrated per client
+  against the
+    threshold schedule) and ldp_mean - ldp (claim 2, "better accuracy from correlation weighting":
+    the plain mean on the same privacy path), paired by seed.
 
-    python experiments/seed003_seeds.py experiments/raw_rows/seed003_cnn_seeds.json --json results/cnn_seeds.json
+    python experiments/seed003_seeds.py experiments/raw_rows/seed003_cnn_seeds.json --json
+    results/cnn_seeds.json
 """
 
 from __future__ import annotations
@@ -42,12 +44,15 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 
 def summarise(rows: list[dict]) -> dict:
-    """epsilon -> {method: (mean, half-width, n), "a - b": (mean, half-width, n, per-seed differences)}."""
+    """epsilon -> {method: (mean, half-width, n), "a - b": (mean, half-width, n, per-seed
+    differences)}."""
     table = defaultdict(dict)  # (epsilon, method) -> {seed: accuracy}
     for row in rows:
         key = (float(row["epsilon"]), row["method"])
         if row["seed"] in table[key]:
-            raise ValueError(f"two rows for {row['method']} at epsilon {row['epsilon']}, seed {row['seed']}")
+            raise ValueError(
+                f"two rows for {row['method']} at epsilon {row['epsilon']}, seed {row['seed']}"
+            )
         table[key][row["seed"]] = float(row["accuracy"])
     out = defaultdict(dict)
     for (epsilon, method), by_seed in sorted(table.items()):
@@ -62,7 +67,9 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("files", nargs="+")
     p.add_argument("--json", default="", help="write the summary here")
     args = p.parse_args(argv)
@@ -72,8 +79,18 @@ def main(argv=None):
     print("| per-client epsilon | " + " | ".join(columns) + " |")
     print("| --- " * (len(columns) + 1) + "|")
     for epsilon, cells in sorted(summary.items()):
-        text = [f"{cells[c][0]:+.3f} +- {cells[c][1]:.3f} (n {cells[c][2]})" if " - " in c and c in cells
-                else f"{cells[c][0]:.3f} +- {cells[c][1]:.3f} (n {cells[c][2]})" if c in cells else "-" for c in columns]
+        text = [
+            (
+                f"{cells[c][0]:+.3f} +- {cells[c][1]:.3f} (n {cells[c][2]})"
+                if " - " in c and c in cells
+                else (
+                    f"{cells[c][0]:.3f} +- {cells[c][1]:.3f} (n {cells[c][2]})"
+                    if c in cells
+                    else "-"
+                )
+            )
+            for c in columns
+        ]
         print(f"| {epsilon:g} | " + " | ".join(text) + " |")
     if args.json:
         with open(args.json, "w") as f:

@@ -1,12 +1,14 @@
-"""Seed 004, Table 1 from recorded runs: the epsilon each DP method had spent in the round its accuracy first reached
-each target accuracy, read from committed raw rows (``experiments/raw_rows/seed004_*.json``; runs nothing).
+"""Seed 004, Table 1 from recorded runs: the epsilon each DP method had spent in the round its
+accuracy first reached each target accuracy, read from committed raw rows
+(``experiments/raw_rows/seed004_*.json``; runs nothing).
 
-CUAG-PFL's Table 1 (CIFAR-10, ACID3 / 5 / 7) gives, for three target accuracies per split (the best accuracies of
-UDP, DP-SCAFFOLD and PriFedSync at T = 300), the epsilon CUAG-PFL, PriFedSync, DP-SCAFFOLD and UDP "need" to reach
-each. Here every cell is read from a run's evaluations (every 10 rounds): the first evaluation at or above the
-target, the epsilon recorded with it (dp-accounting's, for what ran; ``formal: false`` where it is a paper's figure
-composed over what ran: CUAG-PFL's paper mode, UDP's paper calibration) and, for PriFedSync, the seed's own f-DP CLT
-figure at that round beside the formal one. Targets: the paper's, and ours (our baselines' best accuracies).
+CUAG-PFL's Table 1 (CIFAR-10, ACID3 / 5 / 7) gives, for three target accuracies per split (the best
+accuracies of UDP, DP-SCAFFOLD and PriFedSync at T = 300), the epsilon CUAG-PFL, PriFedSync,
+DP-SCAFFOLD and UDP "need" to reach each. Here every cell is read from a run's evaluations (every 10
+rounds): the first evaluation at or above the target, the epsilon recorded with it (dp-accounting's,
+for what ran; ``formal: false`` where it is a paper's figure composed over what ran: CUAG-PFL's
+paper mode, UDP's paper calibration) and, for PriFedSync, the seed's own f-DP CLT figure at that
+round beside the formal one. Targets: the paper's, and ours (our baselines' best accuracies).
 
     python experiments/seed004_table1.py --json results/seed004_table1.json
 """
@@ -25,32 +27,87 @@ from fedjax_dp.algorithms.prifedsync import claimed_mu  # noqa: E402
 from fedjax_dp.privacy.accounting import gdp  # noqa: E402
 
 RAW = os.path.join(HERE, "raw_rows")
-PAPER = {"acid3": {0.5528: {"CUAG-PFL": 0.92, "PriFedSync": 0.41, "DP-SCAFFOLD": 5.03, "UDP": 10.0},
-                   0.7010: {"CUAG-PFL": 0.92, "PriFedSync": 1.99, "DP-SCAFFOLD": 23.31, "UDP": None},
-                   0.9016: {"CUAG-PFL": 0.92, "PriFedSync": 10.15, "DP-SCAFFOLD": None, "UDP": None}},
-         "acid5": {0.5981: {"CUAG-PFL": 0.92, "PriFedSync": 1.93, "DP-SCAFFOLD": 15.77, "UDP": 10.0},
-                   0.6286: {"CUAG-PFL": 0.92, "PriFedSync": 2.28, "DP-SCAFFOLD": None, "UDP": 10.0},
-                   0.8592: {"CUAG-PFL": 0.92, "PriFedSync": 10.15, "DP-SCAFFOLD": None, "UDP": None}},
-         "acid7": {0.5480: {"CUAG-PFL": 0.92, "PriFedSync": 2.23, "DP-SCAFFOLD": 15.25, "UDP": 10.0},
-                   0.6632: {"CUAG-PFL": 0.92, "PriFedSync": 3.66, "DP-SCAFFOLD": None, "UDP": 10.0},
-                   0.8298: {"CUAG-PFL": 0.92, "PriFedSync": 10.21, "DP-SCAFFOLD": None, "UDP": None}}}
-"""The paper's Table 1 (``../shared/seeds/004_*.txt``, lines 512-521): split -> target -> method -> epsilon (None:
-"not reached", the paper's backslash)."""
+PAPER = {
+    "acid3": {
+        0.5528: {"CUAG-PFL": 0.92, "PriFedSync": 0.41, "DP-SCAFFOLD": 5.03, "UDP": 10.0},
+        0.7010: {"CUAG-PFL": 0.92, "PriFedSync": 1.99, "DP-SCAFFOLD": 23.31, "UDP": None},
+        0.9016: {"CUAG-PFL": 0.92, "PriFedSync": 10.15, "DP-SCAFFOLD": None, "UDP": None},
+    },
+    "acid5": {
+        0.5981: {"CUAG-PFL": 0.92, "PriFedSync": 1.93, "DP-SCAFFOLD": 15.77, "UDP": 10.0},
+        0.6286: {"CUAG-PFL": 0.92, "PriFedSync": 2.28, "DP-SCAFFOLD": None, "UDP": 10.0},
+        0.8592: {"CUAG-PFL": 0.92, "PriFedSync": 10.15, "DP-SCAFFOLD": None, "UDP": None},
+    },
+    "acid7": {
+        0.5480: {"CUAG-PFL": 0.92, "PriFedSync": 2.23, "DP-SCAFFOLD": 15.25, "UDP": 10.0},
+        0.6632: {"CUAG-PFL": 0.92, "PriFedSync": 3.66, "DP-SCAFFOLD": None, "UDP": 10.0},
+        0.8298: {"CUAG-PFL": 0.92, "PriFedSync": 10.21, "DP-SCAFFOLD": None, "UDP": None},
+    },
+}
+"""The paper's Table 1 (``../shared/seeds/004_*.txt``, lines 512-521): split -> target -> method ->
+epsilon (None: "not reached", the paper's backslash)."""
 
 RUNS = (  # (method column, label, raw-row file, run index): the committed 300-round ACID3 runs
-    ("CUAG-PFL", "paper mode, authors' pipeline + crop/flip, seed 0", "seed004_c10_cuag_paper_authors_augment_300rounds", 0),
-    ("CUAG-PFL", "paper mode, the same + signs + refresh, seed 0", "seed004_c10_cuag_paper_authors_augment_300rounds", 1),
-    ("CUAG-PFL", "paper mode, authors' pipeline + crop/flip, seed 1", "seed004_c10_cuag_paper_authors_augment_300rounds_seed1", 0),
-    ("CUAG-PFL", "paper mode, the same + signs + refresh, seed 1", "seed004_c10_cuag_paper_authors_augment_signs_refresh_300rounds_seed1", 0),
-    ("CUAG-PFL", "paper mode, authors' pipeline + signs + refresh, no crop/flip (174 rounds)", "seed004_c10_cuag_paper_authors_signed_refreshed_174rounds", 0),
-    ("PriFedSync", "as the seed writes it (cohort mean; collapsed, stopped at r140)", "seed004_table2_prifedsync_140rounds", 0),
-    ("PriFedSync", "FedDyn's population mean (the authors' code)", "seed004_prifedsync_population_mean_300rounds", 0),
-    ("DP-SCAFFOLD", "fixed clip 1, sigma 1 (prototype-adapted)", "seed004_table2_dpscaffold_300rounds", 0),
+    (
+        "CUAG-PFL",
+        "paper mode, authors' pipeline + crop/flip, seed 0",
+        "seed004_c10_cuag_paper_authors_augment_300rounds",
+        0,
+    ),
+    (
+        "CUAG-PFL",
+        "paper mode, the same + signs + refresh, seed 0",
+        "seed004_c10_cuag_paper_authors_augment_300rounds",
+        1,
+    ),
+    (
+        "CUAG-PFL",
+        "paper mode, authors' pipeline + crop/flip, seed 1",
+        "seed004_c10_cuag_paper_authors_augment_300rounds_seed1",
+        0,
+    ),
+    (
+        "CUAG-PFL",
+        "paper mode, the same + signs + refresh, seed 1",
+        "seed004_c10_cuag_paper_authors_augment_signs_refresh_300rounds_seed1",
+        0,
+    ),
+    (
+        "CUAG-PFL",
+        "paper mode, authors' pipeline + signs + refresh, no crop/flip (174 rounds)",
+        "seed004_c10_cuag_paper_authors_signed_refreshed_174rounds",
+        0,
+    ),
+    (
+        "PriFedSync",
+        "as the seed writes it (cohort mean; collapsed, stopped at r140)",
+        "seed004_table2_prifedsync_140rounds",
+        0,
+    ),
+    (
+        "PriFedSync",
+        "FedDyn's population mean (the authors' code)",
+        "seed004_prifedsync_population_mean_300rounds",
+        0,
+    ),
+    (
+        "DP-SCAFFOLD",
+        "fixed clip 1, sigma 1 (prototype-adapted)",
+        "seed004_table2_dpscaffold_300rounds",
+        0,
+    ),
     ("UDP", "paper calibration, epsilon 10", "seed004_table2_udp_300rounds", 0),
     ("UDP", "sound, epsilon 10 (stopped at r130)", "seed004_table2_udp_300rounds", 1),
 )
-PRIFEDSYNC_SETTING = {"sigma": 0.45, "sampling_rate": 0.1, "batch_size": 50, "dataset_size": 500.0, "delta": 1e-5}
-"""Seed 004's PriFedSync setting (sigma 0.45, lambda 0.1, B 50, |D_n| 500 on ACID3, delta 1e-5), for its own figure."""
+PRIFEDSYNC_SETTING = {
+    "sigma": 0.45,
+    "sampling_rate": 0.1,
+    "batch_size": 50,
+    "dataset_size": 500.0,
+    "delta": 1e-5,
+}
+"""Seed 004's PriFedSync setting (sigma 0.45, lambda 0.1, B 50, |D_n| 500 on ACID3, delta 1e-5), for
+its own figure."""
 
 
 def load(name: str, index: int) -> dict:
@@ -59,14 +116,16 @@ def load(name: str, index: int) -> dict:
 
 
 def prifedsync_figure(rounds: int) -> float:
-    """The seed's f-DP CLT epsilon of PriFedSync after ``rounds`` rounds (no guarantee: ``prifedsync.claimed_mu``)."""
+    """The seed's f-DP CLT epsilon of PriFedSync after ``rounds`` rounds (no guarantee:
+    ``prifedsync.claimed_mu``)."""
     s = PRIFEDSYNC_SETTING
     mu = claimed_mu(s["sigma"], rounds, s["sampling_rate"], s["batch_size"], s["dataset_size"])
     return gdp.epsilon_from_mu(mu, s["delta"]) if rounds else 0.0
 
 
 def first_reaching(run: dict, target: float) -> dict | None:
-    """The first evaluation whose accuracy (the run's own metric) is at or above ``target``, or None."""
+    """The first evaluation whose accuracy (the run's own metric) is at or above ``target``, or
+    None."""
     metric = run["row"]["metric"]
     for evaluation in run["evaluations"]:
         if evaluation.get(metric) is not None and evaluation[metric] >= target:
@@ -75,12 +134,18 @@ def first_reaching(run: dict, target: float) -> dict | None:
 
 
 def cell(method: str, run: dict, target: float) -> dict:
-    """What one table cell holds: the round, the epsilon and whether a proof covers it (None: not reached)."""
+    """What one table cell holds: the round, the epsilon and whether a proof covers it (None: not
+    reached)."""
     hit = first_reaching(run, target)
     if hit is None:
         return {"reached": False, "best": run["row"]["best"], "rounds_run": run["row"]["rounds"]}
     formal = hit.get("formal", run["row"].get("formal", True)) if hit["round"] else True
-    out = {"reached": True, "round": hit["round"], "epsilon": hit.get("epsilon", 0.0), "formal": bool(formal)}
+    out = {
+        "reached": True,
+        "round": hit["round"],
+        "epsilon": hit.get("epsilon", 0.0),
+        "formal": bool(formal),
+    }
     if method == "PriFedSync":
         out["seed_figure"] = prifedsync_figure(hit["round"])
     return out
@@ -92,9 +157,17 @@ def table(targets: dict[str, list[float]]) -> list[dict]:
         run = load(name, index)
         for split, values in targets.items():
             for target in values:
-                rows.append({"split": split, "target": target, "method": method, "run": label, "file": name,
-                             "paper": PAPER.get(split, {}).get(target, {}).get(method, "-"),
-                             **cell(method, run, target)})
+                rows.append(
+                    {
+                        "split": split,
+                        "target": target,
+                        "method": method,
+                        "run": label,
+                        "file": name,
+                        "paper": PAPER.get(split, {}).get(target, {}).get(method, "-"),
+                        **cell(method, run, target),
+                    }
+                )
     return rows
 
 
@@ -110,18 +183,33 @@ def text(c: dict) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| split | target | method | run | epsilon spent when first reached | paper |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| split | target | method | run | epsilon spent when first reached | paper |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         paper = "not reached" if r["paper"] is None else r["paper"]
-        lines.append(f"| {r['split']} | {r['target']:.4f} | {r['method']} | {r['run']} | {text(r)} | {paper} |")
+        lines.append(
+            f"| {r['split']} | {r['target']:.4f} | {r['method']} | {r['run']} | {text(r)} |"
+            f" {paper} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ours", type=float, nargs="*", default=[],
-                   help="extra targets (e.g. our baselines' best accuracies), added to the paper's ACID3 targets")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--ours",
+        type=float,
+        nargs="*",
+        default=[],
+        help=(
+            "extra targets (e.g. our baselines' best accuracies), added to the paper's ACID3"
+            " targets"
+        ),
+    )
     p.add_argument("--json", default="", help="write the rows here")
     args = p.parse_args(argv)
     targets = {"acid3": sorted(set(PAPER["acid3"]) | set(args.ours))}

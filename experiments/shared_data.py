@@ -1,6 +1,7 @@
-"""The experiments read this project's shared data folder (``../shared/data`` beside the repository) through
-``FEDJAX_DP_DATA``, which the library's configs read (``fedjax_dp.data.local_files.default_data_dir``); a value
-the user set is kept. Imported for its effect by the scripts that run shipped configs."""
+"""The experiments read this project's shared data folder (``../shared/data`` beside the repository)
+through ``FEDJAX_DP_DATA``, which the library's configs read
+(``fedjax_dp.data.local_files.default_data_dir``); a value the user set is kept. Imported for its
+effect by the scripts that run shipped configs."""
 
 import os
 

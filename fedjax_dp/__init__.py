@@ -6,17 +6,18 @@ The one obvious path::
     summary = fedjax_dp.Experiment("dp_fedavg_mnist", {"rounds": 20}).run("results/dp")
 
 ``fedjax_dp.configs`` lists the shipped configs; ``fedjax_dp.default_config()`` has every key. The
-building blocks, to compose by hand: ``core`` (the ``Algorithm`` protocol, ``FederatedRound``, upload
-``chain``s), ``privacy`` (upload transforms that declare their DP releases, samplers that carry their
-own accounting, accountants on dp_accounting), ``algorithms`` (the registry and every algorithm),
-``compression``, ``data``, ``models``, ``training``.
+building blocks, to compose by hand: ``core`` (the ``Algorithm`` protocol, ``FederatedRound``,
+upload ``chain``s), ``privacy`` (upload transforms that declare their DP releases, samplers that
+carry their own accounting, accountants on dp_accounting), ``algorithms`` (the registry and every
+algorithm), ``compression``, ``data``, ``models``, ``training``.
 
 Layout (dependencies point down): ``core`` <- ``privacy``, ``compression`` <- ``algorithms``;
 ``models``; ``data`` <- ``training`` <- ``experiment``.
 
-Importing the package changes no JAX setting. ``Experiment`` and the ``fedjax-dp`` command ask for one CPU device
-per core (``use_a_device_per_core``, ``core.host_devices``) before they run; a script that builds rounds by hand
-calls ``fedjax_dp.use_a_device_per_core()`` itself, before its first JAX computation.
+Importing the package changes no JAX setting. ``Experiment`` and the ``fedjax-dp`` command ask for
+one CPU device per core (``use_a_device_per_core``, ``core.host_devices``) before they run; a script
+that builds rounds by hand calls ``fedjax_dp.use_a_device_per_core()`` itself, before its first JAX
+computation.
 """
 
 __version__ = "0.2.0"
@@ -26,5 +27,19 @@ from fedjax_dp.core.host_devices import use_a_device_per_core
 from fedjax_dp.experiment import Experiment, RunSummary, SeedsSummary
 from fedjax_dp.training.default_config import default_config
 
-__all__ = ["Experiment", "RunSummary", "SeedsSummary", "default_config", "configs", "algorithms", "compression",
-           "core", "data", "models", "privacy", "training", "use_a_device_per_core", "__version__"]
+__all__ = [
+    "Experiment",
+    "RunSummary",
+    "SeedsSummary",
+    "default_config",
+    "configs",
+    "algorithms",
+    "compression",
+    "core",
+    "data",
+    "models",
+    "privacy",
+    "training",
+    "use_a_device_per_core",
+    "__version__",
+]

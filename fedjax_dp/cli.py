@@ -9,14 +9,15 @@
 Exit status (one line on stderr says why for every status but 0):
   0    the run trained and wrote its results;
   1    it could not train a single round, or could not write its results (a full or read-only disk);
-  2    an invalid command or config (naming the key and the closest valid one, before any data is loaded),
-       a workdir held by another run, or an earlier run there without --overwrite / --resume;
+  2    an invalid command or config (naming the key and the closest valid one, before any data is
+       loaded), a workdir held by another run, or an earlier run there without --overwrite /
+       --resume;
   3    the training diverged and the run stopped (``training.divergence``; its results are written);
   130  interrupted (SIGINT / SIGTERM): it checkpointed and stopped; ``--resume`` continues it.
 
 Compiled programs are kept in a persistent XLA cache (``training/compilation_cache.py``: folder
-``FEDJAX_DP_COMPILATION_CACHE``, default ``~/.cache/fedjax_dp/xla``, ``off`` to disable), so a second run of
-the same programs loads them instead of compiling.
+``FEDJAX_DP_COMPILATION_CACHE``, default ``~/.cache/fedjax_dp/xla``, ``off`` to disable), so a
+second run of the same programs loads them instead of compiling.
 """
 
 from __future__ import annotations
@@ -36,48 +37,99 @@ from fedjax_dp.training.compilation_cache import ENV, default_folder, use_persis
 from fedjax_dp.training.config_docs import KEY_DOCS, describe_keys
 
 FLAGS = flags.FlagValues()
-_CONFIG = config_flags.DEFINE_config_file("config", configs.path(configs.DEFAULT),
-                                          "A shipped config's name or a config file's path.", flag_values=FLAGS)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Results directory (default: results/<algorithm>-<time>).",
-                               flag_values=FLAGS)
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace the results of an earlier run in --workdir.",
-                               flag_values=FLAGS)
-_RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --workdir from its newest checkpoint.",
-                            flag_values=FLAGS)
-_SEEDS = flags.DEFINE_string("seeds", "", "Comma-separated seeds (e.g. 0,1,2): one run per seed under "
-                             "<workdir>/seed_<s>, then the mean and 95 % interval (seeds_summary.json, seeds.png).",
-                             flag_values=FLAGS)
-_TENSORBOARD = flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard scalars (needs tensorboardX).",
-                                 flag_values=FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    configs.path(configs.DEFAULT),
+    "A shipped config's name or a config file's path.",
+    flag_values=FLAGS,
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Results directory (default: results/<algorithm>-<time>).", flag_values=FLAGS
+)
+_OVERWRITE = flags.DEFINE_bool(
+    "overwrite", False, "Replace the results of an earlier run in --workdir.", flag_values=FLAGS
+)
+_RESUME = flags.DEFINE_bool(
+    "resume", False, "Continue the run in --workdir from its newest checkpoint.", flag_values=FLAGS
+)
+_SEEDS = flags.DEFINE_string(
+    "seeds",
+    "",
+    "Comma-separated seeds (e.g. 0,1,2): one run per seed under "
+    "<workdir>/seed_<s>, then the mean and 95 % interval (seeds_summary.json, seeds.png).",
+    flag_values=FLAGS,
+)
+_TENSORBOARD = flags.DEFINE_bool(
+    "tensorboard", False, "Also write TensorBoard scalars (needs tensorboardX).", flag_values=FLAGS
+)
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.", flag_values=FLAGS)
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Show library logs (orbax, dp_accounting); -v for short.",
-                             flag_values=FLAGS)
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "One run over several processes (jax.distributed): the "
-                                 "cluster's auto-detection (TPU, SLURM, Open MPI) or the three options below; "
-                                 "fedjax-dp-launch -n N starts N on this machine.", flag_values=FLAGS)
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (--distributed).",
-                                   flag_values=FLAGS)
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "How many processes (--distributed).", flag_values=FLAGS)
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (--distributed).", flag_values=FLAGS)
-_DISTRIBUTED_TIMEOUT = flags.DEFINE_integer("distributed_timeout", None, "Seconds to connect, and before a lost "
-                                            "process ends the others (default 60).", flag_values=FLAGS)
+_VERBOSE = flags.DEFINE_bool(
+    "verbose", False, "Show library logs (orbax, dp_accounting); -v for short.", flag_values=FLAGS
+)
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed",
+    False,
+    "One run over several processes (jax.distributed): the "
+    "cluster's auto-detection (TPU, SLURM, Open MPI) or the three options below; "
+    "fedjax-dp-launch -n N starts N on this machine.",
+    flag_values=FLAGS,
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 (--distributed).", flag_values=FLAGS
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "How many processes (--distributed).", flag_values=FLAGS
+)
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "This process's index (--distributed).", flag_values=FLAGS
+)
+_DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
+    "distributed_timeout",
+    None,
+    "Seconds to connect, and before a lost process ends the others (default 60).",
+    flag_values=FLAGS,
+)
 
-USAGE = """usage: fedjax-dp [--config NAME|PATH] [--config.KEY=VALUE ...] [--workdir DIR] [--seeds 0,1,2]
-                 [--overwrite] [--resume] [--tensorboard] [--noprogress] [-v]
+USAGE = """usage: fedjax-dp [--config NAME|PATH] [--config.KEY=VALUE ...] [--workdir DIR]
+                 [--seeds 0,1,2] [--overwrite] [--resume] [--tensorboard] [--noprogress] [-v]
                  [--distributed [--coordinator_address H:P --num_processes N --process_id I]]
        fedjax-dp configs          list the shipped configs
        fedjax-dp --help           this text, the shipped configs and every config key"""
 
 
 def help_text() -> str:
-    """What ``--help`` prints: usage, options, the shipped configs, and every key with its default and meaning."""
-    holders = (_CONFIG, _WORKDIR, _OVERWRITE, _RESUME, _SEEDS, _TENSORBOARD, _PROGRESS, _VERBOSE, _DISTRIBUTED,
-               _COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _DISTRIBUTED_TIMEOUT)
+    """What ``--help`` prints: usage, options, the shipped configs, and every key with its default
+    and meaning."""
+    holders = (
+        _CONFIG,
+        _WORKDIR,
+        _OVERWRITE,
+        _RESUME,
+        _SEEDS,
+        _TENSORBOARD,
+        _PROGRESS,
+        _VERBOSE,
+        _DISTRIBUTED,
+        _COORDINATOR,
+        _NUM_PROCESSES,
+        _PROCESS_ID,
+        _DISTRIBUTED_TIMEOUT,
+    )
     options = "\n".join(f"  --{_option_name(h):<20} {FLAGS[h.name].help}" for h in holders)
-    environment = (f"environment:\n  {ENV:<29} folder of the persistent compilation cache (default "
-                   f"{default_folder()}; 'off' disables it)")
-    return "\n\n".join([USAGE, "options:\n" + options, environment, configs_text(),
-                        "config keys (--config.KEY=VALUE; defaults of training/default_config.py):\n" + describe_keys()])
+    environment = (
+        f"environment:\n  {ENV:<29} folder of the persistent compilation cache (default "
+        f"{default_folder()}; 'off' disables it)"
+    )
+    return "\n\n".join(
+        [
+            USAGE,
+            "options:\n" + options,
+            environment,
+            configs_text(),
+            "config keys (--config.KEY=VALUE; defaults of training/default_config.py):\n"
+            + describe_keys(),
+        ]
+    )
 
 
 def _option_name(holder) -> str:
@@ -88,11 +140,13 @@ def _option_name(holder) -> str:
 
 def configs_text() -> str:
     return "shipped configs (--config NAME; a path to a config file works too):\n" + "\n".join(
-        f"  {name:<24} {configs.summary(name)}" for name in configs.names())
+        f"  {name:<24} {configs.summary(name)}" for name in configs.names()
+    )
 
 
 def _resolve_config_argv(argv: list[str]) -> list[str]:
-    """``--config NAME`` / ``--config=NAME[:arg]`` -> the shipped file's path; ``-v`` -> ``--verbose``."""
+    """``--config NAME`` / ``--config=NAME[:arg]`` -> the shipped file's path; ``-v`` ->
+    ``--verbose``."""
     out, i = [], 0
     while i < len(argv):
         arg = argv[i]
@@ -108,31 +162,44 @@ def _resolve_config_argv(argv: list[str]) -> list[str]:
 
 
 def _one_line(error: BaseException) -> str:
-    """A config error as one line naming the key and the closest valid one (and the config file's line)."""
-    text = str(error.args[0] if isinstance(error, (KeyError, AttributeError)) and error.args else error)
+    """A config error as one line naming the key and the closest valid one (and the config file's
+    line)."""
+    text = str(
+        error.args[0] if isinstance(error, (KeyError, AttributeError)) and error.args else error
+    )
     text = str(text.args[0]) if isinstance(text, BaseException) else text
     unknown = re.search(r"Unknown command line flag '(config\.[\w.]+)'", text)
     if unknown:
         from fedjax_dp.training.default_config import default_config
 
-        return configs.unknown_key_message(unknown.group(1).removeprefix("config."), default_config())
+        return configs.unknown_key_message(
+            unknown.group(1).removeprefix("config."), default_config()
+        )
     bad_value = re.match(r"flag --config\.([\w.]+)=(.*?): (.+)", text, re.S)
-    if bad_value and bad_value.group(1) in KEY_DOCS:  # a value of the wrong type: say what the key takes
+    if (
+        bad_value and bad_value.group(1) in KEY_DOCS
+    ):  # a value of the wrong type: say what the key takes
         key, value, reason = bad_value.groups()
         return f"--config.{key}={value}: {' '.join(reason.split())} ({key}: {KEY_DOCS[key]})"
-    missing = re.search(r"Failed loading config file.*No such file or directory: '([^']+)'", text, re.S)
+    missing = re.search(
+        r"Failed loading config file.*No such file or directory: '([^']+)'", text, re.S
+    )
     if missing:
         return f"--config: no such config file {missing.group(1)!r}"
     raised = _raised_by_get_config(error)
     if raised is not None:
         return f"--config={_shipped_name(text)}: {raised}"
-    if "Error whilst parsing config file" in text:  # raised calling get_config, e.g. with an argument it does not take
+    # raised calling get_config, e.g. with an argument it does not take
+    if "Error whilst parsing config file" in text:
         inner = _innermost(error)
         return f"--config={_shipped_name(text)}: {type(inner).__name__}: {inner}"
     locked = re.search(r'Key "(\w+)" does not exist', text)
     if locked:
-        where = [f"{frame.filename}:{frame.lineno}" for frame in traceback.extract_tb(error.__traceback__)
-                 if "get_config" == frame.name]
+        where = [
+            f"{frame.filename}:{frame.lineno}"
+            for frame in traceback.extract_tb(error.__traceback__)
+            if "get_config" == frame.name
+        ]
         close = re.search(r'Did you mean "(\w+)"', text)
         hint = f'; did you mean "{close.group(1)}"?' if close else ""
         return f'{where[-1] + ": " if where else ""}unknown config key "{locked.group(1)}"{hint}'
@@ -144,7 +211,9 @@ def _raised_by_get_config(error: BaseException) -> str | None:
     traceback's text; None when the error came from elsewhere."""
     inner = _innermost(error)
     frames = traceback.extract_tb(inner.__traceback__)
-    return str(inner) if inner is not error and any(f.name == "get_config" for f in frames) else None
+    return (
+        str(inner) if inner is not error and any(f.name == "get_config" for f in frames) else None
+    )
 
 
 def _innermost(error: BaseException) -> BaseException:
@@ -165,21 +234,28 @@ def _shipped_name(text: str) -> str:
 
 
 def _unknown_override(argv: list[str]) -> str | None:
-    """The first ``--config.KEY`` override naming no key (all configs share ``default_config()``'s keys)."""
+    """The first ``--config.KEY`` override naming no key (all configs share ``default_config()``'s
+    keys)."""
     from fedjax_dp.training.default_config import default_config
 
     defaults = default_config()
     known = set(configs.all_keys(defaults))
     for arg in argv[1:]:
         match = re.match(r"--(?:no)?config\.([^=]+)", arg)
-        if match and match.group(1) not in known and not (arg.startswith("--noconfig.") and match.group(1) in known):
+        if (
+            match
+            and match.group(1) not in known
+            and not (arg.startswith("--noconfig.") and match.group(1) in known)
+        ):
             return configs.unknown_key_message(match.group(1), defaults)
     return None
 
 
 def _override_keys(argv: list[str]) -> tuple[str, ...]:
     """The dotted keys of the ``--config.KEY=VALUE`` (and ``--[no]config.KEY``) overrides."""
-    return tuple(m.group(1) for m in (re.match(r"--(?:no)?config\.([^=]+)", a) for a in argv[1:]) if m)
+    return tuple(
+        m.group(1) for m in (re.match(r"--(?:no)?config\.([^=]+)", a) for a in argv[1:]) if m
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001  (any failure to read the command or config: one line)
         print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
-    given = [h.name for h in (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _DISTRIBUTED_TIMEOUT) if h.value is not None]
+    given = [
+        h.name
+        for h in (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _DISTRIBUTED_TIMEOUT)
+        if h.value is not None
+    ]
     if given and not _DISTRIBUTED.value:
         print(f"error: --{given[0]} needs --distributed", file=sys.stderr)
         return 2
@@ -211,8 +291,12 @@ def main(argv: list[str] | None = None) -> int:
         from fedjax_dp import distributed
 
         try:
-            distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                                   _DISTRIBUTED_TIMEOUT.value)
+            distributed.initialize(
+                _COORDINATOR.value,
+                _NUM_PROCESSES.value,
+                _PROCESS_ID.value,
+                _DISTRIBUTED_TIMEOUT.value,
+            )
         except (ValueError, RuntimeError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
@@ -225,17 +309,28 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = _WORKDIR.value or f"results/{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        validate_config(cfg, overridden=_override_keys(argv))  # what Experiment checks, and the overrides
+        # what Experiment checks, and the overrides
+        validate_config(cfg, overridden=_override_keys(argv))
         experiment = Experiment(cfg)
-        options = dict(overwrite=_OVERWRITE.value, progress=_PROGRESS.value, tensorboard=_TENSORBOARD.value,
-                       verbose=_VERBOSE.value)
-        summary = (experiment.run_seeds(seeds, workdir, **options) if seeds else
-                   experiment.run(workdir, resume=_RESUME.value, **options))
+        options = dict(
+            overwrite=_OVERWRITE.value,
+            progress=_PROGRESS.value,
+            tensorboard=_TENSORBOARD.value,
+            verbose=_VERBOSE.value,
+        )
+        summary = (
+            experiment.run_seeds(seeds, workdir, **options)
+            if seeds
+            else experiment.run(workdir, resume=_RESUME.value, **options)
+        )
     except (ValueError, FileExistsError, FileNotFoundError, KeyError, WorkdirInUse) as error:
         print(f"error: {error.args[0] if isinstance(error, KeyError) else error}", file=sys.stderr)
         return 2
     except OSError as error:  # a disk that refuses a results file (full, read-only): one line
-        print(f"error: {error.strerror if isinstance(error, ResultsWriteError) else error}", file=sys.stderr)
+        print(
+            f"error: {error.strerror if isinstance(error, ResultsWriteError) else error}",
+            file=sys.stderr,
+        )
         return 1
     from fedjax_dp.core import hosts
 

@@ -5,9 +5,9 @@
     print(summary.format(), summary.epsilon)
 
 The config is a shipped config's name, a config file's path, or a ``ConfigDict`` (start from
-``fedjax_dp.default_config()``); it is copied, locked (a misspelt key raises, naming the closest one)
-and validated when the ``Experiment`` is made, before any data is loaded. Client sampling and privacy
-accounting both come from ``config.sampling``, so they cannot disagree.
+``fedjax_dp.default_config()``); it is copied, locked (a misspelt key raises, naming the closest
+one) and validated when the ``Experiment`` is made, before any data is loaded. Client sampling and
+privacy accounting both come from ``config.sampling``, so they cannot disagree.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ __all__ = ["Experiment", "RunSummary", "SeedsSummary"]
 class Experiment:
     """A validated configuration, ready to run once or over several seeds.
 
-    Two rounds of the shipped DP-FedAvg config (embedded MNIST, Poisson sampling, PLD) with its noise calibrated so
-    that those rounds spend epsilon 2; a misspelt key is refused before any data is loaded:
+    Two rounds of the shipped DP-FedAvg config (embedded MNIST, Poisson sampling, PLD) with its
+    noise calibrated so that those rounds spend epsilon 2; a misspelt key is refused before any data
+    is loaded:
 
     >>> import tempfile
     >>> experiment = Experiment("dp_fedavg_mnist", {"rounds": 2, "privacy.target_epsilon": 2.0})
@@ -46,9 +47,14 @@ class Experiment:
     KeyError: ...noise_multiplier...
     """
 
-    def __init__(self, config: str | ml_collections.ConfigDict = configs.DEFAULT, overrides: dict | None = None):
-        """``overrides``: dotted keys to values, e.g. ``{"dp.noise_multiplier": 1.2, "rounds": 50}``. Asks JAX
-        for one CPU device per core first (``core.host_devices``: a no-op once JAX has started)."""
+    def __init__(
+        self,
+        config: str | ml_collections.ConfigDict = configs.DEFAULT,
+        overrides: dict | None = None,
+    ):
+        """``overrides``: dotted keys to values, e.g. ``{"dp.noise_multiplier": 1.2, "rounds":
+        50}``. Asks JAX for one CPU device per core first (``core.host_devices``: a no-op once JAX
+        has started)."""
         use_a_device_per_core()
         if isinstance(config, str):
             cfg = configs.get(config, overrides)
@@ -60,14 +66,24 @@ class Experiment:
         validate_config(cfg, overridden=tuple(overrides or ()))
         self.config = cfg
 
-    def run(self, workdir: str | None = None, *, overwrite: bool = False, progress: bool = True,
-            resume: bool = False, tensorboard: bool = False, verbose: bool = False, callbacks=(),
-            distributed: bool = False) -> RunSummary:
-        """Trains, evaluates and writes ``workdir`` (default ``results/<algorithm>``); returns the summary
-        (``.final`` metrics, ``.epsilon`` and ``.formal`` where privacy is tracked, ``.format()``).
-        ``callbacks``: your own ``training.callbacks.Callback``s (log each round's row elsewhere, ``StopWhen``).
-        ``distributed``: this process is one of several running the same program (``fedjax_dp.distributed``:
-        joins them first, before JAX starts; only process 0 writes ``workdir``; every process gets the summary)."""
+    def run(
+        self,
+        workdir: str | None = None,
+        *,
+        overwrite: bool = False,
+        progress: bool = True,
+        resume: bool = False,
+        tensorboard: bool = False,
+        verbose: bool = False,
+        callbacks=(),
+        distributed: bool = False,
+    ) -> RunSummary:
+        """Trains, evaluates and writes ``workdir`` (default ``results/<algorithm>``); returns the
+        summary (``.final`` metrics, ``.epsilon`` and ``.formal`` where privacy is tracked,
+        ``.format()``). ``callbacks``: your own ``training.callbacks.Callback``s (log each round's
+        row elsewhere, ``StopWhen``). ``distributed``: this process is one of several running the
+        same program (``fedjax_dp.distributed``: joins them first, before JAX starts; only process 0
+        writes ``workdir``; every process gets the summary)."""
         if distributed:
             from fedjax_dp import distributed as joining
 
@@ -75,9 +91,15 @@ class Experiment:
         if tensorboard:
             require_tensorboardx()
         with quiet_console(verbose):
-            return run_experiment(self.config, workdir or os.path.join("results", self.config.algorithm),
-                                  overwrite=overwrite, progress=progress, resume=resume, tensorboard=tensorboard,
-                                  callbacks=callbacks)
+            return run_experiment(
+                self.config,
+                workdir or os.path.join("results", self.config.algorithm),
+                overwrite=overwrite,
+                progress=progress,
+                resume=resume,
+                tensorboard=tensorboard,
+                callbacks=callbacks,
+            )
 
     def run_seeds(self, seeds, workdir: str | None = None, **options) -> SeedsSummary:
         """One run per seed in ``<workdir>/seed_<s>``; writes ``seeds_summary.json`` (mean and 95 %
@@ -95,7 +117,10 @@ class Experiment:
         summary = summarize(workdir, seeds, summaries, workdirs)
         with open(os.path.join(workdir, "seeds_summary.json"), "w") as f:
             f.write(results.dumps({**vars(summary), "rounds_min": summary.rounds_min}, indent=2))
-        plots.plot_seeds(curves([results.read_metrics(w) for w in workdirs]), os.path.join(workdir, "seeds.png"),
-                         f"{self.config.algorithm}, seeds {','.join(map(str, seeds))}: mean and 95 % interval",
-                         seeds=len(seeds))
+        plots.plot_seeds(
+            curves([results.read_metrics(w) for w in workdirs]),
+            os.path.join(workdir, "seeds.png"),
+            f"{self.config.algorithm}, seeds {','.join(map(str, seeds))}: mean and 95 % interval",
+            seeds=len(seeds),
+        )
         return summary

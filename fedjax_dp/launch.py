@@ -1,14 +1,17 @@
-"""``fedjax-dp-launch -n N`` (``python -m fedjax_dp.launch``): N local processes as one distributed run, to try
-several hosts on one machine (issue 76; a cluster starts one process per host itself, ``fedjax_dp.distributed``).
+"""``fedjax-dp-launch -n N`` (``python -m fedjax_dp.launch``): N local processes as one distributed
+run, to try several hosts on one machine (issue 76; a cluster starts one process per host itself,
+``fedjax_dp.distributed``).
 
-    fedjax-dp-launch -n 2 -- --config dp_fedavg_mnist --workdir results/two   # fedjax-dp --distributed ... twice
-    fedjax-dp-launch -n 2 -- python my_script.py                             # any program that initializes
+    fedjax-dp-launch -n 2 -- --config dp_fedavg_mnist --workdir results/two   # fedjax-dp
+    --distributed ... twice fedjax-dp-launch -n 2 -- python
+    my_script.py                             # any program that initializes
 
-Each process gets ``FEDJAX_DP_COORDINATOR`` (127.0.0.1 and a free port), ``FEDJAX_DP_NUM_PROCESSES`` and
-``FEDJAX_DP_PROCESS_ID``, and ``--cpu_devices`` CPU devices (``FEDJAX_DP_CPU_DEVICES``; default the cores
-shared out). Process 0 prints as usual; the others' lines are prefixed ``[process i]``. When a process fails the
-others are given ``--timeout`` seconds to notice (JAX's heartbeat) before they are stopped; the exit status is the
-first process to fail (128 + the signal where a signal killed it), or 0. SIGINT / SIGTERM are passed on to every process (each checkpoints and stops).
+Each process gets ``FEDJAX_DP_COORDINATOR`` (127.0.0.1 and a free port), ``FEDJAX_DP_NUM_PROCESSES``
+and ``FEDJAX_DP_PROCESS_ID``, and ``--cpu_devices`` CPU devices (``FEDJAX_DP_CPU_DEVICES``; default
+the cores shared out). Process 0 prints as usual; the others' lines are prefixed ``[process i]``.
+When a process fails the others are given ``--timeout`` seconds to notice (JAX's heartbeat) before
+they are stopped; the exit status is the first process to fail (128 + the signal where a signal
+killed it), or 0. SIGINT / SIGTERM are passed on to every process (each checkpoints and stops).
 """
 
 from __future__ import annotations
@@ -39,30 +42,52 @@ def _forward(stream, prefix: str, out) -> None:
 
 
 def command_of(rest: list[str]) -> list[str]:
-    """The program each process runs: ``fedjax-dp --distributed REST`` when REST is options, else REST itself."""
+    """The program each process runs: ``fedjax-dp --distributed REST`` when REST is options, else
+    REST itself."""
     if rest and not rest[0].startswith("-"):
         return rest
     return [sys.executable, "-m", "fedjax_dp", "--distributed", *rest]
 
 
-def launch(num_processes: int, rest: list[str], cpu_devices: int | None = None, timeout_s: int = 60,
-           port: int | None = None) -> int:
-    """Runs ``command_of(rest)`` as ``num_processes`` processes; returns the exit status (module docstring)."""
+def launch(
+    num_processes: int,
+    rest: list[str],
+    cpu_devices: int | None = None,
+    timeout_s: int = 60,
+    port: int | None = None,
+) -> int:
+    """Runs ``command_of(rest)`` as ``num_processes`` processes; returns the exit status (module
+    docstring)."""
     if num_processes < 1:
         raise ValueError(f"-n must be >= 1 processes, got {num_processes}")
     devices = cpu_devices or max(1, host_cores() // num_processes)
     address = f"127.0.0.1:{port or free_port()}"
     processes, threads = [], []
     for index in range(num_processes):
-        env = {**os.environ, COORDINATOR: address, NUM_PROCESSES: str(num_processes), PROCESS_ID: str(index),
-               TIMEOUT: str(timeout_s), "FEDJAX_DP_CPU_DEVICES": str(devices)}
+        env = {
+            **os.environ,
+            COORDINATOR: address,
+            NUM_PROCESSES: str(num_processes),
+            PROCESS_ID: str(index),
+            TIMEOUT: str(timeout_s),
+            "FEDJAX_DP_CPU_DEVICES": str(devices),
+        }
         piped = index > 0
-        process = subprocess.Popen(command_of(rest), env=env, stdout=subprocess.PIPE if piped else None,
-                                   stderr=subprocess.STDOUT if piped else None)
+        process = subprocess.Popen(
+            command_of(rest),
+            env=env,
+            stdout=subprocess.PIPE if piped else None,
+            stderr=subprocess.STDOUT if piped else None,
+        )
         processes.append(process)
         if piped:
-            threads.append(threading.Thread(target=_forward, args=(process.stdout, f"[process {index}] ", sys.stderr),
-                                            daemon=True))
+            threads.append(
+                threading.Thread(
+                    target=_forward,
+                    args=(process.stdout, f"[process {index}] ", sys.stderr),
+                    daemon=True,
+                )
+            )
             threads[-1].start()
 
     def pass_on(signum, frame):
@@ -78,9 +103,16 @@ def launch(num_processes: int, rest: list[str], cpu_devices: int | None = None, 
         if not failures:
             return 0
         index, code = failures[0]
-        print(f"fedjax-dp-launch: the run failed: process {index} was the first to stop ({_ended(code)})"
-              + (f"; then {', '.join(f'process {i} ({_ended(c)})' for i, c in failures[1:])}" if failures[1:] else ""),
-              file=sys.stderr)
+        print(
+            f"fedjax-dp-launch: the run failed: process {index} was the first to stop"
+            f" ({_ended(code)})"
+            + (
+                f"; then {', '.join(f'process {i} ({_ended(c)})' for i, c in failures[1:])}"
+                if failures[1:]
+                else ""
+            ),
+            file=sys.stderr,
+        )
         return 128 - code if code < 0 else code
     finally:
         for s, h in previous.items():
@@ -88,9 +120,9 @@ def launch(num_processes: int, rest: list[str], cpu_devices: int | None = None, 
 
 
 def _watch(processes, timeout_s: int) -> list[tuple[int, int]]:
-    """Waits for every process; ``(index, exit status)`` of those that failed, in the order they stopped. Once one
-    has failed, those still running after ``timeout_s`` + 10 s (JAX's heartbeat should have ended them) are
-    killed."""
+    """Waits for every process; ``(index, exit status)`` of those that failed, in the order they
+    stopped. Once one has failed, those still running after ``timeout_s`` + 10 s (JAX's heartbeat
+    should have ended them) are killed."""
     failures, seen, first_failure = [], set(), None
     while True:
         running = False
@@ -103,14 +135,19 @@ def _watch(processes, timeout_s: int) -> list[tuple[int, int]]:
             if code != 0:
                 failures.append((index, code))
                 first_failure = first_failure or time.monotonic()
-                print(f"fedjax-dp-launch: process {index} stopped ({_ended(code)})", file=sys.stderr)
+                print(
+                    f"fedjax-dp-launch: process {index} stopped ({_ended(code)})", file=sys.stderr
+                )
         if not running:
             return failures
         if first_failure is not None and time.monotonic() - first_failure > timeout_s + 10:
             for index, p in enumerate(processes):
                 if p.poll() is None:
-                    print(f"fedjax-dp-launch: process {index} still runs {timeout_s + 10} s after process "
-                          f"{failures[0][0]} stopped: killing it", file=sys.stderr)
+                    print(
+                        f"fedjax-dp-launch: process {index} still runs {timeout_s + 10} s after"
+                        f" process {failures[0][0]} stopped: killing it",
+                        file=sys.stderr,
+                    )
                     p.kill()
         time.sleep(0.1)
 
@@ -126,13 +163,22 @@ def _ended(code: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="fedjax-dp-launch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    ours, rest = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    )
+    parser = argparse.ArgumentParser(
+        prog="fedjax-dp-launch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("-n", "--num_processes", type=int, required=True)
     parser.add_argument("--cpu_devices", type=int, default=None, help="CPU devices per process")
-    parser.add_argument("--timeout", type=int, default=60, help="seconds a lost process may go unnoticed")
-    parser.add_argument("--port", type=int, default=None, help="the coordinator's port (default: a free one)")
+    parser.add_argument(
+        "--timeout", type=int, default=60, help="seconds a lost process may go unnoticed"
+    )
+    parser.add_argument(
+        "--port", type=int, default=None, help="the coordinator's port (default: a free one)"
+    )
     args = parser.parse_args(ours)
     try:
         return launch(args.num_processes, rest, args.cpu_devices, args.timeout, args.port)

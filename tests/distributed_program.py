@@ -1,9 +1,12 @@
-"""``fedjax-dp --distributed ARGS`` with two test hooks, the program ``tests/test_distributed.py`` launches
-(``fedjax-dp-launch -n 2 -- python tests/distributed_program.py [hooks] -- ARGS``); not a test module.
+"""``fedjax-dp --distributed ARGS`` with two test hooks, the program ``tests/test_distributed.py``
+launches (``fedjax-dp-launch -n 2 -- python tests/distributed_program.py [hooks] -- ARGS``); not a
+test module.
 
     --kill_at_round K   process 1 kills itself (SIGKILL, no clean-up) when round K has trained
-    --writes_log FILE   every process but 0 records each path under the workdir it opened for writing, created,
-                        renamed or removed (Python's file calls), one per line in FILE.<process>, at exit
+    --writes_log FILE   every process but 0 records each path under the workdir it opened for
+    writing, created,
+                        renamed or removed (Python's file calls), one per line in FILE.<process>, at
+                        exit
 """
 
 import atexit
@@ -15,7 +18,7 @@ import sys
 
 
 def _arguments(argv):
-    hooks, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    hooks, rest = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     options = dict(zip(hooks[::2], hooks[1::2]))
     return options.get("--kill_at_round"), options.get("--writes_log"), rest
 
@@ -48,14 +51,25 @@ def _record_writes(workdir: str, log: str) -> None:
             if under(path) and is_write(path, *args, **kwargs):
                 writes.append(f"{function.__name__} {path}")
             return function(path, *args, **kwargs)
+
         return wrapped
 
     writing = lambda path, mode="r", *a, **k: any(c in mode for c in "wax+")  # noqa: E731
     builtins.open = spy(builtins.open, writing)
-    for module, name in ((os, "makedirs"), (os, "mkdir"), (os, "remove"), (os, "unlink"), (os, "replace"),
-                         (os, "rename"), (shutil, "rmtree"), (shutil, "move")):
+    for module, name in (
+        (os, "makedirs"),
+        (os, "mkdir"),
+        (os, "remove"),
+        (os, "unlink"),
+        (os, "replace"),
+        (os, "rename"),
+        (shutil, "rmtree"),
+        (shutil, "move"),
+    ):
         setattr(module, name, spy(getattr(module, name)))
-    atexit.register(lambda: open(f"{log}.{os.environ['FEDJAX_DP_PROCESS_ID']}", "w").write("\n".join(writes)))
+    atexit.register(
+        lambda: open(f"{log}.{os.environ['FEDJAX_DP_PROCESS_ID']}", "w").write("\n".join(writes))
+    )
 
 
 def main() -> int:

@@ -53,7 +53,9 @@ def test_budget_rule_bad_input():
 
 def test_client_ledger_heterogeneous_budgets():
     # z = 1, sensitivity S: each participation is 1-GDP; budgets allow sqrt(3.5) and sqrt(1.5) mu.
-    budgets = np.array([gdp.epsilon_from_mu(np.sqrt(3.5), 1e-5), gdp.epsilon_from_mu(np.sqrt(1.5), 1e-5)])
+    budgets = np.array(
+        [gdp.epsilon_from_mu(np.sqrt(3.5), 1e-5), gdp.epsilon_from_mu(np.sqrt(1.5), 1e-5)]
+    )
     ledger = ClientLedger(2, 1e-5, budgets)
     taken = np.zeros(2, int)
     for _ in range(10):
@@ -67,13 +69,15 @@ def test_client_ledger_heterogeneous_budgets():
 
 
 def test_client_ledger_takes_each_clients_own_noise():
-    """Issue 15 item 6: per-client events. Client 0 runs at z = 1, client 1 at z = 2: after two rounds
-    their mu are sqrt(2) and sqrt(2 / 4), and eligibility is judged at each one's own z."""
+    """Issue 15 item 6: per-client events. Client 0 runs at z = 1, client 1 at z = 2: after two
+    rounds their mu are sqrt(2) and sqrt(2 / 4), and eligibility is judged at each one's own z."""
     ledger = ClientLedger(3, 1e-5, gdp.epsilon_from_mu(np.sqrt(2.2), 1e-5))
     for _ in range(2):
         ledger.record(np.array([0, 1]), np.array([1.0, 2.0]))
-    np.testing.assert_allclose(ledger.epsilons()[:2], [gdp.epsilon_from_mu(np.sqrt(2), 1e-5),
-                                                       gdp.epsilon_from_mu(np.sqrt(0.5), 1e-5)])
+    np.testing.assert_allclose(
+        ledger.epsilons()[:2],
+        [gdp.epsilon_from_mu(np.sqrt(2), 1e-5), gdp.epsilon_from_mu(np.sqrt(0.5), 1e-5)],
+    )
     assert ledger.epsilons()[2] == 0
     np.testing.assert_array_equal(ledger.eligible(np.array([1.0, 2.0, 1.0])), [False, True, True])
 
@@ -91,7 +95,9 @@ def test_tracker_composes_per_client_multipliers_of_a_local_release():
     tracker.record(1, np.array([0, 2]), [release])
     tracker.record(2, np.array([1, 2]), [release])
     mu = np.sqrt([1.0, 0.25, 2 / 16]) * 2  # replace-one under local noise: sensitivity 2S
-    np.testing.assert_allclose(tracker.ledger.epsilons(), [gdp.epsilon_from_mu(m, settings.delta) for m in mu])
+    np.testing.assert_allclose(
+        tracker.ledger.epsilons(), [gdp.epsilon_from_mu(m, settings.delta) for m in mu]
+    )
     assert tracker.epsilon() == tracker.ledger.epsilons().max()
 
 

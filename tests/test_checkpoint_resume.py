@@ -56,7 +56,8 @@ def test_interrupted_and_killed_runs_resume_to_the_uninterrupted_result(tmp_path
     checkpoints = tmp_path / "c" / "checkpoints"
     assert sorted(os.listdir(checkpoints)) == ["round_000004", "round_000005"]  # the last two kept
     shutil.rmtree(checkpoints / "round_000005")
-    run_experiment(_config(), str(tmp_path / "c"), progress=False, resume=True)  # drops row 5, reruns 5-6
+    # drops row 5, reruns 5-6
+    run_experiment(_config(), str(tmp_path / "c"), progress=False, resume=True)
     assert _files(tmp_path / "c") == (want_metrics, want_privacy)
 
 
@@ -64,10 +65,14 @@ def test_checkpoint_keep_zero_keeps_every_round_and_a_negative_count_is_refused(
     c = _config("fedavg")
     c.rounds, c.checkpoint_every, c.checkpoint_keep = 4, 1, 0
     run_experiment(c, str(tmp_path / "all"), progress=False)
-    assert sorted(os.listdir(tmp_path / "all" / "checkpoints")) == [f"round_00000{t}" for t in (1, 2, 3, 4)]
+    assert sorted(os.listdir(tmp_path / "all" / "checkpoints")) == [
+        f"round_00000{t}" for t in (1, 2, 3, 4)
+    ]
     c.checkpoint_keep = 3
     run_experiment(c, str(tmp_path / "three"), progress=False)
-    assert sorted(os.listdir(tmp_path / "three" / "checkpoints")) == [f"round_00000{t}" for t in (2, 3, 4)]
+    assert sorted(os.listdir(tmp_path / "three" / "checkpoints")) == [
+        f"round_00000{t}" for t in (2, 3, 4)
+    ]
     c.checkpoint_keep = -1
     with pytest.raises(ValueError, match="checkpoint_keep must be >= 0 .*got -1"):
         run_experiment(c, str(tmp_path / "bad"), progress=False)
@@ -81,26 +86,34 @@ def test_resume_needs_a_checkpoint_and_the_same_config(tmp_path):
     c.rounds = 2
     run_experiment(c, str(tmp_path / "d"), progress=False)
     c.client.learning_rate = 0.5
-    with pytest.raises(ValueError, match="config.json differs .*client.learning_rate: saved 0.05, now 0.5"):
+    with pytest.raises(
+        ValueError, match="config.json differs .*client.learning_rate: saved 0.05, now 0.5"
+    ):
         run_experiment(c, str(tmp_path / "d"), progress=False, resume=True)
 
 
-def test_a_resume_with_another_config_is_refused_before_data_or_checkpoint_is_read(tmp_path, monkeypatch):
-    """Bug (found 2026-11-29 by a new-user trial): ``--resume`` of a FedAvg workdir with a DP-FedAvg config
-    failed inside orbax's restore (a page of "Source: <class 'list'> / Target: ...ValueMetadataEntry"),
-    because the config was compared only after the data was loaded and the checkpoint read."""
+def test_a_resume_with_another_config_is_refused_before_data_or_checkpoint_is_read(
+    tmp_path, monkeypatch
+):
+    """Bug (found 2026-11-29 by a new-user trial): ``--resume`` of a FedAvg workdir with a DP-FedAvg
+    config failed inside orbax's restore (a page of "Source: <class 'list'> / Target:
+    ...ValueMetadataEntry"), because the config was compared only after the data was loaded and the
+    checkpoint read."""
     c = _config("fedavg")
     c.rounds = 2
     run_experiment(c, str(tmp_path / "d"), progress=False)
     monkeypatch.setattr(run_context, "build_dataset", lambda *a: pytest.fail("data was loaded"))
-    with pytest.raises(ValueError, match="config.json differs .*algorithm: saved 'fedavg', now 'dp_fedavg'"):
+    with pytest.raises(
+        ValueError, match="config.json differs .*algorithm: saved 'fedavg', now 'dp_fedavg'"
+    ):
         run_experiment(_config("dp_fedavg"), str(tmp_path / "d"), progress=False, resume=True)
 
 
 def test_a_run_from_before_a_config_key_existed_resumes_while_the_key_keeps_its_default(tmp_path):
-    """Bug: a Table 7 run checkpointed before ``compression.refresh`` and ``error_feedback`` were added could
-    not be resumed after (its config.json lacked them: "config.json differs"). A key the saved config lacks
-    now counts as the same when this run leaves it at its default; set to anything else, it is named."""
+    """Bug: a Table 7 run checkpointed before ``compression.refresh`` and ``error_feedback`` were
+    added could not be resumed after (its config.json lacked them: "config.json differs"). A key the
+    saved config lacks now counts as the same when this run leaves it at its default; set to
+    anything else, it is named."""
     c = _config()
     c.rounds = 4
     with pytest.MonkeyPatch.context() as m:  # SIGINT in round 2: checkpoint at 2, stop
@@ -108,7 +121,8 @@ def test_a_run_from_before_a_config_key_existed_resumes_while_the_key_keeps_its_
         run_experiment(c, str(tmp_path / "old"), progress=False)
     path = tmp_path / "old" / "config.json"
     saved = json.loads(path.read_text())
-    del saved["compression"]["refresh"], saved["compression"]["error_feedback"]  # as an older version wrote it
+    # as an older version wrote it
+    del saved["compression"]["refresh"], saved["compression"]["error_feedback"]
     path.write_text(json.dumps(saved))
     changed = _config()
     changed.rounds = 4
@@ -121,7 +135,8 @@ def test_a_run_from_before_a_config_key_existed_resumes_while_the_key_keeps_its_
 def test_a_diverged_model_stops_the_run_with_a_clear_reason(tmp_path):
     c = _config("fedavg")
     c.rounds = 8
-    c.server.learning_rate = 1e39  # the first server step overflows float32: the parameters become inf
+    # the first server step overflows float32: the parameters become inf
+    c.server.learning_rate = 1e39
     summary = run_experiment(c, str(tmp_path), progress=False)
     assert summary.stop_reason == "the global model diverged in round 1 (non-finite parameters)"
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")][1:]  # [0]: round 0
@@ -159,6 +174,7 @@ def test_a_non_finite_client_update_is_dropped_and_named_with_its_client_id(tmp_
             cohort["batches"]["x"] = cohort["batches"]["x"].copy()
             cohort["batches"]["x"][poison] = np.nan  # these sampled clients' data is corrupt
             return cohort
+
         return poisoned
 
     poison = [1]
@@ -170,7 +186,8 @@ def test_a_non_finite_client_update_is_dropped_and_named_with_its_client_id(tmp_
     assert all(r["dropped_clients"] == 1 and len(r["dropped_client_ids"]) == 1 for r in rows)
     assert summary.stop_reason is None and np.isfinite(summary.final["test_loss"])
     # the summary says how many updates never reached the model: a run that lost most of its updates
-    # without three all-dropped rounds in a row still finishes, and its final accuracy must not read as clean
+    # without three all-dropped rounds in a row still finishes, and its final accuracy must not read
+    # as clean
     assert (summary.dropped_updates, summary.client_updates) == (2, 8)
     assert json.load(open(tmp_path / "summary.json"))["dropped_updates"] == 2
     assert "2 of 8 (non-finite, kept out of the model)" in summary.format()
@@ -178,7 +195,10 @@ def test_a_non_finite_client_update_is_dropped_and_named_with_its_client_id(tmp_
     poison[:] = [0, 1, 2, 3]  # every client, every round: the run stops after STALL_ROUNDS rounds
     c.rounds = 8
     summary = run_experiment(c, str(tmp_path / "stalled"), progress=False)
-    assert summary.rounds == loop_module.STALL_ROUNDS and "non-finite for 3 rounds" in summary.stop_reason
+    assert (
+        summary.rounds == loop_module.STALL_ROUNDS
+        and "non-finite for 3 rounds" in summary.stop_reason
+    )
 
 
 def _cli(workdir, *extra):
@@ -186,25 +206,40 @@ def _cli(workdir, *extra):
     import sys
 
     config = "fedavg_mnist"
-    args = [sys.executable, "-m", "fedjax_dp.cli", f"--config={config}", f"--workdir={workdir}", "--noprogress",
-            "--config.algorithm=dp_fedavg", "--config.rounds=30", "--config.eval_every=5",
-            "--config.checkpoint_every=1", "--config.data.num_clients=20", "--config.client.epochs=1",
-            "--config.client.batch_size=20", "--config.sampling.cohort_size=4", "--config.dp.noise_multiplier=0.8",
-            *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "fedjax_dp.cli",
+        f"--config={config}",
+        f"--workdir={workdir}",
+        "--noprogress",
+        "--config.algorithm=dp_fedavg",
+        "--config.rounds=30",
+        "--config.eval_every=5",
+        "--config.checkpoint_every=1",
+        "--config.data.num_clients=20",
+        "--config.client.epochs=1",
+        "--config.client.batch_size=20",
+        "--config.sampling.cohort_size=4",
+        "--config.dp.noise_multiplier=0.8",
+        *extra,
+    ]
     log = open(f"{workdir}.log", "a")  # a file, not a pipe: a full pipe would block the child
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
 
 
 @pytest.mark.slow
 def test_a_process_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path):
-    """The real thing: a separate process is SIGKILLed mid-run (no handler runs, a metrics row may be torn);
-    ``--resume`` in a new process ends with metrics and privacy ledger identical to an uninterrupted run."""
+    """The real thing: a separate process is SIGKILLed mid-run (no handler runs, a metrics row may
+    be torn); ``--resume`` in a new process ends with metrics and privacy ledger identical to an
+    uninterrupted run."""
     import time
 
     reference = _cli(tmp_path / "a")
     assert reference.wait(timeout=600) == 0, open(f"{tmp_path / 'a'}.log").read()[-2000:]
     victim = _cli(tmp_path / "b")
-    marker = tmp_path / "b" / "checkpoints" / "round_000003"  # orbax renames it into place when complete
+    # orbax renames it into place when complete
+    marker = tmp_path / "b" / "checkpoints" / "round_000003"
     deadline = time.time() + 600
     while not marker.exists() and victim.poll() is None and time.time() < deadline:
         time.sleep(0.01)

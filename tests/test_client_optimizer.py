@@ -1,6 +1,7 @@
-"""The local optimizer's training-side options (``client.grad_clip_norm``, ``client.weight_decay``): one
-step against a hand-written one in PyTorch's order (clip the gradient, then add the decay), the plain
-optimizer when both are off, the loop's clients built with them, and bad values refused by key."""
+"""The local optimizer's training-side options (``client.grad_clip_norm``, ``client.weight_decay``):
+one step against a hand-written one in PyTorch's order (clip the gradient, then add the decay), the
+plain optimizer when both are off, the loop's clients built with them, and bad values refused by
+key."""
 
 import jax
 import jax.numpy as jnp
@@ -32,8 +33,9 @@ def test_one_step_clips_the_gradient_then_adds_the_decay(clip, decay):
 
 def test_without_either_option_the_optimizer_is_the_plain_one():
     w = {"a": jnp.ones(3)}
-    assert jax.tree_util.tree_structure(build_optimizer("sgd", 0.1).init(w)) == \
-        jax.tree_util.tree_structure(optax.sgd(0.1).init(w))
+    assert jax.tree_util.tree_structure(
+        build_optimizer("sgd", 0.1).init(w)
+    ) == jax.tree_util.tree_structure(optax.sgd(0.1).init(w))
 
 
 def test_the_loops_clients_train_with_the_clipped_steps():
@@ -41,14 +43,22 @@ def test_the_loops_clients_train_with_the_clipped_steps():
     model = get_model("logistic", (4, 4, 1), 3)
     data = random_client_data(np.random.default_rng(0), [12, 12, 12])
     x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
-    cohort = pack_cohort(x, y, [np.arange(12 * k, 12 * (k + 1)) for k in range(3)], 4, 1, np.random.default_rng(0))
+    cohort = pack_cohort(
+        x, y, [np.arange(12 * k, 12 * (k + 1)) for k in range(3)], 4, 1, np.random.default_rng(0)
+    )
     steps = int(cohort["mask"].any(axis=-1).sum(axis=1).max())
     params = model.init(jax.random.key(0))
     for clip in (0.0, 1e-3):
-        runner = make_round(model, "fedavg", num_clients=3, **{"client.learning_rate": 0.5,
-                                                               "client.grad_clip_norm": clip})
+        runner = make_round(
+            model,
+            "fedavg",
+            num_clients=3,
+            **{"client.learning_rate": 0.5, "client.grad_clip_norm": clip},
+        )
         result = runner(runner.init(params), cohort, jax.random.key(1))
-        moved = float(tree.l2_norm(jax.tree_util.tree_map(jnp.subtract, result.state.params, params)))
+        moved = float(
+            tree.l2_norm(jax.tree_util.tree_map(jnp.subtract, result.state.params, params))
+        )
         if clip:
             assert moved <= 0.5 * clip * steps * (1 + 1e-5)
         else:

@@ -16,7 +16,10 @@ from fedjax_dp.privacy.mechanisms.gaussian import gaussian_noise_like
 
 def random_tree(seed, scale):
     k1, k2 = jax.random.split(jax.random.key(seed))
-    return {"w": scale * jax.random.normal(k1, (7, 5)), "b": {"x": scale * jax.random.normal(k2, (3,))}}
+    return {
+        "w": scale * jax.random.normal(k1, (7, 5)),
+        "b": {"x": scale * jax.random.normal(k2, (3,))},
+    }
 
 
 @settings(max_examples=60, deadline=None)
@@ -28,7 +31,9 @@ def test_flat_clip_postconditions(seed, scale, clip):
     assert float(result.norm) == pytest.approx(norm, rel=1e-5)
     assert float(tree.l2_norm(result.clipped)) <= clip * (1 + 1e-5)
     if norm <= clip:
-        for a, b in zip(jax.tree_util.tree_leaves(result.clipped), jax.tree_util.tree_leaves(update)):
+        for a, b in zip(
+            jax.tree_util.tree_leaves(result.clipped), jax.tree_util.tree_leaves(update)
+        ):
             np.testing.assert_array_equal(a, b)
     else:  # same direction, norm exactly S
         assert float(tree.l2_norm(result.clipped)) == pytest.approx(clip, rel=1e-5)
@@ -38,7 +43,9 @@ def test_flat_clip_postconditions(seed, scale, clip):
 
 
 def optax_vdot(a, b):
-    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+    return sum(
+        jnp.vdot(x, y) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -54,7 +61,9 @@ def test_per_layer_clip_bounds_each_layer_and_joint_sensitivity(seed, scale):
 
 
 def test_clip_is_vmappable_and_jittable():
-    updates = jax.vmap(lambda k: {"a": jax.random.normal(k, (10,))})(jax.random.split(jax.random.key(0), 6))
+    updates = jax.vmap(lambda k: {"a": jax.random.normal(k, (10,))})(
+        jax.random.split(jax.random.key(0), 6)
+    )
     clipped = jax.jit(jax.vmap(lambda u: clipping.clip_by_global_norm(u, 1.0)))(updates)
     assert clipped.clipped["a"].shape == (6, 10)
     assert np.all(np.linalg.norm(clipped.clipped["a"], axis=1) <= 1 + 1e-6)
@@ -69,7 +78,9 @@ def test_clip_rejects_nonpositive_threshold():
 
 def test_gaussian_noise_statistics():
     std, n = 0.7, 200_000
-    noise = gaussian_noise_like({"a": jnp.zeros((n // 2,)), "b": jnp.zeros((n // 4, 2))}, std, jax.random.key(42))
+    noise = gaussian_noise_like(
+        {"a": jnp.zeros((n // 2,)), "b": jnp.zeros((n // 4, 2))}, std, jax.random.key(42)
+    )
     x = np.concatenate([np.ravel(l) for l in jax.tree_util.tree_leaves(noise)])
     # mean: sd of the sample mean is std / sqrt(n); allow 5 sd
     assert abs(x.mean()) < 5 * std / math.sqrt(n)
@@ -103,8 +114,15 @@ def test_local_noise_with_per_client_multipliers_uses_each_clients_own_z():
     upload = {"w": jnp.zeros(20000)}
     stds = []
     for client_id in (0, 1):
-        ctx = ClientContext((), noise.inputs(1), jnp.float32(2.0), jax.random.key(client_id), True, True,
-                            jnp.int32(client_id))
+        ctx = ClientContext(
+            (),
+            noise.inputs(1),
+            jnp.float32(2.0),
+            jax.random.key(client_id),
+            True,
+            True,
+            jnp.int32(client_id),
+        )
         stds.append(float(jnp.std(noise.client(upload, ctx).upload["w"])))
     np.testing.assert_allclose(stds, [1.0, 6.0], rtol=0.03)
     assert noise.releases(noise.inputs(1))[0].client_multipliers == (0.5, 3.0)
@@ -112,14 +130,17 @@ def test_local_noise_with_per_client_multipliers_uses_each_clients_own_z():
         GaussianNoise(client_multipliers=(1.0,))
 
 
-@pytest.mark.parametrize("shape,dtype", [((3,), jnp.float32), ((5, 5, 1, 32), jnp.float32), ((7, 3), jnp.float64)])
+@pytest.mark.parametrize(
+    "shape,dtype", [((3,), jnp.float32), ((5, 5, 1, 32), jnp.float32), ((7, 3), jnp.float64)]
+)
 def test_the_flat_noise_draw_is_the_draw_of_the_shape_value_for_value(shape, dtype):
-    """``standard_normal`` draws flat and reshapes (faster to compile): the values are those of drawing the
-    shape directly, so no seeded run changes."""
+    """``standard_normal`` draws flat and reshapes (faster to compile): the values are those of
+    drawing the shape directly, so no seeded run changes."""
     from fedjax_dp.privacy.mechanisms.gaussian import NOISE_DRAWS, standard_normal
 
     with jax.enable_x64(dtype == jnp.float64):
         key = jax.random.key(7)
         direct = jnp.sum(jax.random.normal(key, (NOISE_DRAWS,) + shape, dtype), axis=0) / jnp.sqrt(
-            jnp.asarray(NOISE_DRAWS, dtype))
+            jnp.asarray(NOISE_DRAWS, dtype)
+        )
         np.testing.assert_array_equal(standard_normal(key, shape, dtype), direct)

@@ -1,6 +1,7 @@
-"""Every notebook in colabs/ is Colab-ready (an install cell, a ``parameters`` cell, saved outputs with
-at least one plot) and runs top to bottom on tiny settings: the code cells are executed in one
-namespace, the ``parameters`` cell followed by ``TINY``'s overrides (shell and magic lines skipped)."""
+"""Every notebook in colabs/ is Colab-ready (an install cell, a ``parameters`` cell, saved outputs
+with at least one plot) and runs top to bottom on tiny settings: the code cells are executed in one
+namespace, the ``parameters`` cell followed by ``TINY``'s overrides (shell and magic lines
+skipped)."""
 
 import glob
 import json
@@ -9,10 +10,16 @@ import os
 import pytest
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "colabs", "*.ipynb")))
-TINY = {"quickstart.ipynb": "ROUNDS = 2", "dp_fedavg.ipynb": "ROUNDS, EPSILON = 2, 2.0", "ldp_minibatch.ipynb": "ROUNDS, LOCAL_STEPS = 1, 2",
-        "cuag_pfl.ipynb": "ROUNDS, LOCAL_STEPS = 1, 1", "uga_fedmeta.ipynb": "ROUNDS = 2",
-        "dp_ftrl.ipynb": "ROUNDS, SEPARATION = 4, 2"}
-"""Overrides of each notebook's ``parameters`` cell for the suite (every notebook must have an entry)."""
+TINY = {
+    "quickstart.ipynb": "ROUNDS = 2",
+    "dp_fedavg.ipynb": "ROUNDS, EPSILON = 2, 2.0",
+    "ldp_minibatch.ipynb": "ROUNDS, LOCAL_STEPS = 1, 2",
+    "cuag_pfl.ipynb": "ROUNDS, LOCAL_STEPS = 1, 1",
+    "uga_fedmeta.ipynb": "ROUNDS = 2",
+    "dp_ftrl.ipynb": "ROUNDS, SEPARATION = 4, 2",
+}
+"""Overrides of each notebook's ``parameters`` cell for the suite (every notebook must have an
+entry)."""
 
 
 def _cells(path):
@@ -23,9 +30,15 @@ def test_every_notebook_is_colab_ready_with_saved_outputs_and_plots():
     assert {os.path.basename(p) for p in NOTEBOOKS} == set(TINY)
     for path in NOTEBOOKS:
         code = [c for c in _cells(path) if c["cell_type"] == "code"]
-        assert "pip\", \"install\"" in "".join(code[0]["source"]), f"{path}: the first code cell installs fedjax_dp"
-        assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in code), f"{path}: no parameters cell"
-        assert all(c.get("execution_count") for c in code), f"{path}: saved without running every cell"
+        assert 'pip", "install"' in "".join(code[0]["source"]), (
+            f"{path}: the first code cell installs fedjax_dp"
+        )
+        assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in code), (
+            f"{path}: no parameters cell"
+        )
+        assert all(c.get("execution_count") for c in code), (
+            f"{path}: saved without running every cell"
+        )
         images = [o for c in code for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
         assert images, f"{path}: no saved plot"
         errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
@@ -35,11 +48,18 @@ def test_every_notebook_is_colab_ready_with_saved_outputs_and_plots():
 SLOW = ("uga_fedmeta", "cuag_pfl")
 """Notebooks whose tiny run takes over a minute on 2 cores (five methods, each compiled): run with
 FEDJAX_DP_SLOW=1; their methods run through the loop in the fast tests (test_pfldyn_cuag,
-test_algorithm_protocol, test_uga, test_fedmeta_fedprox_fedshare) and their saved outputs are checked above."""
+test_algorithm_protocol, test_uga, test_fedmeta_fedprox_fedshare) and their saved outputs are
+checked above."""
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if any(n in p for n in SLOW) else p
-                                  for p in NOTEBOOKS], ids=os.path.basename)
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, marks=pytest.mark.slow) if any(n in p for n in SLOW) else p
+        for p in NOTEBOOKS
+    ],
+    ids=os.path.basename,
+)
 def test_notebook_runs_on_tiny_settings(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MPLBACKEND", "Agg")
@@ -47,7 +67,9 @@ def test_notebook_runs_on_tiny_settings(path, tmp_path, monkeypatch):
     for cell in _cells(path):
         if cell["cell_type"] != "code":
             continue
-        source = "".join(line for line in cell["source"] if not line.lstrip().startswith(("!", "%")))
+        source = "".join(
+            line for line in cell["source"] if not line.lstrip().startswith(("!", "%"))
+        )
         exec(compile(source, f"{os.path.basename(path)}:{cell.get('id')}", "exec"), namespace)
         if "parameters" in cell.get("metadata", {}).get("tags", []):
             exec(TINY[os.path.basename(path)] + f"\nWORKDIR = {str(tmp_path)!r}", namespace)

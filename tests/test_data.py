@@ -26,7 +26,8 @@ def test_iid_covers_once_with_balanced_sizes():
 
 
 def test_shards_give_each_client_its_shards_labels():
-    parts = partition.shards(LABELS, 30, 2, np.random.default_rng(0))  # shards of 10: one label each
+    # shards of 10: one label each
+    parts = partition.shards(LABELS, 30, 2, np.random.default_rng(0))
     assert_disjoint(parts, len(LABELS))
     for p in parts:
         assert len(p) == 20 and len(np.unique(LABELS[p])) <= 2
@@ -44,7 +45,11 @@ def test_dirichlet_concentration_follows_alpha():
             out.append(np.searchsorted(np.cumsum(counts) / counts.sum(), 0.9) + 1)
         return np.mean(out)
 
-    assert mean_classes_holding_90pct(0.1) < mean_classes_holding_90pct(1.0) < mean_classes_holding_90pct(100.0)
+    assert (
+        mean_classes_holding_90pct(0.1)
+        < mean_classes_holding_90pct(1.0)
+        < mean_classes_holding_90pct(100.0)
+    )
 
 
 def test_partition_errors_name_the_value():
@@ -70,7 +75,11 @@ def test_uniform_sampling_is_distinct_and_poisson_rate_checked():
 
 
 @settings(max_examples=40, deadline=None)
-@given(sizes=st.lists(st.integers(1, 30), min_size=1, max_size=6), batch=st.integers(1, 8), epochs=st.integers(1, 3))
+@given(
+    sizes=st.lists(st.integers(1, 30), min_size=1, max_size=6),
+    batch=st.integers(1, 8),
+    epochs=st.integers(1, 3),
+)
 def test_packing_properties(sizes, batch, epochs):
     x = np.arange(sum(sizes), dtype=np.float32)[:, None]
     y = np.zeros(sum(sizes), np.int32)
@@ -117,16 +126,29 @@ def test_embedded_mnist_is_real_and_balanced():
     assert 0.1 < x.mean() < 0.16  # MNIST's mean pixel intensity is about 0.13
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"seed": -1}, "seed must be >= 0"),  # numpy's "expected non-negative integer" after loading, before
-    ({"compression.enabled": True, "compression.seed": -1}, "compression.seed must be >= 0"),
-    ({"data.partition": "acid", "data.classes_per_client": -1}, "data.classes_per_client must be >= 1"),
-    ({"data.partition": "alid", "data.max_train_per_client": -1}, "data.max_train_per_client must be >= 0"),
-    ({"data.partition": "acid", "data.max_test_per_client": -2}, "data.max_test_per_client must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # numpy's "expected non-negative integer" after loading, before
+        ({"seed": -1}, "seed must be >= 0"),
+        ({"compression.enabled": True, "compression.seed": -1}, "compression.seed must be >= 0"),
+        (
+            {"data.partition": "acid", "data.classes_per_client": -1},
+            "data.classes_per_client must be >= 1",
+        ),
+        (
+            {"data.partition": "alid", "data.max_train_per_client": -1},
+            "data.max_train_per_client must be >= 0",
+        ),
+        (
+            {"data.partition": "acid", "data.max_test_per_client": -2},
+            "data.max_test_per_client must be >= 0",
+        ),
+    ],
+)
 def test_negative_seeds_and_per_client_limits_are_refused_by_name(overrides, message):
-    """A negative max_*_per_client used to mean 'all' silently; a negative seed failed after the data loaded
-    with an error that named no key."""
+    """A negative max_*_per_client used to mean 'all' silently; a negative seed failed after the
+    data loaded with an error that named no key."""
     from fedjax_dp.training.config_validation import validate_config
     from fedjax_dp.training.default_config import default_config
 
@@ -140,9 +162,13 @@ def test_negative_seeds_and_per_client_limits_are_refused_by_name(overrides, mes
 
 def test_shards_that_outnumber_the_examples_name_both_keys_and_the_product():
     """Found 2026-12-01 (a new-user trial): ``data.num_clients=100000`` on the shards split said
-    "num_clients=200000 exceeds the 5000 examples": a number the user never wrote (the shard count)."""
-    with pytest.raises(ValueError, match=r"num_clients x shards_per_client = 301 x 2 = 602 shards exceed the 600 "
-                                         r"examples available"):
+    "num_clients=200000 exceeds the 5000 examples": a number the user never wrote (the shard
+    count)."""
+    with pytest.raises(
+        ValueError,
+        match=r"num_clients x shards_per_client = 301 x 2 = 602 shards exceed the 600 "
+        r"examples available",
+    ):
         partition.shards(LABELS, 301, 2, np.random.default_rng(0))
 
 
@@ -155,11 +181,12 @@ def _mnist_5k_dataset(**client):
     return cfg, build_dataset(cfg.data, cfg.seed)
 
 
-def test_a_batch_larger_than_every_client_packs_each_epoch_as_one_full_batch_of_the_largest_clients_size():
-    """Bug (found 2026-12-01, a new-user trial): ``client.batch_size=100000`` on ``fedavg_mnist`` packed every round's
-    cohort at a width of 100,000 examples (10 clients x 5 epochs x 100,000 x 3 KB = 16 GB) and the OOM killer ended
-    the run without a word. A batch of B >= n_k is the client's whole data (B = infinity, McMahan et al. 2017), so
-    the packed width is the largest client's size: the same steps, examples and masked means."""
+def test_a_batch_larger_than_every_client_packs_each_epoch_as_one_batch_of_the_largest_size():
+    """Bug (found 2026-12-01, a new-user trial): ``client.batch_size=100000`` on ``fedavg_mnist``
+    packed every round's cohort at a width of 100,000 examples (10 clients x 5 epochs x 100,000 x 3
+    KB = 16 GB) and the OOM killer ended the run without a word. A batch of B >= n_k is the client's
+    whole data (B = infinity, McMahan et al. 2017), so the packed width is the largest client's
+    size: the same steps, examples and masked means."""
     from fedjax_dp.core.algorithm import Requirements
     from fedjax_dp.training.cohorts import make_packer
 
@@ -172,18 +199,25 @@ def test_a_batch_larger_than_every_client_packs_each_epoch_as_one_full_batch_of_
     for key in ("mask", "example_index", "num_examples"):
         np.testing.assert_array_equal(huge[key], exact[key])
     np.testing.assert_array_equal(huge["batches"]["x"], exact["batches"]["x"])
-    cfg.client.batch_size = 100_000  # UGA's packer: its keep-trace batches and its evaluation pass alike
-    uga = make_packer(cfg, dataset, Requirements(evaluation_pass=True))([0], np.random.default_rng(0), None)
+    # UGA's packer: its keep-trace batches and its evaluation pass alike
+    cfg.client.batch_size = 100_000
+    uga = make_packer(cfg, dataset, Requirements(evaluation_pass=True))(
+        [0], np.random.default_rng(0), None
+    )
     assert uga["mask"].shape[-1] == uga["eval_mask"].shape[-1] == largest
 
 
 def test_a_cohort_that_cannot_fit_in_memory_is_refused_naming_the_keys_before_training():
-    """A typo such as ``client.epochs=500000`` packed a cohort of many times the machine's memory and was
-    killed; now the packer is refused at build time, naming the keys that size it and the bytes needed."""
+    """A typo such as ``client.epochs=500000`` packed a cohort of many times the machine's memory
+    and was killed; now the packer is refused at build time, naming the keys that size it and the
+    bytes needed."""
     from fedjax_dp.core.algorithm import Requirements
     from fedjax_dp.training.cohorts import make_packer
 
     cfg, dataset = _mnist_5k_dataset(epochs=5_000_000)
-    with pytest.raises(ValueError, match=r"one round's packed cohort needs .* GB .*more than this machine's .* GB of "
-                                         r"memory.*client.epochs=5000000.*client.batch_size=10.*sampling.cohort_size=10"):
+    with pytest.raises(
+        ValueError,
+        match=r"one round's packed cohort needs .* GB .*more than this machine's .* GB of "
+        r"memory.*client.epochs=5000000.*client.batch_size=10.*sampling.cohort_size=10",
+    ):
         make_packer(cfg, dataset, Requirements())

@@ -25,8 +25,9 @@ def _client(steps=6, batch=10, real_steps=None, seed=0):
     x = rng.normal(size=(steps, batch, 28, 28, 1)).astype(np.float32)
     y = rng.integers(0, 10, size=(steps, batch))
     mask = np.ones((steps, batch), bool)
-    if real_steps is not None:  # a small client: its last batch partial, the steps after it all padding
-        mask[real_steps - 1, batch // 2:] = False
+    # a small client: its last batch partial, the steps after it all padding
+    if real_steps is not None:
+        mask[real_steps - 1, batch // 2 :] = False
         mask[real_steps:] = False
     return {"x": jnp.asarray(x), "y": jnp.asarray(y)}, jnp.asarray(mask)
 
@@ -51,7 +52,8 @@ def test_a_dense_layer_called_twice_is_not_deferred():
     module = Twice()
     params = module.init(jax.random.key(0), jnp.ones((1, 28, 28, 1)))
     loss = lambda p, batch, key: optax.softmax_cross_entropy_with_integer_labels(  # noqa: E731
-        module.apply(p, batch["x"]), batch["y"] % 3)
+        module.apply(p, batch["x"]), batch["y"] % 3
+    )
     batches, _ = _client(steps=1, batch=2)
     assert deferrable_kernels(loss, params, batches, jax.random.key(1)) == {}
 
@@ -65,13 +67,22 @@ def test_equals_the_plain_sgd_trainer(real_steps):
     deferred = deferrable_kernels(model.per_example_loss, params, batches, key)
     assert deferred
     plain = jax.jit(make_local_trainer(model.per_example_loss, optax.sgd(LR), unroll=True))
-    fast = jax.jit(make_deferred_dense_sgd_trainer(model.per_example_loss, LR, deferred, unroll=True))
+    fast = jax.jit(
+        make_deferred_dense_sgd_trainer(model.per_example_loss, LR, deferred, unroll=True)
+    )
     want, want_stats = plain(params, batches, mask, key, 0.7)
     got, got_stats = fast(params, batches, mask, key, 0.7)
-    for (path, w), g in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree_util.tree_leaves(got)):
+    for (path, w), g in zip(
+        jax.tree_util.tree_leaves_with_path(want), jax.tree_util.tree_leaves(got)
+    ):
         change = np.asarray(w) - np.asarray(params_leaf(params, path))
-        np.testing.assert_allclose(np.asarray(g) - np.asarray(params_leaf(params, path)), change,
-                                   rtol=1e-4, atol=1e-5 * np.abs(change).max(), err_msg=str(path))
+        np.testing.assert_allclose(
+            np.asarray(g) - np.asarray(params_leaf(params, path)),
+            change,
+            rtol=1e-4,
+            atol=1e-5 * np.abs(change).max(),
+            err_msg=str(path),
+        )
         assert np.abs(change).max() > 0, path  # every layer trained
     np.testing.assert_allclose(got_stats.loss, want_stats.loss, rtol=1e-5)
     assert int(got_stats.num_examples) == int(want_stats.num_examples)
@@ -102,13 +113,21 @@ def test_fedavg_defers_for_plain_sgd_only_and_uploads_the_same_delta():
     model = get_model("cnn_fedavg", conv_impl="xla")
     params = model.init(jax.random.key(0))
     batches, mask = _client(real_steps=5)
-    client = {"batches": batches, "mask": mask, "key": jax.random.key(2), "num_examples": jnp.sum(mask)}
+    client = {
+        "batches": batches,
+        "mask": mask,
+        "key": jax.random.key(2),
+        "num_examples": jnp.sum(mask),
+    }
     fast = FedAvg(model.per_example_loss, optax.sgd(LR), unroll=True, deferred_dense_rate=LR)
     plain = FedAvg(model.per_example_loss, optax.sgd(LR), unroll=True)
-    prox = FedProx(model.per_example_loss, optax.sgd(LR), unroll=True, deferred_dense_rate=LR, mu=0.1)
+    prox = FedProx(
+        model.per_example_loss, optax.sgd(LR), unroll=True, deferred_dense_rate=LR, mu=0.1
+    )
     assert "deferred" in fast.local_trainer(params, client).__qualname__
     assert "deferred" not in plain.local_trainer(params, client).__qualname__
-    assert "deferred" not in prox.local_trainer(params, client).__qualname__  # a full-rank proximal gradient
+    # a full-rank proximal gradient
+    assert "deferred" not in prox.local_trainer(params, client).__qualname__
     shared = (params, jnp.asarray(3))
     got = jax.jit(fast.client_update)(shared, client, None, jax.random.key(0))
     want = jax.jit(plain.client_update)(shared, client, None, jax.random.key(0))
@@ -117,15 +136,25 @@ def test_fedavg_defers_for_plain_sgd_only_and_uploads_the_same_delta():
     assert bool(got.ok)
 
 
-@pytest.mark.parametrize("client, mode, want", [
-    ({}, "auto", LR), ({"momentum": 0.9}, "auto", None), ({"weight_decay": 1e-3}, "auto", None),
-    ({"grad_clip_norm": 10.0}, "auto", None), ({"optimizer": "adam"}, "auto", None), ({}, "off", None),
-    ({}, "on", LR), ({"momentum": 0.9}, "on", None)])
+@pytest.mark.parametrize(
+    "client, mode, want",
+    [
+        ({}, "auto", LR),
+        ({"momentum": 0.9}, "auto", None),
+        ({"weight_decay": 1e-3}, "auto", None),
+        ({"grad_clip_norm": 10.0}, "auto", None),
+        ({"optimizer": "adam"}, "auto", None),
+        ({}, "off", None),
+        ({}, "on", LR),
+        ({"momentum": 0.9}, "on", None),
+    ],
+)
 def test_the_config_enables_it_for_plain_sgd_clients(client, mode, want):
     cfg = default_config()
     cfg.client.update(learning_rate=LR, **client)
     cfg.engine.deferred_dense = mode
-    assert BuildContext(cfg, model=None, num_clients=1).deferred_dense_rate() == want  # auto: this CPU backend
+    # auto: this CPU backend
+    assert BuildContext(cfg, model=None, num_clients=1).deferred_dense_rate() == want
 
 
 @pytest.mark.parametrize("backend, want", [("cpu", True), ("gpu", True), ("tpu", False)])
@@ -139,13 +168,21 @@ def test_deferred_clients_vmap_like_one_at_a_time():
     model = get_model("cnn_fedavg", conv_impl="im2col")
     params = model.init(jax.random.key(0))
     clients = [_client(steps=3, batch=4, real_steps=r, seed=r) for r in (3, 2)]
-    batch = lambda i: {"batches": clients[i][0], "mask": clients[i][1], "key": jax.random.key(i),  # noqa: E731
-                       "num_examples": jnp.sum(clients[i][1])}
+    batch = lambda i: {
+        "batches": clients[i][0],
+        "mask": clients[i][1],
+        "key": jax.random.key(i),  # noqa: E731
+        "num_examples": jnp.sum(clients[i][1]),
+    }
     stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), batch(0), batch(1))
     fast = FedAvg(model.per_example_loss, optax.sgd(LR), unroll=True, deferred_dense_rate=LR)
-    update = lambda c: fast.client_update((params, jnp.asarray(0)), c, None, jax.random.key(0)).upload  # noqa: E731
+    update = lambda c: (
+        fast.client_update((params, jnp.asarray(0)), c, None, jax.random.key(0)).upload
+    )  # noqa: E731
     together = jax.jit(jax.vmap(update))(stacked)
     for i in range(2):
         alone = jax.jit(update)(batch(i))
         for t, a in zip(jax.tree_util.tree_leaves(together), jax.tree_util.tree_leaves(alone)):
-            np.testing.assert_allclose(t[i], a, rtol=1e-4, atol=1e-5 * float(np.abs(np.asarray(a)).max()))
+            np.testing.assert_allclose(
+                t[i], a, rtol=1e-4, atol=1e-5 * float(np.abs(np.asarray(a)).max())
+            )

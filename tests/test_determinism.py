@@ -1,4 +1,5 @@
-"""Same config and seed, same machine: bitwise-identical metrics (including DP noise and sampling)."""
+"""Same config and seed, same machine: bitwise-identical metrics (including DP noise and
+sampling)."""
 
 import os
 
@@ -20,7 +21,8 @@ def _metrics(tmp_path, name, algorithm, seed=0):
 
 def test_same_seed_gives_bitwise_identical_metrics(tmp_path):
     # dp_fedavg exercises everything fedavg does (sampling, shuffles, local training) plus the noise
-    # stream; fedavg alone was dropped to keep the suite short (its runs are byte-compared by resume tests).
+    # stream; fedavg alone was dropped to keep the suite short (its runs are byte-compared by resume
+    # tests).
     for algorithm in ("dp_fedavg",):
         first = _metrics(tmp_path, f"{algorithm}-a", algorithm)
         assert first == _metrics(tmp_path, f"{algorithm}-b", algorithm)

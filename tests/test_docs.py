@@ -1,6 +1,6 @@
-"""The documentation site: it builds offline with warnings as errors (a broken reference fails here), renders every
-notebook with its saved outputs, documents every public name, and its code examples and the public functions'
-docstring examples (doctests) run."""
+"""The documentation site: it builds offline with warnings as errors (a broken reference fails
+here), renders every notebook with its saved outputs, documents every public name, and its code
+examples and the public functions' docstring examples (doctests) run."""
 
 import doctest
 import importlib
@@ -14,38 +14,88 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 DOCS = os.path.join(ROOT, "docs")
-SUBPACKAGES = ("fedjax_dp", "fedjax_dp.core", "fedjax_dp.algorithms", "fedjax_dp.privacy", "fedjax_dp.data",
-               "fedjax_dp.models", "fedjax_dp.compression", "fedjax_dp.training")
-DOCTESTED = {"fedjax_dp.experiment": 2, "fedjax_dp.core.uploads": 2, "fedjax_dp.privacy.accounting.accountant": 2,
-             "fedjax_dp.privacy.accounting.client_sampling": 2, "fedjax_dp.privacy.accounting.gdp": 3,
-             "fedjax_dp.data.partition": 2}
-"""Modules whose docstring examples the suite runs, with the least number of examples each must hold."""
+SUBPACKAGES = (
+    "fedjax_dp",
+    "fedjax_dp.core",
+    "fedjax_dp.algorithms",
+    "fedjax_dp.privacy",
+    "fedjax_dp.data",
+    "fedjax_dp.models",
+    "fedjax_dp.compression",
+    "fedjax_dp.training",
+)
+DOCTESTED = {
+    "fedjax_dp.experiment": 2,
+    "fedjax_dp.core.uploads": 2,
+    "fedjax_dp.privacy.accounting.accountant": 2,
+    "fedjax_dp.privacy.accounting.client_sampling": 2,
+    "fedjax_dp.privacy.accounting.gdp": 3,
+    "fedjax_dp.data.partition": 2,
+}
+"""Modules whose docstring examples the suite runs, with the least number of examples each must
+hold."""
 
 
 def build(out) -> None:
     """The site, built from scratch (``-E``) the way README.md says, warnings as errors."""
     env = {**os.environ, "FEDJAX_DP_CPU_DEVICES": "1"}
-    done = subprocess.run([sys.executable, "-m", "sphinx", "-E", "-W", "--keep-going", "-q", "-b", "html", DOCS,
-                           str(out)], capture_output=True, text=True, env=env, cwd=ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-E",
+            "-W",
+            "--keep-going",
+            "-q",
+            "-b",
+            "html",
+            DOCS,
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
 
 
 def test_the_docs_build_command_is_the_one_the_readme_gives():
     readme = open(os.path.join(ROOT, "README.md")).read()
-    assert 'python3 -m sphinx -W --keep-going -b html docs docs/_build/html' in readme
+    assert "python3 -m sphinx -W --keep-going -b html docs docs/_build/html" in readme
 
 
-def test_the_site_builds_without_a_warning_renders_the_notebooks_and_documents_every_public_name(tmp_path):
-    """One build (about half a minute) checked three ways: every page exists, every notebook is rendered with its
-    saved outputs (never executed here), and every public callable of each subpackage's ``__all__`` has an entry."""
+def test_the_site_builds_without_a_warning_renders_the_notebooks_and_documents_every_public_name(
+    tmp_path,
+):
+    """One build (about half a minute) checked three ways: every page exists, every notebook is
+    rendered with its saved outputs (never executed here), and every public callable of each
+    subpackage's ``__all__`` has an entry."""
     build(tmp_path)
-    for name in ("index", "getting_started", "concepts", "privacy", "correlated_noise", "cohort_engine",
-                 "measurements", "adding_an_algorithm", "distributed", "scorecard", "results", "api/index"):
+    for name in (
+        "index",
+        "getting_started",
+        "concepts",
+        "privacy",
+        "correlated_noise",
+        "cohort_engine",
+        "measurements",
+        "adding_an_algorithm",
+        "distributed",
+        "scorecard",
+        "results",
+        "api/index",
+    ):
         assert (tmp_path / f"{name}.html").exists(), name
-    notebooks = sorted(f[:-6] for f in os.listdir(os.path.join(ROOT, "colabs")) if f.endswith(".ipynb"))
+    notebooks = sorted(
+        f[:-6] for f in os.listdir(os.path.join(ROOT, "colabs")) if f.endswith(".ipynb")
+    )
     for name in notebooks:
         page = (tmp_path / "notebooks" / f"{name}.html").read_text()
-        assert "<img" in page and "cell_output" in page, f"{name}: rendered without its saved outputs"
+        assert "<img" in page and "cell_output" in page, (
+            f"{name}: rendered without its saved outputs"
+        )
     for package in SUBPACKAGES:
         page_name = "fedjax_dp" if package == "fedjax_dp" else package.split(".", 1)[1]
         page = (tmp_path / "api" / f"{page_name}.html").read_text()
@@ -53,13 +103,17 @@ def test_the_site_builds_without_a_warning_renders_the_notebooks_and_documents_e
         for name in module.__all__:
             value = getattr(module, name)
             if callable(value) and not isinstance(value, type(os)):
-                assert f'id="{package}.{name}"' in page, f"{package}.{name} is missing from api/{page_name}"
+                assert f'id="{package}.{name}"' in page, (
+                    f"{package}.{name} is missing from api/{page_name}"
+                )
 
 
 @pytest.mark.parametrize("module_name", sorted(DOCTESTED))
 def test_the_docstring_examples_run(module_name):
     module = importlib.import_module(module_name)
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, report=True)
+    result = doctest.testmod(
+        module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, report=True
+    )
     assert result.failed == 0
     assert result.attempted >= DOCTESTED[module_name], f"{module_name}: its examples are gone"
 
@@ -67,22 +121,36 @@ def test_the_docstring_examples_run(module_name):
 def test_the_correlated_noise_example_runs_a_blt_stream_under_min_separation(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     page = open(os.path.join(DOCS, "correlated_noise.md")).read()
-    (example,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if '"dp.noise": "blt"' in b]
-    example = textwrap.dedent(example).replace('"rounds": 24', '"rounds": 6').replace("/tmp/blt", str(tmp_path / "blt"))
+    (example,) = [
+        b for b in re.findall(r"```python\n(.*?)```", page, re.S) if '"dp.noise": "blt"' in b
+    ]
+    example = (
+        textwrap.dedent(example)
+        .replace('"rounds": 24', '"rounds": 6')
+        .replace("/tmp/blt", str(tmp_path / "blt"))
+    )
     namespace = {}
     exec(compile(example, "docs/correlated_noise.md", "exec"), namespace)
     result = namespace["result"]
     assert result.rounds == 6 and result.formal is True and 0 < result.epsilon < float("inf")
     import json
+
     privacy = json.load(open(tmp_path / "blt" / "privacy.json"))
-    assert privacy["accounting"]["noise_strategy"] == "blt" and privacy["sampling"].startswith("4-min-separation")
+    assert privacy["accounting"]["noise_strategy"] == "blt" and privacy["sampling"].startswith(
+        "4-min-separation"
+    )
 
 
 def test_the_package_docstrings_carry_no_dated_measurements():
-    """Measurements live in ``benchmarks/RESULTS.md`` and the docs (``docs/measurements.md``); a module says what it
-    does, why, and which paper and equation."""
+    """Measurements live in ``benchmarks/RESULTS.md`` and the docs (``docs/measurements.md``); a
+    module says what it does, why, and which paper and equation."""
     import pathlib
+
     dated = re.compile(r"\b20\d\d-\d\d-\d\d\b")
-    found = [f"{p.relative_to(ROOT)}:{i}" for p in pathlib.Path(ROOT, "fedjax_dp").rglob("*.py")
-             for i, line in enumerate(p.read_text().splitlines(), 1) if dated.search(line)]
+    found = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in pathlib.Path(ROOT, "fedjax_dp").rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if dated.search(line)
+    ]
     assert not found, found

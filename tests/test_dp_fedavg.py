@@ -29,16 +29,34 @@ def setup(sizes=SIZES, seed=0):
     data = random_client_data(np.random.default_rng(seed), sizes)
     x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
     offsets = np.cumsum([0, *sizes])
-    cohort = pack_cohort(x, y, [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))], 4, 1,
-                         np.random.default_rng(seed))
+    cohort = pack_cohort(
+        x,
+        y,
+        [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))],
+        4,
+        1,
+        np.random.default_rng(seed),
+    )
     return model, params, cohort
 
 
 def dp_round(model, d=len(SIZES), z=0.0, clip="fixed", clip_norm=1.0, mode="central", lr=0.1, **dp):
-    """DP-FedAvg as the loop builds it: FedAvg + chain(statistics, clip, gaussian, fixed denominator)."""
-    return make_round(model, "dp_fedavg", num_clients=max(d, len(SIZES)), **{
-        "sampling.cohort_size": d, "client.learning_rate": lr, "dp.noise_multiplier": z, "dp.clip": clip,
-        "dp.clip_norm": clip_norm, "dp.noise_mode": mode, **{f"dp.{k}": v for k, v in dp.items()}})
+    """DP-FedAvg as the loop builds it: FedAvg + chain(statistics, clip, gaussian, fixed
+    denominator)."""
+    return make_round(
+        model,
+        "dp_fedavg",
+        num_clients=max(d, len(SIZES)),
+        **{
+            "sampling.cohort_size": d,
+            "client.learning_rate": lr,
+            "dp.noise_multiplier": z,
+            "dp.clip": clip,
+            "dp.clip_norm": clip_norm,
+            "dp.noise_mode": mode,
+            **{f"dp.{k}": v for k, v in dp.items()},
+        },
+    )
 
 
 def run(runner, params, cohort, key):
@@ -56,7 +74,12 @@ def flat(t):
 
 def test_no_noise_no_clipping_equals_fedavg():
     model, params, cohort = setup()
-    want, _ = run(FederatedRound(FedAvg(model.per_example_loss, optax.sgd(0.1))), params, cohort, jax.random.key(1))
+    want, _ = run(
+        FederatedRound(FedAvg(model.per_example_loss, optax.sgd(0.1))),
+        params,
+        cohort,
+        jax.random.key(1),
+    )
     got, metrics = run(dp_round(model, clip_norm=1e6), params, cohort, jax.random.key(1))
     for a, b in zip(leaves(got.params), leaves(want.params)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
@@ -67,10 +90,15 @@ def test_no_noise_no_clipping_equals_fedavg():
 def test_noise_has_the_calibrated_scale(mode):
     model, params, cohort = setup()
     z, clip, d = 2.0, 0.05, 4
-    clean, _ = run(dp_round(model, d, 0.0, clip_norm=clip, mode=mode), params, cohort, jax.random.key(1))
-    noisy, _ = run(dp_round(model, d, z, clip_norm=clip, mode=mode), params, cohort, jax.random.key(1))
+    clean, _ = run(
+        dp_round(model, d, 0.0, clip_norm=clip, mode=mode), params, cohort, jax.random.key(1)
+    )
+    noisy, _ = run(
+        dp_round(model, d, z, clip_norm=clip, mode=mode), params, cohort, jax.random.key(1)
+    )
     noise = flat(noisy.params) - flat(clean.params)
-    # central: one N(0, (zS)^2) draw on the sum; local: one per client (6 of them); both divided by D
+    # central: one N(0, (zS)^2) draw on the sum; local: one per client (6 of them); both divided by
+    # D
     std = z * clip / d * (math.sqrt(len(SIZES)) if mode == "local" else 1.0)
     n = noise.size  # 51 entries: sd of the sample variance is std^2 sqrt(2/(n-1))
     assert abs(noise.var() / std**2 - 1) < 5 * math.sqrt(2 / (n - 1))
@@ -96,7 +124,8 @@ def test_nan_client_is_dropped_counted_and_never_reaches_the_model():
 def test_median_clipping_is_labelled_not_private_and_uses_the_median():
     model, params, cohort = setup()
     runner = dp_round(model, clip="median")
-    assert [r.formal for r in runner.uploads.releases(1)] == [False, True]  # the threshold, the noise
+    # the threshold, the noise
+    assert [r.formal for r in runner.uploads.releases(1)] == [False, True]
     _, metrics = run(runner, params, cohort, jax.random.key(1))
     assert float(metrics["clip_norm"]) == pytest.approx(float(metrics["median_update_norm"]))
     assert 0.3 <= float(metrics["clipped_fraction"]) <= 0.5  # half of 6 clients, ties aside
@@ -109,7 +138,8 @@ def test_adaptive_clipping_moves_toward_the_quantile():
     assert runner.uploads[position].count_noise_std == 1.0  # sigma_b = max(D / 20, 1)
     state = runner.init(params)
     norms = []
-    for t in range(8):  # every update is larger than S: the unclipped fraction is ~0 < 0.5, so S grows
+    # every update is larger than S: the unclipped fraction is ~0 < 0.5, so S grows
+    for t in range(8):
         state = runner(state, cohort, jax.random.key(t)).state
         norms.append(float(state.uploads[position]))
     assert norms[-1] > 1e-4 * math.exp(0.2 * 0.5 * 8) * 0.3
@@ -128,26 +158,49 @@ def _tf_privacy_quantile_step(estimate, norms, noise, denominator, target, learn
 
 
 def test_the_adaptive_clip_follows_tf_privacys_quantile_estimator_clamp_included():
-    """A seeded sequence of cohorts (sizes 1-12 around D = 4, so the unclipped fraction often leaves [0, 1]
-    before the clamp) through the transform's own client and server sides; the count noise is what the
-    transform drew (read back from a zero-count call with the same key)."""
+    """A seeded sequence of cohorts (sizes 1-12 around D = 4, so the unclipped fraction often leaves
+    [0, 1] before the clamp) through the transform's own client and server sides; the count noise is
+    what the transform drew (read back from a zero-count call with the same key)."""
     from fedjax_dp.core import rng as rng_lib
     from fedjax_dp.core.uploads import ClientContext, ServerContext
 
-    clip = AdaptiveQuantileClip(initial_clip_norm=1.0, target_quantile=0.3, learning_rate=0.5, count_noise_std=1.5,
-                                denominator=4.0)
+    clip = AdaptiveQuantileClip(
+        initial_clip_norm=1.0,
+        target_quantile=0.3,
+        learning_rate=0.5,
+        count_noise_std=1.5,
+        denominator=4.0,
+    )
     generator = np.random.default_rng(7)
     state, reference, clamped = clip.init(None), 1.0, 0
     for t in range(40):
         norms = generator.lognormal(0.0, 1.0, size=generator.integers(1, 13)).astype(np.float32)
         key = jax.random.key(t)
-        count = sum(clip.client({"w": np.array([n], np.float32)}, ClientContext(
-            state, {}, np.inf, None, np.bool_(True), np.bool_(True))).extras["count"] for n in norms)
+        count = sum(
+            clip.client(
+                {"w": np.array([n], np.float32)},
+                ClientContext(state, {}, np.inf, None, np.bool_(True), np.bool_(True)),
+            ).extras["count"]
+            for n in norms
+        )
         everyone = np.ones(len(norms), bool)
-        ctx = lambda extras: ServerContext(state, {}, state, None, extras,  # noqa: E731
-                                           {"norm": norms, "clipped": norms > 0}, everyone, everyone, key)
-        noise = float(clip.count_noise_std * mechanisms.standard_normal(
-            rng_lib.purpose_key(key, rng_lib.Purpose.CLIP_ADAPTATION), ()))
+        ctx = lambda extras: ServerContext(
+            state,
+            {},
+            state,
+            None,
+            extras,  # noqa: E731
+            {"norm": norms, "clipped": norms > 0},
+            everyone,
+            everyone,
+            key,
+        )
+        noise = float(
+            clip.count_noise_std
+            * mechanisms.standard_normal(
+                rng_lib.purpose_key(key, rng_lib.Purpose.CLIP_ADAPTATION), ()
+            )
+        )
         unclamped = (float(count) + noise) / 4.0 + 0.5
         clamped += not 0 <= unclamped <= 1
         _, state, _ = clip.server(None, ctx({"count": count}))
@@ -162,12 +215,17 @@ def test_variance_metrics_match_definition():
     fedavg = FederatedRound(FedAvg(model.per_example_loss, optax.sgd(0.1)))
     deltas = []
     for c in range(len(SIZES)):
-        one = {k: (jax.tree_util.tree_map(lambda a: a[c:c + 1], v) if k != "example_index" else v) for k, v in cohort.items()}
+        one = {
+            k: jax.tree_util.tree_map(lambda a: a[c : c + 1], v) if k != "example_index" else v
+            for k, v in cohort.items()
+        }
         s, _ = run(fedavg, params, one, jax.random.key(1))
         deltas.append(flat(s.params) - flat(params))
     deltas = np.stack(deltas)
     mu = deltas.mean(0)
-    assert float(metrics["between_client_variance"]) == pytest.approx(np.mean((deltas - mu) ** 2), rel=1e-3)
+    assert float(metrics["between_client_variance"]) == pytest.approx(
+        np.mean((deltas - mu) ** 2), rel=1e-3
+    )
     assert float(metrics["update_scale"]) == pytest.approx(np.mean(mu**2), rel=1e-3)
 
 
@@ -185,8 +243,8 @@ def test_bad_arguments():
 
 @pytest.mark.parametrize("path, value", [("rounds", 0), ("data.num_clients", 0)])
 def test_a_bad_round_or_client_count_is_reported_once_under_calibration(path, value):
-    """The calibration of ``privacy.target_epsilon`` needs both counts: it is not tried (and does not repeat
-    the count's error in its own words) when one of them is refused."""
+    """The calibration of ``privacy.target_epsilon`` needs both counts: it is not tried (and does
+    not repeat the count's error in its own words) when one of them is refused."""
     from fedjax_dp.configs.dp_fedavg_mnist import get_config
 
     cfg = get_config()
@@ -198,25 +256,40 @@ def test_a_bad_round_or_client_count_is_reported_once_under_calibration(path, va
 
 
 def test_calibrated_local_noise_spends_the_target_epsilon_not_more(tmp_path):
-    """Bug (found for issue 19): ``privacy.target_epsilon`` under ``dp.noise_mode='local'`` calibrated z
-    for the central, sampling-amplified event, so a client in every round spent far more than the
-    target (the report said so: the accounting was right, the calibration wrong). Local noise is
-    accounted per client without amplification, replace-one (sensitivity 2S): z must be calibrated for
-    that. Every client takes part in every round here (q = 1), so the report is the worst client's."""
+    """Bug (found for issue 19): ``privacy.target_epsilon`` under ``dp.noise_mode='local'``
+    calibrated z for the central, sampling-amplified event, so a client in every round spent far
+    more than the target (the report said so: the accounting was right, the calibration wrong).
+    Local noise is accounted per client without amplification, replace-one (sensitivity 2S): z must
+    be calibrated for that. Every client takes part in every round here (q = 1), so the report is
+    the worst client's."""
     from fedjax_dp.experiment import Experiment
 
-    summary = Experiment("fedavg_mnist", {
-        "algorithm": "dp_fedavg", "rounds": 3, "eval_every": 3, "data.num_clients": 8, "sampling.method": "poisson",
-        "sampling.rate": 1.0, "client.epochs": 1, "client.batch_size": 50, "dp.noise_mode": "local",
-        "privacy.target_epsilon": 8.0, "privacy.delta": 1e-5, "model.name": "logistic"}).run(str(tmp_path / "r"), progress=False)
+    summary = Experiment(
+        "fedavg_mnist",
+        {
+            "algorithm": "dp_fedavg",
+            "rounds": 3,
+            "eval_every": 3,
+            "data.num_clients": 8,
+            "sampling.method": "poisson",
+            "sampling.rate": 1.0,
+            "client.epochs": 1,
+            "client.batch_size": 50,
+            "dp.noise_mode": "local",
+            "privacy.target_epsilon": 8.0,
+            "privacy.delta": 1e-5,
+            "model.name": "logistic",
+        },
+    ).run(str(tmp_path / "r"), progress=False)
     assert summary.rounds == 3
     assert summary.epsilon <= 8.0 + 1e-3
     assert summary.epsilon == pytest.approx(8.0, rel=0.02)  # calibrated, not merely over-noised
 
 
 def test_a_calibrated_run_says_what_z_was_calibrated_to_beside_the_realised_epsilon(tmp_path):
-    """Issue 74, item 20: under local noise privacy.target_epsilon=4 reported 2.84 (z is calibrated for a client in
-    every round, the report is the realised maximum); both are now said, in privacy.json and the printed summary."""
+    """Issue 74, item 20: under local noise privacy.target_epsilon=4 reported 2.84 (z is calibrated
+    for a client in every round, the report is the realised maximum); both are now said, in
+    privacy.json and the printed summary."""
     import json
 
     from fedjax_dp.training.loop import run_experiment
@@ -237,43 +310,59 @@ def test_a_calibrated_run_says_what_z_was_calibrated_to_beside_the_realised_epsi
 
 
 def test_a_sampling_rate_schedule_divides_round_t_by_its_own_q_t_k():
-    """Geyer et al.'s 1 / m_t: with a denominator schedule the round divides the sum by D_t (a traced input: one
-    program), so round 2 of ((1, 10), (2, 20)) equals a constant D = 20 and moves half as far as round 1."""
+    """Geyer et al.'s 1 / m_t: with a denominator schedule the round divides the sum by D_t (a
+    traced input: one program), so round 2 of ((1, 10), (2, 20)) equals a constant D = 20 and moves
+    half as far as round 1."""
     from fedjax_dp.core.uploads import chain, fixed_denominator
 
     model = get_model("logistic", (4, 4, 1), 3)
     params = model.init(jax.random.key(0))
     data = random_client_data(np.random.default_rng(0), [6] * 4)
     x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
-    cohort = pack_cohort(x, y, [np.arange(6 * k, 6 * k + 6) for k in range(4)], 3, 1, np.random.default_rng(1))
+    cohort = pack_cohort(
+        x, y, [np.arange(6 * k, 6 * k + 6) for k in range(4)], 3, 1, np.random.default_rng(1)
+    )
 
     def step(denominators, round_index):
-        fedavg = FederatedRound(FedAvg(model.per_example_loss, optax.sgd(0.1)), uploads=chain(denominators))
+        fedavg = FederatedRound(
+            FedAvg(model.per_example_loss, optax.sgd(0.1)), uploads=chain(denominators)
+        )
         state = fedavg.init(params)
         new = fedavg(state, cohort, jax.random.key(3), round_index=round_index).state.params
-        return [np.asarray(a) - np.asarray(b) for a, b in zip(jax.tree_util.tree_leaves(new),
-                                                                jax.tree_util.tree_leaves(params))]
+        return [
+            np.asarray(a) - np.asarray(b)
+            for a, b in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(params))
+        ]
 
     scheduled = fixed_denominator(10.0, ((1, 10.0), (2, 20.0)))
     first, second = step(scheduled, 1), step(scheduled, 2)
     for one, two, constant in zip(first, second, step(fixed_denominator(20.0), 1)):
-        np.testing.assert_allclose(two, constant, atol=1e-7)  # float32 rounding of w + delta (parameters ~ 1)
+        # float32 rounding of w + delta (parameters ~ 1)
+        np.testing.assert_allclose(two, constant, atol=1e-7)
         np.testing.assert_allclose(two, one / 2, atol=1e-7)
     assert max(float(np.abs(d).max()) for d in first) > 1e-3  # the round moved the model
 
 
 def test_a_rate_schedule_samples_and_accounts_each_round_at_its_own_rate(tmp_path):
-    """``sampling.rate_schedule='1:0.1,4:0.3'``: rounds 1-3 draw about q K = 50 of the 500 clients, rounds 4-6 about
-    150, and the epsilon is dp_accounting's composition of 3 rounds at q = 0.1 and 3 at q = 0.3; calibrating one z to
-    the schedule, or an adaptive clip's fixed expected count, is refused by name before any data is loaded."""
+    """``sampling.rate_schedule='1:0.1,4:0.3'``: rounds 1-3 draw about q K = 50 of the 500 clients,
+    rounds 4-6 about 150, and the epsilon is dp_accounting's composition of 3 rounds at q = 0.1 and
+    3 at q = 0.3; calibrating one z to the schedule, or an adaptive clip's fixed expected count, is
+    refused by name before any data is loaded."""
     import json
 
     from fedjax_dp.experiment import Experiment
     from fedjax_dp.privacy import Accountant, RoundEvent
 
-    overrides = {"rounds": 6, "privacy.target_epsilon": 0.0, "dp.noise_multiplier": 1.0, "dp.clip": "fixed",
-                 "sampling.rate_schedule": "1:0.1,4:0.3"}
-    summary = Experiment("dp_fedavg_mnist", overrides).run(str(tmp_path), overwrite=True, progress=False)
+    overrides = {
+        "rounds": 6,
+        "privacy.target_epsilon": 0.0,
+        "dp.noise_multiplier": 1.0,
+        "dp.clip": "fixed",
+        "sampling.rate_schedule": "1:0.1,4:0.3",
+    }
+    summary = Experiment("dp_fedavg_mnist", overrides).run(
+        str(tmp_path), overwrite=True, progress=False
+    )
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     sizes = [r["cohort_size"] for r in rows if "cohort_size" in r]
     assert max(sizes[:3]) < 90 < 110 < min(sizes[3:])
@@ -281,9 +370,17 @@ def test_a_rate_schedule_samples_and_accounts_each_round_at_its_own_rate(tmp_pat
     want.compose(RoundEvent("poisson", 1.0, sampling_rate=0.3), 3)
     assert summary.formal and summary.epsilon == pytest.approx(want.epsilon(1e-5), rel=1e-9)
     assert json.load(open(tmp_path / "privacy.json"))["sampling_rates"] == [0.1, 0.3]
-    for bad, key in ((dict(overrides, **{"privacy.target_epsilon": 4.0}), "privacy.target_epsilon"),
-                     (dict(overrides, **{"dp.clip": "adaptive"}), "dp.clip='adaptive'"),
-                     (dict(overrides, **{"sampling.rate_schedule": "2:0.1"}), "must start at round 1"),
-                     (dict(overrides, **{"sampling.rate_schedule": "1:1.5"}), "every q must lie in (0, 1]")):
-        with pytest.raises(ValueError, match=key.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+    for bad, key in (
+        (dict(overrides, **{"privacy.target_epsilon": 4.0}), "privacy.target_epsilon"),
+        (dict(overrides, **{"dp.clip": "adaptive"}), "dp.clip='adaptive'"),
+        (dict(overrides, **{"sampling.rate_schedule": "2:0.1"}), "must start at round 1"),
+        (dict(overrides, **{"sampling.rate_schedule": "1:1.5"}), "every q must lie in (0, 1]"),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=key.replace("(", r"\(")
+            .replace(")", r"\)")
+            .replace("[", r"\[")
+            .replace("]", r"\]"),
+        ):
             Experiment("dp_fedavg_mnist", bad)

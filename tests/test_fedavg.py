@@ -21,8 +21,18 @@ def _cohort(sizes, seed=0):
     data = random_client_data(np.random.default_rng(seed), sizes)
     x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
     offsets = np.cumsum([0, *sizes])
-    return x, y, pack_cohort(x, y, [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))], 4, 1,
-                             np.random.default_rng(seed))
+    return (
+        x,
+        y,
+        pack_cohort(
+            x,
+            y,
+            [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))],
+            4,
+            1,
+            np.random.default_rng(seed),
+        ),
+    )
 
 
 def test_round_is_example_weighted_mean_of_client_updates():
@@ -35,9 +45,16 @@ def test_round_is_example_weighted_mean_of_client_updates():
     train = make_local_trainer(model.per_example_loss, optax.sgd(0.1))
     deltas = []
     for c in range(3):
-        trained, _ = train(params, jax.tree_util.tree_map(lambda a: a[c], cohort["batches"]), cohort["mask"][c], jax.random.key(0))
+        trained, _ = train(
+            params,
+            jax.tree_util.tree_map(lambda a: a[c], cohort["batches"]),
+            cohort["mask"][c],
+            jax.random.key(0),
+        )
         deltas.append(jax.tree_util.tree_map(jnp.subtract, trained, params))
-    want = jax.tree_util.tree_map(lambda p, *d: p + sum(n * x for n, x in zip(sizes, d)) / sum(sizes), params, *deltas)
+    want = jax.tree_util.tree_map(
+        lambda p, *d: p + sum(n * x for n, x in zip(sizes, d)) / sum(sizes), params, *deltas
+    )
     for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert int(state.round) == 1 and int(metrics["dropped_clients"]) == 0
@@ -53,8 +70,12 @@ def test_nan_client_is_dropped_and_counted():
     state, metrics = algo.round(algo.init(params), cohort, jax.random.key(1))
     assert int(metrics["dropped_clients"]) == 1
     assert all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree_util.tree_leaves(state.params))
-    clean = {**cohort, "batches": jax.tree_util.tree_map(lambda a: a[[0, 2]], cohort["batches"]),
-             "mask": cohort["mask"][[0, 2]], "num_examples": cohort["num_examples"][[0, 2]]}
+    clean = {
+        **cohort,
+        "batches": jax.tree_util.tree_map(lambda a: a[[0, 2]], cohort["batches"]),
+        "mask": cohort["mask"][[0, 2]],
+        "num_examples": cohort["num_examples"][[0, 2]],
+    }
     want, _ = algo.round(algo.init(params), clean, jax.random.key(1))
     for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -63,9 +84,15 @@ def test_nan_client_is_dropped_and_counted():
 def test_fedavg_learns_embedded_mnist():
     from ml_collections import ConfigDict
     from fedjax_dp.data.builders import build_dataset
-    ds = build_dataset(ConfigDict(dict(source="mnist_5k", partition="iid", num_clients=20, test_fraction=0.2)), seed=0)
+
+    ds = build_dataset(
+        ConfigDict(dict(source="mnist_5k", partition="iid", num_clients=20, test_fraction=0.2)),
+        seed=0,
+    )
     model = get_model("logistic")
-    algo = FederatedRound(FedAvg(model.per_example_loss, optax.sgd(0.1)), strategy="chunked", chunk_size=5)
+    algo = FederatedRound(
+        FedAvg(model.per_example_loss, optax.sgd(0.1)), strategy="chunked", chunk_size=5
+    )
     state = algo.init(model.init(jax.random.key(0)))
     before = evaluate(model, state.params, ds)["test_accuracy"]
     rng = np.random.default_rng(0)
@@ -77,17 +104,21 @@ def test_fedavg_learns_embedded_mnist():
     assert before < 0.3 and after > 0.75, (before, after)
 
 
-def test_final_model_is_evaluated_once_and_its_per_client_accuracies_are_written(tmp_path, monkeypatch):
-    """The final evaluation's per-client accuracies are what ``client_accuracies.json`` holds: the final
-    model's examples pass through the model once (it was twice: the last evaluation, then again for
-    the per-client file)."""
+def test_final_model_is_evaluated_once_and_its_per_client_accuracies_are_written(
+    tmp_path, monkeypatch
+):
+    """The final evaluation's per-client accuracies are what ``client_accuracies.json`` holds: the
+    final model's examples pass through the model once (it was twice: the last evaluation, then
+    again for the per-client file)."""
     from fedjax_dp import configs
     from fedjax_dp.training import evaluation
     from fedjax_dp.training.loop import run_experiment
 
     passes = []
     real = evaluation.per_example_stats
-    monkeypatch.setattr(evaluation, "per_example_stats", lambda *a, **k: passes.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        evaluation, "per_example_stats", lambda *a, **k: passes.append(1) or real(*a, **k)
+    )
     cfg = configs.get("fedavg_mnist")
     cfg.update(rounds=2, eval_every=2, eval_initial=False)
     cfg.model.name, cfg.sampling.cohort_size = "logistic", 4
@@ -100,9 +131,10 @@ def test_final_model_is_evaluated_once_and_its_per_client_accuracies_are_written
 
 
 def test_a_run_compiles_its_round_and_evaluation_programs_once(tmp_path, caplog):
-    """Round 2 reuses round 1's programs: the initial server state is committed to its device like every later
-    state, so the cohort program, the server step and the evaluation are not compiled a second time for the
-    committed inputs (each was: 2 x 2.4 s + 2 x 2 s of a 21 s three-round DP run on a 2-core CPU)."""
+    """Round 2 reuses round 1's programs: the initial server state is committed to its device like
+    every later state, so the cohort program, the server step and the evaluation are not compiled a
+    second time for the committed inputs (each was: 2 x 2.4 s + 2 x 2 s of a 21 s three-round DP run
+    on a 2-core CPU)."""
     import collections
     import re
 
@@ -115,19 +147,27 @@ def test_a_run_compiles_its_round_and_evaluation_programs_once(tmp_path, caplog)
     cfg.privacy.target_epsilon, cfg.dp.noise_multiplier = 0.0, 1.0
     with jax.log_compiles(True), caplog.at_level("WARNING"):
         run_experiment(cfg, str(tmp_path / "run"), progress=False)
-    compiled = collections.Counter(m.group(1) for r in caplog.records
-                                   for m in [re.match(r"Compiling jit\((\w+)\)", r.getMessage())] if m)
-    programs = {name: compiled[name] for name in ("trace", "server_fn", "_batch_stats", "init_params")}
-    # the round's programs are the run's own; the evaluation and the initialisation are module-wide jits that an
+    compiled = collections.Counter(
+        m.group(1)
+        for r in caplog.records
+        for m in [re.match(r"Compiling jit\((\w+)\)", r.getMessage())]
+        if m
+    )
+    programs = {
+        name: compiled[name] for name in ("trace", "server_fn", "_batch_stats", "init_params")
+    }
+    # the round's programs are the run's own; the evaluation and the initialisation are module-wide
+    # jits that an
     # earlier test in this process may have compiled already (then 0)
     assert programs["trace"] == programs["server_fn"] == 1, programs
     assert programs["_batch_stats"] <= 1 and programs["init_params"] <= 1, programs
 
 
 def test_evaluation_runs_an_im2col_model_with_xla_convolutions_and_the_same_numbers(monkeypatch):
-    """Training on a CPU picks im2col convolutions (``core.strategy``); the forward-only evaluation must not:
-    im2col's patches made the FedAvg CNN's pass over 10,000 MNIST test images 9x slower (7.9 s against 0.87 s on the
-    2-core VM, ``benchmarks/evaluation_pass.py``), 16 s of every evaluation of a seed-003 run. The same function."""
+    """Training on a CPU picks im2col convolutions (``core.strategy``); the forward-only evaluation
+    must not: im2col's patches made the FedAvg CNN's pass over 10,000 MNIST test images 9x slower
+    (7.9 s against 0.87 s on the 2-core VM, ``benchmarks/evaluation_pass.py``), 16 s of every
+    evaluation of a seed-003 run. The same function."""
     from fedjax_dp.training import evaluation
 
     model = get_model("cnn_fedavg", (28, 28, 1), 10, conv_impl="im2col")
@@ -135,7 +175,9 @@ def test_evaluation_runs_an_im2col_model_with_xla_convolutions_and_the_same_numb
     rng = np.random.default_rng(0)
     x, y = rng.random((37, 28, 28, 1), np.float32), rng.integers(0, 10, 37).astype(np.int32)
     impls, real = [], evaluation._batch_stats
-    monkeypatch.setattr(evaluation, "_batch_stats", lambda m, *a: impls.append(m.module.conv_impl) or real(m, *a))
+    monkeypatch.setattr(
+        evaluation, "_batch_stats", lambda m, *a: impls.append(m.module.conv_impl) or real(m, *a)
+    )
     losses, correct = evaluation.per_example_stats(model, params, x, y, batch_size=16)
     assert impls == ["xla"] * 3
     batch = {"x": jnp.asarray(x), "y": jnp.asarray(y)}

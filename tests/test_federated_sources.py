@@ -15,9 +15,16 @@ from fedjax_dp.training.default_config import default_config
 from fixture_files import make_femnist_file, make_shakespeare_dir
 
 
-@pytest.mark.parametrize("name,shape", [("mnist", (28, 28, 1)), ("fashion_mnist", (28, 28, 1)),
-                                        ("cifar10", (32, 32, 3)), ("cifar100", (32, 32, 3)),
-                                        ("emnist/byclass", (28, 28, 1))])
+@pytest.mark.parametrize(
+    "name,shape",
+    [
+        ("mnist", (28, 28, 1)),
+        ("fashion_mnist", (28, 28, 1)),
+        ("cifar10", (32, 32, 3)),
+        ("cifar100", (32, 32, 3)),
+        ("emnist/byclass", (28, 28, 1)),
+    ],
+)
 def test_tfds_loaders_offline_with_mock_data(tmp_path, name, shape):
     with tfds.testing.mock_data(num_examples=9, policy=tfds.testing.MockPolicy.USE_CODE):
         x, y, xt, yt, num_classes = load_tfds(name, data_dir=str(tmp_path))
@@ -33,14 +40,19 @@ def test_tfds_without_prepared_data_says_how_to_get_it(tmp_path):
         load_tfds("imagenet2012")
 
 
-def test_tfds_in_its_default_folder_without_a_prepared_split_says_how_to_get_it(tmp_path, monkeypatch):
-    """Found 2026-11-29: ``data.source=tfds:mnist`` with no data.data_dir (TFDS's default folder) and no
-    download ended in TFDS's own ``KeyError: Trying to access splits['train'] but splits is empty``."""
+def test_tfds_in_its_default_folder_without_a_prepared_split_says_how_to_get_it(
+    tmp_path, monkeypatch
+):
+    """Found 2026-11-29: ``data.source=tfds:mnist`` with no data.data_dir (TFDS's default folder)
+    and no download ended in TFDS's own ``KeyError: Trying to access splits['train'] but splits is
+    empty``."""
     import tensorflow_datasets as tfds
 
     def empty(*args, **kwargs):
-        raise KeyError("Trying to access `splits['train']` but `splits` is empty. This likely indicates the dataset "
-                       "has not been generated yet.")
+        raise KeyError(
+            "Trying to access `splits['train']` but `splits` is empty. This likely indicates the"
+            " dataset has not been generated yet."
+        )
 
     monkeypatch.setattr(tfds, "data_source", empty)
     with pytest.raises(FileNotFoundError, match="not prepared .* data.download=True"):
@@ -78,7 +90,9 @@ def test_alid_permutation_is_a_bijection_consistent_between_train_and_test():
     maps = class_partitions.label_permutations(10, 10, rng)
     y_all = np.concatenate([y, yt])
     test_all = [t + len(y) for t in test]
-    relabelled = class_partitions.apply_label_maps(y_all, [[a, b] for a, b in zip(train, test_all)], maps)
+    relabelled = class_partitions.apply_label_maps(
+        y_all, [[a, b] for a, b in zip(train, test_all)], maps
+    )
     for k in range(10):
         assert sorted(maps[k].tolist()) == list(range(10))
         for idx in (train[k], test_all[k]):
@@ -86,12 +100,29 @@ def test_alid_permutation_is_a_bijection_consistent_between_train_and_test():
     assert not np.array_equal(relabelled, y_all)
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda: class_partitions.acid(labels(), labels(), 5, 11, 10, np.random.default_rng(0)), "classes_per_client=11"),
-    (lambda: class_partitions.acid(labels(30), labels(), 40, 1, 10, np.random.default_rng(0)), "got no training examples"),
-    (lambda: partition.dirichlet(labels(), 5, 0.0, np.random.default_rng(0)), "alpha must be > 0, got 0.0"),
-    (lambda: partition.iid_split(5, 3, 4, np.random.default_rng(0)), "num_clients=4 exceeds the 3"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            lambda: class_partitions.acid(labels(), labels(), 5, 11, 10, np.random.default_rng(0)),
+            "classes_per_client=11",
+        ),
+        (
+            lambda: class_partitions.acid(
+                labels(30), labels(), 40, 1, 10, np.random.default_rng(0)
+            ),
+            "got no training examples",
+        ),
+        (
+            lambda: partition.dirichlet(labels(), 5, 0.0, np.random.default_rng(0)),
+            "alpha must be > 0, got 0.0",
+        ),
+        (
+            lambda: partition.iid_split(5, 3, 4, np.random.default_rng(0)),
+            "num_clients=4 exceeds the 3",
+        ),
+    ],
+)
 def test_partition_errors_name_the_value(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -106,61 +137,100 @@ def test_iid_split_deals_train_and_test():
 def grouped(writers, per, seed=0, classes=62):
     rng = np.random.default_rng(seed)
     n = per * len(writers)
-    return GroupedSplit(rng.random((n, 2)).astype(np.float32), rng.integers(0, classes, n), np.repeat(writers, per))
+    return GroupedSplit(
+        rng.random((n, 2)).astype(np.float32), rng.integers(0, classes, n), np.repeat(writers, per)
+    )
 
 
 def test_natural_partition_selects_writers_with_their_own_data():
-    train, test = grouped([f"w{i}" for i in range(8)], 5), grouped([f"w{i}" for i in range(2, 12)], 2, seed=1)
+    train, test = (
+        grouped([f"w{i}" for i in range(8)], 5),
+        grouped([f"w{i}" for i in range(2, 12)], 2, seed=1),
+    )
     ds = natural_partition(train, test, 4, 62, np.random.default_rng(0), kind="writer")
     ids = ds.metadata["client_ids"]
-    assert len(ids) == 4 and all(w in {f"w{i}" for i in range(2, 8)} for w in ids)  # train and test data
+    # train and test data
+    assert len(ids) == 4 and all(w in {f"w{i}" for i in range(2, 8)} for w in ids)
     for k, w in enumerate(ids):
         assert set(ds.x[ds.client_train[k]].ravel()) == set(train.x[train.client == w].ravel())
         assert len(ds.client_test[k]) == 2
-    with pytest.raises(ValueError, match="num_clients=7 but only 6 writers have training data and test data"):
+    with pytest.raises(
+        ValueError, match="num_clients=7 but only 6 writers have training data and test data"
+    ):
         natural_partition(train, test, 7, 62, np.random.default_rng(0), kind="writer")
 
 
 def test_natural_partition_can_skip_writers_with_too_few_training_examples():
-    """LEAF's minimum-samples filter (``data.min_train_per_client``): per-step batches of B need n_k >= B."""
+    """LEAF's minimum-samples filter (``data.min_train_per_client``): per-step batches of B need n_k
+    >= B."""
     writers = [f"w{i}" for i in range(6)]
     per_writer = [3, 9, 4, 12, 8, 20]
     rng = np.random.default_rng(0)
-    train = GroupedSplit(rng.random((sum(per_writer), 2)).astype(np.float32), rng.integers(0, 62, sum(per_writer)),
-                         np.repeat(writers, per_writer))
+    train = GroupedSplit(
+        rng.random((sum(per_writer), 2)).astype(np.float32),
+        rng.integers(0, 62, sum(per_writer)),
+        np.repeat(writers, per_writer),
+    )
     test = grouped(writers, 2, seed=1)
     ds = natural_partition(train, test, 0, 62, np.random.default_rng(0), kind="writer", min_train=8)
     assert ds.metadata["client_ids"] == ("w1", "w3", "w4", "w5") and min(ds.train_sizes()) == 8
-    with pytest.raises(ValueError, match=r"only 4 writers have training data \(at least 8 examples\) and test data"):
+    with pytest.raises(
+        ValueError, match=r"only 4 writers have training data \(at least 8 examples\) and test data"
+    ):
         natural_partition(train, test, 5, 62, np.random.default_rng(0), kind="writer", min_train=8)
 
 
 @pytest.mark.parametrize("overlap", [0.0, 0.25, 0.5, 0.75, 1.0])
 def test_meta_set_writer_overlap_is_exact(overlap):
-    train, test = grouped([f"w{i}" for i in range(40)], 10), grouped([f"h{i}" for i in range(30)], 10, seed=1)
+    train, test = (
+        grouped([f"w{i}" for i in range(40)], 10),
+        grouped([f"h{i}" for i in range(30)], 10, seed=1),
+    )
     training = [f"w{i}" for i in range(25)]
-    meta = writer_server_set(train, test, training, 40, overlap, np.random.default_rng(0), num_writers=20)
+    meta = writer_server_set(
+        train, test, training, 40, overlap, np.random.default_rng(0), num_writers=20
+    )
     assert len(meta.y) == 40 and len(meta.source_clients) == 20
     assert meta.writer_overlap == overlap
     assert set(meta.overlapping_clients) == set(meta.source_clients) & set(training)
 
 
 def test_meta_set_errors():
-    train, test = grouped([f"w{i}" for i in range(10)], 3), grouped([f"h{i}" for i in range(3)], 3, seed=1)
+    train, test = (
+        grouped([f"w{i}" for i in range(10)], 3),
+        grouped([f"h{i}" for i in range(3)], 3, seed=1),
+    )
     with pytest.raises(ValueError, match="not a whole number of writers"):
         writer_server_set(train, test, ["w0"], 10, 0.3, np.random.default_rng(0), num_writers=4)
-    with pytest.raises(ValueError, match="needs 0 training and 4 held-out writers; there are 10 and 3"):
-        writer_server_set(train, test, [f"w{i}" for i in range(10)], 10, 0.0, np.random.default_rng(0), num_writers=4)
+    with pytest.raises(
+        ValueError, match="needs 0 training and 4 held-out writers; there are 10 and 3"
+    ):
+        writer_server_set(
+            train,
+            test,
+            [f"w{i}" for i in range(10)],
+            10,
+            0.0,
+            np.random.default_rng(0),
+            num_writers=4,
+        )
     assert len(iid_server_set(train.x, train.y, 5, np.random.default_rng(0)).y) == 5
     with pytest.raises(ValueError, match="server set size 31"):
         iid_server_set(train.x, train.y, 31, np.random.default_rng(0))
 
 
 def test_statistics_and_plot(tmp_path):
-    train, test = grouped([f"w{i}" for i in range(6)], 5), grouped([f"w{i}" for i in range(6)], 2, seed=1)
+    train, test = (
+        grouped([f"w{i}" for i in range(6)], 5),
+        grouped([f"w{i}" for i in range(6)], 2, seed=1),
+    )
     ds = natural_partition(train, test, 6, 62, np.random.default_rng(0))
     s = statistics(ds)
-    assert s["train_examples"] == 30 and s["train_per_client"]["median"] == 5 and sum(s["label_histogram"]) == 30
+    assert (
+        s["train_examples"] == 30
+        and s["train_per_client"]["median"] == 5
+        and sum(s["label_histogram"]) == 30
+    )
     assert "6 clients, 62 classes, 30 train examples" in describe(ds)
     plot_label_distribution(ds, str(tmp_path / "l.png"))
     assert (tmp_path / "l.png").stat().st_size > 1000
@@ -168,7 +238,9 @@ def test_statistics_and_plot(tmp_path):
 
 def test_builder_natural_sources_from_fixture_files(tmp_path):
     make_femnist_file(tmp_path)
-    make_shakespeare_dir(tmp_path, {"A": ["hello"], "B": ["there"], "C": ["x"]}, {"A": ["a"], "B": ["b"]})
+    make_shakespeare_dir(
+        tmp_path, {"A": ["hello"], "B": ["there"], "C": ["x"]}, {"A": ["a"], "B": ["b"]}
+    )
     cfg = default_config().data
     cfg.update(source="femnist", partition="natural", num_clients=2, data_dir=str(tmp_path))
     ds = build_dataset(cfg, 0)

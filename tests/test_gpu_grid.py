@@ -1,5 +1,5 @@
-"""``experiments/grids/gpu_grid.py``: the GPU grid's cells, their commands (resumable, pointed at the data) and the
-raw rows a finished cell writes; nothing is trained here."""
+"""``experiments/grids/gpu_grid.py``: the GPU grid's cells, their commands (resumable, pointed at
+the data) and the raw rows a finished cell writes; nothing is trained here."""
 
 import json
 import os
@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments", "grids"))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments", "grids")
+)
 
 import gpu_grid  # noqa: E402
 
@@ -17,13 +19,21 @@ def test_every_cell_is_named_once_resumes_and_reads_the_data_root():
     assert len(names) == len(set(names)) == 57
     for cell in gpu_grid.CELLS:
         cmd = gpu_grid.command(cell, "/o", "/data")
-        assert cmd[-1] in ("--resume", "--reuse") and cmd[cmd.index("--out") + 1] == f"/o/{cell.name}"
+        assert (
+            cmd[-1] in ("--resume", "--reuse") and cmd[cmd.index("--out") + 1] == f"/o/{cell.name}"
+        )
         if cell.script == "seed004_tables.py":
             assert cmd[cmd.index("--data-dir") + 1] == "/data/cifar10" and "300" in cmd
-    sweep = [c for c in gpu_grid.CELLS if c.name.startswith("t2_paper_scale") and c.name.endswith("_s0")]
+    sweep = [
+        c for c in gpu_grid.CELLS if c.name.startswith("t2_paper_scale") and c.name.endswith("_s0")
+    ]
     assert [c.argv[c.argv.index("--set") + 1] for c in sweep] == [
-        "cuag.sigma_scale=1", "cuag.sigma_scale=0.5", "cuag.sigma_scale=0.25", "cuag.sigma_scale=0.125",
-        "cuag.sigma_scale=0.0625"]
+        "cuag.sigma_scale=1",
+        "cuag.sigma_scale=0.5",
+        "cuag.sigma_scale=0.25",
+        "cuag.sigma_scale=0.125",
+        "cuag.sigma_scale=0.0625",
+    ]
 
 
 def test_a_finished_cell_writes_raw_rows_and_is_skipped_after(tmp_path, monkeypatch):
@@ -34,11 +44,22 @@ def test_a_finished_cell_writes_raw_rows_and_is_skipped_after(tmp_path, monkeypa
     (run / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2}\n')
     calls = []
     monkeypatch.setattr(gpu_grid, "run_script", lambda cmd, env: calls.append(cmd) or 0)
-    argv = ["--only", "t2_sound_s0", "--out", str(tmp_path / "out"), "--rows", str(tmp_path / "rows"),
-            "--data-root", str(tmp_path)]
+    argv = [
+        "--only",
+        "t2_sound_s0",
+        "--out",
+        str(tmp_path / "out"),
+        "--rows",
+        str(tmp_path / "rows"),
+        "--data-root",
+        str(tmp_path),
+    ]
     gpu_grid.main(argv)
     rows = json.load(open(tmp_path / "rows" / "t2_sound_s0.json"))
-    assert rows["runs"][0]["metrics"] == [{"round": 1}, {"round": 2}] and rows["setting"]["cell"] == "t2_sound_s0"
+    assert (
+        rows["runs"][0]["metrics"] == [{"round": 1}, {"round": 2}]
+        and rows["setting"]["cell"] == "t2_sound_s0"
+    )
     gpu_grid.main(argv)
     assert len(calls) == 1  # the second call found its raw rows and ran nothing
 

@@ -11,7 +11,9 @@ from fedjax_dp.data.idx_files import MNIST_FILES, load_mnist, read_idx
 
 
 def write_idx(path, array):
-    header = struct.pack(">BBBB", 0, 0, 8, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
+    header = struct.pack(">BBBB", 0, 0, 8, array.ndim) + struct.pack(
+        ">" + "I" * array.ndim, *array.shape
+    )
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "wb") as f:
         f.write(header + array.astype(np.uint8).tobytes())
@@ -40,7 +42,9 @@ def test_round_trip_of_fixture_files(tmp_path, gz):
 
 def test_missing_file_says_which_and_where(tmp_path):
     load_mnist.cache_clear()
-    with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte.gz not found in .*data.data_dir"):
+    with pytest.raises(
+        FileNotFoundError, match="train-images-idx3-ubyte.gz not found in .*data.data_dir"
+    ):
         load_mnist(str(tmp_path))
 
 

@@ -9,9 +9,24 @@ import pytest
 from fedjax_dp.data import array_cache
 from fedjax_dp.data.cifar_files import load_cifar10, load_cifar_uint8
 from fedjax_dp.data.femnist_files import load_femnist
-from fedjax_dp.data.shakespeare_files import (BOS_ID, CHAR_VOCAB, EOS_ID, OOV_ID, PAD_ID, decode, load_shakespeare,
-                                              read_snippets, snippet_windows)
-from fixture_files import make_cifar_dir, make_femnist_file, make_shakespeare_dir, make_tff_emnist_dir, write_npy_xz
+from fedjax_dp.data.shakespeare_files import (
+    BOS_ID,
+    CHAR_VOCAB,
+    EOS_ID,
+    OOV_ID,
+    PAD_ID,
+    decode,
+    load_shakespeare,
+    read_snippets,
+    snippet_windows,
+)
+from fixture_files import (
+    make_cifar_dir,
+    make_femnist_file,
+    make_shakespeare_dir,
+    make_tff_emnist_dir,
+    write_npy_xz,
+)
 
 
 def test_cifar_fixture_round_trip_and_cache(tmp_path):
@@ -22,15 +37,20 @@ def test_cifar_fixture_round_trip_and_cache(tmp_path):
     assert yt.tolist() == list(range(10)) and len(os.listdir(cache)) == 1
     load_cifar_uint8.cache_clear()
     calls = []
-    cached = array_cache.cached_arrays("cifar10", [str(tmp_path / f) for f in sorted(os.listdir(tmp_path)) if "xz" in f],
-                                       lambda: calls.append(1), str(cache))
+    cached = array_cache.cached_arrays(
+        "cifar10",
+        [str(tmp_path / f) for f in sorted(os.listdir(tmp_path)) if "xz" in f],
+        lambda: calls.append(1),
+        str(cache),
+    )
     assert not calls, "the second load must come from the cache"
     assert set(cached) == {"x_train", "y_train", "x_test", "y_test"}
 
 
 def test_cifar100_loads_100_classes_and_refuses_labels_out_of_range(tmp_path):
-    """Issue 17 item 6: CIFAR-100 (fine labels) from the same file format; a label >= 100 is refused,
-    and a CIFAR-10 directory with labels >= 10 too (the loader checks the class count it was asked for)."""
+    """Issue 17 item 6: CIFAR-100 (fine labels) from the same file format; a label >= 100 is
+    refused, and a CIFAR-10 directory with labels >= 10 too (the loader checks the class count it
+    was asked for)."""
     make_cifar_dir(tmp_path)
     write_npy_xz(tmp_path / "y_train.npy.xz", (np.arange(20) * 5).astype(np.uint8))
     x, y, xt, yt = load_cifar10(str(tmp_path), "", "cifar100")
@@ -42,7 +62,7 @@ def test_cifar100_loads_100_classes_and_refuses_labels_out_of_range(tmp_path):
 def test_cache_is_invalidated_when_a_source_changes(tmp_path):
     src = tmp_path / "a.bin"
     src.write_bytes(b"1")
-    build = lambda v: (lambda: {"v": np.array([v])})  # noqa: E731
+    build = lambda v: lambda: {"v": np.array([v])}  # noqa: E731
     assert array_cache.cached_arrays("t", [str(src)], build(1), str(tmp_path / "c"))["v"][0] == 1
     assert array_cache.cached_arrays("t", [str(src)], build(2), str(tmp_path / "c"))["v"][0] == 1
     src.write_bytes(b"22")
@@ -56,11 +76,18 @@ def test_cifar_bad_shape_is_rejected(tmp_path):
         load_cifar10(str(tmp_path), "")
 
 
-@pytest.mark.parametrize("loader,name", [(lambda d: load_cifar10(d, ""), "x_train.npy.xz"),
-                                         (load_femnist, "femnist_leaf_sf005_uint8.npz"),
-                                         (lambda d: load_shakespeare(d, cache_dir=""), "shakespeare_train.h5")])
+@pytest.mark.parametrize(
+    "loader,name",
+    [
+        (lambda d: load_cifar10(d, ""), "x_train.npy.xz"),
+        (load_femnist, "femnist_leaf_sf005_uint8.npz"),
+        (lambda d: load_shakespeare(d, cache_dir=""), "shakespeare_train.h5"),
+    ],
+)
 def test_missing_files_say_which_where_and_how(tmp_path, loader, name):
-    with pytest.raises(FileNotFoundError, match=f"{name} not found in .*{tmp_path.name}.*data.data_dir.*TFDS"):
+    with pytest.raises(
+        FileNotFoundError, match=f"{name} not found in .*{tmp_path.name}.*data.data_dir.*TFDS"
+    ):
         loader(str(tmp_path))
 
 
@@ -77,7 +104,10 @@ def test_femnist_groups_by_writer(tmp_path):
 def test_femnist_reads_tensorflow_federateds_emnist_files_by_writer(tmp_path):
     arrays = make_tff_emnist_dir(tmp_path)
     train, test = load_femnist(str(tmp_path))
-    assert train.x.shape == (6, 28, 28, 1) and test.client_ids().tolist() == ["f0000_14", "f0001_41"]
+    assert train.x.shape == (6, 28, 28, 1) and test.client_ids().tolist() == [
+        "f0000_14",
+        "f0001_41",
+    ]
     rows = train.indices_by_client()["f0001_41"]
     pixels, labels = arrays[("train", "f0001_41")]
     np.testing.assert_array_equal(train.y[rows], labels)
@@ -109,7 +139,11 @@ def test_shakespeare_tokenisation_matches_tff_convention():
 
 
 def test_shakespeare_fixture_by_role(tmp_path):
-    make_shakespeare_dir(tmp_path, {"KING": ["To be.", "Or not" * 30], "FOOL": ["Ha!"]}, {"KING": ["Yes."], "FOOL": []})
+    make_shakespeare_dir(
+        tmp_path,
+        {"KING": ["To be.", "Or not" * 30], "FOOL": ["Ha!"]},
+        {"KING": ["Yes."], "FOOL": []},
+    )
     assert read_snippets(str(tmp_path / "shakespeare_train.h5"))["KING"][0] == b"To be."
     train, test = load_shakespeare(str(tmp_path), cache_dir=str(tmp_path / "cache"))
     counts = {k: len(v) for k, v in train.indices_by_client().items()}
@@ -125,19 +159,25 @@ def test_real_files_have_the_documented_sizes(shared_data_dir):
     assert (len(train.y), len(test.y)) == (14708, 4088)
     assert len(set(train.client_ids()) & set(test.client_ids())) == 105
     for split, n in (("train", 16068), ("test", 2356)):
-        snippets = read_snippets(os.path.join(shared_data_dir, "shakespeare", f"shakespeare_{split}.h5"))
+        snippets = read_snippets(
+            os.path.join(shared_data_dir, "shakespeare", f"shakespeare_{split}.h5")
+        )
         assert len(snippets) == 715 and sum(map(len, snippets.values())) == n
 
 
-def test_the_default_data_folder_is_the_variable_or_a_per_user_folder_never_this_repositorys_layout(monkeypatch):
-    """Issue 74, item 18: configs defaulted to ../shared/data/<dataset> relative to where one ran, and the error
-    said so; a user's machine has no such folder."""
+def test_the_default_data_folder_is_the_variable_or_a_per_user_folder_never_this_repositorys_layout(
+    monkeypatch,
+):
+    """Issue 74, item 18: configs defaulted to ../shared/data/<dataset> relative to where one ran,
+    and the error said so; a user's machine has no such folder."""
     from fedjax_dp.data.local_files import default_data_dir, find_file
 
     monkeypatch.setenv("FEDJAX_DP_DATA", "/data/root")
     assert default_data_dir("mnist") == "/data/root/mnist"
     monkeypatch.delenv("FEDJAX_DP_DATA")
-    assert default_data_dir("mnist") == os.path.join(os.path.expanduser("~"), ".cache", "fedjax_dp", "data", "mnist")
+    assert default_data_dir("mnist") == os.path.join(
+        os.path.expanduser("~"), ".cache", "fedjax_dp", "data", "mnist"
+    )
     with pytest.raises(FileNotFoundError) as missing:
         find_file(default_data_dir("mnist"), ("train-images-idx3-ubyte",), "mnist")
     message = str(missing.value)

@@ -1,4 +1,5 @@
-"""``data.normalize='channel'``: per-channel standardisation with published constants (data/normalization.py)."""
+"""``data.normalize='channel'``: per-channel standardisation with published constants
+(data/normalization.py)."""
 
 import os
 
@@ -15,12 +16,20 @@ from fixture_files import make_cifar_dir
 
 def _data_cfg(data_dir, normalize):
     c = default_config()
-    c.data.update(source="cifar10", data_dir=str(data_dir), partition="iid_split", num_clients=2, normalize=normalize,
-                  cache_dir="off")
+    c.data.update(
+        source="cifar10",
+        data_dir=str(data_dir),
+        partition="iid_split",
+        num_clients=2,
+        normalize=normalize,
+        cache_dir="off",
+    )
     return c
 
 
-def test_channel_normalization_subtracts_the_published_mean_and_divides_by_the_std_per_channel(tmp_path):
+def test_channel_normalization_subtracts_the_published_mean_and_divides_by_the_std_per_channel(
+    tmp_path,
+):
     make_cifar_dir(tmp_path)
     raw = build_dataset(_data_cfg(tmp_path, "none").data, 0)
     normalized = build_dataset(_data_cfg(tmp_path, "channel").data, 0)
@@ -29,17 +38,29 @@ def test_channel_normalization_subtracts_the_published_mean_and_divides_by_the_s
         want = (raw.x[..., c].astype(np.float64) - mean[c]) / std[c]
         np.testing.assert_allclose(normalized.x[..., c], want, rtol=1e-6, atol=1e-6)
     assert normalized.x.dtype == np.float32
-    assert [t.tolist() for t in normalized.client_train] == [t.tolist() for t in raw.client_train]  # same split
+    # same split
+    assert [t.tolist() for t in normalized.client_train] == [t.tolist() for t in raw.client_train]
     np.testing.assert_array_equal(normalized.y, raw.y)
 
 
-def test_a_source_without_constants_and_an_unknown_mode_are_refused_before_any_data_is_read(tmp_path):
+def test_a_source_without_constants_and_an_unknown_mode_are_refused_before_any_data_is_read(
+    tmp_path,
+):
     c = default_config()
-    c.data.update(source="femnist", partition="natural", data_dir=str(tmp_path / "absent"), normalize="channel")
-    with pytest.raises(ValueError, match=r"data.normalize='channel' has published constants for .* not for "
-                                         r"data.source='femnist'"):
+    c.data.update(
+        source="femnist",
+        partition="natural",
+        data_dir=str(tmp_path / "absent"),
+        normalize="channel",
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"data.normalize='channel' has published constants for .* not for "
+        r"data.source='femnist'",
+    ):
         validate_config(c)
-    c.data.update(source="tfds:cifar100", partition="acid")  # the TFDS copy of a dataset with constants is accepted
+    # the TFDS copy of a dataset with constants is accepted
+    c.data.update(source="tfds:cifar100", partition="acid")
     validate_config(c)
     c = default_config()
     c.data.normalize = "zscore"

@@ -1,5 +1,6 @@
-"""What the privacy report claims is what ran: sensitivities, sampling rates, budgets, refused settings, labels of
-what no guarantee covers, and the randomness behind the noise (each test was written failing, issue 16)."""
+"""What the privacy report claims is what ran: sensitivities, sampling rates, budgets, refused
+settings, labels of what no guarantee covers, and the randomness behind the noise (each test was
+written failing, issue 16)."""
 
 import json
 import os
@@ -25,7 +26,8 @@ def _settings(**values) -> PrivacySettings:
 
 
 def _tracker(release, settings, sampler):
-    """The one tracker over ``release`` every round (``tracker_for``: central or local by the release)."""
+    """The one tracker over ``release`` every round (``tracker_for``: central or local by the
+    release)."""
     tracker = tracker_for([release], settings, sampler)
     return tracker
 
@@ -35,11 +37,19 @@ def test_one_more_unclipped_client_moves_the_count_by_the_sensitivity_the_accoun
     state = clip.init(None)
 
     def count(norm, present=True):
-        ctx = ClientContext(state, {}, jnp.float32(math.inf), jax.random.key(0), jnp.bool_(present), jnp.bool_(present))
+        ctx = ClientContext(
+            state,
+            {},
+            jnp.float32(math.inf),
+            jax.random.key(0),
+            jnp.bool_(present),
+            jnp.bool_(present),
+        )
         return float(clip.client({"w": jnp.array([norm])}, ctx).extras["count"])
 
     release = clip.releases({})[0]
-    assumed_sensitivity = clip.count_noise_std / release.noise_multiplier  # std / z = the declared bound
+    # std / z = the declared bound
+    assumed_sensitivity = clip.count_noise_std / release.noise_multiplier
     cohort = [count(0.2), count(3.0), count(0.5)]
     added_unclipped, added_clipped = sum(cohort) + count(0.1), sum(cohort) + count(5.0)
     assert abs(added_unclipped - sum(cohort)) == pytest.approx(assumed_sensitivity)
@@ -51,7 +61,8 @@ def test_one_more_unclipped_client_moves_the_count_by_the_sensitivity_the_accoun
 def test_fixed_size_sampling_is_accounted_over_the_clients_still_eligible():
     """K = 20, m = 2, z = 1, per-client budgets that only some clients keep: once clients drop out,
     m is drawn from |E_t| < K, and the event must say so (it said K)."""
-    settings = _settings(client_epsilon_budget=float(gdp.epsilon_from_mu(2.0 * 1.2, 1e-5)))  # one round each (2S)
+    # one round each (2S)
+    settings = _settings(client_epsilon_budget=float(gdp.epsilon_from_mu(2.0 * 1.2, 1e-5)))
     release = Release("g", "central", 1.0, "S", bound_value=1.0)
     tracker = _tracker(release, settings, FixedSizeSampling(20, 2))
     assert tracker.ledger.clients.sensitivity_factor == 2.0  # fixed-size: replace-one
@@ -96,7 +107,10 @@ def test_privacy_json_is_strict_json_and_lists_each_release(tmp_path):
         assert json.loads(text)["formal"] in (True, False)
     record = privacy_record(tracker, [])
     assert record["releases"][0]["mechanism"] == "Gaussian" and record["noise_rng"] == "seeded"
-    assert privacy_record(None, [])["epsilon"] is None and privacy_record(None, [])["epsilon_unbounded"]
+    assert (
+        privacy_record(None, [])["epsilon"] is None
+        and privacy_record(None, [])["epsilon_unbounded"]
+    )
     del ResultsWriter
 
 
@@ -114,13 +128,16 @@ def _refusal(**overrides):
 
 
 def test_local_noise_with_adaptive_clipping_is_refused():
-    assert "dp.clip='adaptive' with dp.noise_mode='local' is refused" in _refusal(dp__clip="adaptive",
-                                                                                   dp__noise_mode="local")
+    assert "dp.clip='adaptive' with dp.noise_mode='local' is refused" in _refusal(
+        dp__clip="adaptive", dp__noise_mode="local"
+    )
 
 
 def test_conflicting_or_hopeless_dp_settings_are_refused_by_name():
     message = _refusal(privacy__target_epsilon=8.0, dp__noise_schedule="1:1.0,50:0.8")
-    assert "privacy.target_epsilon=8.0 and dp.noise_schedule='1:1.0,50:0.8' both choose z" in message
+    assert (
+        "privacy.target_epsilon=8.0 and dp.noise_schedule='1:1.0,50:0.8' both choose z" in message
+    )
     message = _refusal(privacy__max_epsilon=0.01, dp__noise_multiplier=0.5)
     assert "privacy.max_epsilon=0.01 is spent before round 1 ends" in message
     message = _refusal(privacy__max_epsilon=0.5, dp__noise_multiplier=1.0, dp__noise_mode="local")
@@ -129,19 +146,34 @@ def test_conflicting_or_hopeless_dp_settings_are_refused_by_name():
 
 
 def test_a_noise_multiplier_that_calibration_or_a_schedule_would_replace_is_refused():
-    """Bug (found 2026-11-29 by a new-user trial): ``dp.noise_multiplier=1.3`` on ``dp_fedavg_mnist``, whose
-    ``privacy.target_epsilon=8`` chooses z, ran z = 0.717 without a word (the same beside ``dp.noise_schedule``);
-    its epsilon was true, but the run was not the one asked for. Now the override is refused naming both keys."""
+    """Bug (found 2026-11-29 by a new-user trial): ``dp.noise_multiplier=1.3`` on
+    ``dp_fedavg_mnist``, whose ``privacy.target_epsilon=8`` chooses z, ran z = 0.717 without a word
+    (the same beside ``dp.noise_schedule``); its epsilon was true, but the run was not the one asked
+    for. Now the override is refused naming both keys."""
     import fedjax_dp
 
     with pytest.raises(ValueError) as error:
         fedjax_dp.Experiment("dp_fedavg_mnist", {"dp.noise_multiplier": 1.3})
-    assert ("dp.noise_multiplier=1.3 is not read while privacy.target_epsilon=8.0 (only with privacy.target_epsilon "
-            "0.0): change privacy.target_epsilon or drop dp.noise_multiplier") in str(error.value)
-    with pytest.raises(ValueError, match=r"dp.noise_multiplier=0.5 is not read while dp.noise_schedule='1:1.0,50:0.8'"):
-        fedjax_dp.Experiment("fedavg_mnist", {"algorithm": "dp_fedavg", "dp.noise_schedule": "1:1.0,50:0.8",
-                                              "dp.noise_multiplier": 0.5})
-    ran = fedjax_dp.Experiment("dp_fedavg_mnist", {"dp.noise_multiplier": 1.3, "privacy.target_epsilon": 0.0})
+    assert (
+        "dp.noise_multiplier=1.3 is not read while privacy.target_epsilon=8.0 (only with"
+        " privacy.target_epsilon 0.0): change privacy.target_epsilon or drop dp.noise_multiplier"
+        in str(error.value)
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"dp.noise_multiplier=0.5 is not read while dp.noise_schedule='1:1.0,50:0.8'",
+    ):
+        fedjax_dp.Experiment(
+            "fedavg_mnist",
+            {
+                "algorithm": "dp_fedavg",
+                "dp.noise_schedule": "1:1.0,50:0.8",
+                "dp.noise_multiplier": 0.5,
+            },
+        )
+    ran = fedjax_dp.Experiment(
+        "dp_fedavg_mnist", {"dp.noise_multiplier": 1.3, "privacy.target_epsilon": 0.0}
+    )
     assert ran.config.dp.noise_multiplier == 1.3
 
 
@@ -154,7 +186,9 @@ def test_pld_discretisation_is_a_parameter_checked_against_dp_accounting():
     event = RoundEvent("poisson", 1.1, sampling_rate=0.01)
     ours = Accountant("pld").compose(event, 2000).epsilon(1e-5)
     reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
-    reference.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)), 2000)
+    reference.compose(
+        dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)), 2000
+    )
     assert ours == pytest.approx(reference.get_epsilon(1e-5), rel=1e-12)
     coarse = Accountant("pld", pld_discretization=1e-3).compose(event, 2000).epsilon(1e-5)
     assert coarse > ours  # both pessimistic; the finer grid is tighter
@@ -168,12 +202,17 @@ def test_rdp_orders_and_fixed_size_pld_reach_the_tracker_and_the_report():
     assert "privacy.rdp_orders='2,x'" in _refusal(privacy__rdp_orders="2,x")
     assert "privacy.rdp_orders='0.5,2'" in _refusal(privacy__rdp_orders="0.5,2")
     release = Release("Gaussian", "central", 1.0, "S")
-    tracker = _tracker(release, _settings(accountant="pld", rdp_orders=(2, 4, 8, 16, 32)), FixedSizeSampling(100, 10))
+    tracker = _tracker(
+        release,
+        _settings(accountant="pld", rdp_orders=(2, 4, 8, 16, 32)),
+        FixedSizeSampling(100, 10),
+    )
     for t in range(1, 51):
         tracker.record(t, np.arange(10), [release])
     record = privacy_record(tracker, [])
     assert record["accounting"]["rdp_orders"] == [2.0, 4.0, 8.0, 16.0, 32.0]
-    assert record["epsilons"]["pld"] < record["epsilons"]["rdp"]  # Dong-Roth-Su is tighter than the RDP bound
+    # Dong-Roth-Su is tighter than the RDP bound
+    assert record["epsilons"]["pld"] < record["epsilons"]["rdp"]
     assert record["epsilon"] == record["epsilons"]["pld"]
 
 
@@ -188,7 +227,8 @@ def test_a_non_private_run_says_formal_false_wherever_its_epsilon_appears(tmp_pa
     cfg.dp.clip = "median"
     cfg.privacy.max_epsilon = 50.0  # a budget rule with a non-private mechanism: not silent
     summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
-    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")][1:]  # [0]: round 0
+    # [0]: round 0
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")][1:]
     saved = json.load(open(tmp_path / "run" / "summary.json"))
     privacy = json.load(open(tmp_path / "run" / "privacy.json"))
     assert all(row["formal"] is False for row in rows if "epsilon" in row)
@@ -209,7 +249,13 @@ def test_privacy_json_lists_what_is_outside_the_guarantee_and_each_relation(tmp_
     run_experiment(cfg, str(tmp_path / "run"), progress=False)
     privacy = json.load(open(tmp_path / "run" / "privacy.json"))
     outside = " ".join(privacy["outside_guarantee"])
-    for key in ("train_loss", "clipped_fraction", "median_update_norm", "between_client_variance", "update_scale"):
+    for key in (
+        "train_loss",
+        "clipped_fraction",
+        "median_update_norm",
+        "between_client_variance",
+        "update_scale",
+    ):
         assert key in outside
     assert {r["neighboring_relation"] for r in privacy["releases"]} == {"replace-one"}
 
@@ -226,25 +272,41 @@ def _listed_run(tmp_path, **overrides):
         (cfg[section] if section else cfg)[key] = value
     run_experiment(cfg, str(tmp_path / "run"), progress=False)
     privacy = json.load(open(tmp_path / "run" / "privacy.json"))
-    published = {key for line in open(tmp_path / "run" / "metrics.jsonl") for key in json.loads(line)}
+    published = {
+        key for line in open(tmp_path / "run" / "metrics.jsonl") for key in json.loads(line)
+    }
     return published, {line.split(":")[0] for line in privacy["outside_guarantee"]}
 
 
 def test_every_figure_from_client_data_is_listed_outside_the_guarantee(tmp_path):
-    """Issue 74, item 5: client_accuracy (each client's own test data) and client_accuracies.json were published in
-    DP runs without being listed; so was test_accuracy where the central test set is the clients' own test data
-    (the embedded MNIST subset has no test split)."""
+    """Issue 74, item 5: client_accuracy (each client's own test data) and client_accuracies.json
+    were published in DP runs without being listed; so was test_accuracy where the central test set
+    is the clients' own test data (the embedded MNIST subset has no test split)."""
     published, listed = _listed_run(tmp_path)
     assert {"client_accuracy", "test_accuracy", "test_loss"} <= published
-    assert {"client_accuracy", "test_accuracy", "test_loss", "client_accuracies.json", "train_loss"} <= listed
-    with pytest.raises(ValueError, match="eval_client_data=False needs a held-out central test set, and "
-                                         "data.source='mnist_5k' has none"):
+    assert {
+        "client_accuracy",
+        "test_accuracy",
+        "test_loss",
+        "client_accuracies.json",
+        "train_loss",
+    } <= listed
+    with pytest.raises(
+        ValueError,
+        match=(
+            "eval_client_data=False needs a held-out central test set, and "
+            "data.source='mnist_5k' has none"
+        ),
+    ):
         _listed_run(tmp_path / "never", eval_client_data=False)
 
 
 def test_eval_client_data_false_computes_nothing_from_client_data(tmp_path, shared_data_dir):
-    published, listed = _listed_run(tmp_path, eval_client_data=False, **{
-        "data.source": "mnist", "data.data_dir": os.path.join(shared_data_dir, "mnist")})
+    published, listed = _listed_run(
+        tmp_path,
+        eval_client_data=False,
+        **{"data.source": "mnist", "data.data_dir": os.path.join(shared_data_dir, "mnist")},
+    )
     assert "test_accuracy" in published and "client_accuracy" not in published
     assert not os.path.exists(tmp_path / "run" / "client_accuracies.json")
     assert not {"client_accuracy", "test_accuracy", "client_accuracies.json"} & listed
@@ -262,7 +324,10 @@ def test_personalised_figures_of_a_dp_run_are_listed_and_cannot_be_dropped(tmp_p
     privacy = json.load(open(tmp_path / "run" / "privacy.json"))
     assert any(line.startswith("personalized*: ") for line in privacy["outside_guarantee"])
     cfg.eval_client_data = False
-    with pytest.raises(ValueError, match="eval_client_data=False: algorithm 'cuag_pfl' is scored only by personalised"):
+    with pytest.raises(
+        ValueError,
+        match="eval_client_data=False: algorithm 'cuag_pfl' is scored only by personalised",
+    ):
         run_experiment(cfg, str(tmp_path / "never"), progress=False)
 
 
@@ -278,7 +343,9 @@ def test_a_server_set_drawn_from_the_clients_voids_the_guarantee(tmp_path):
     summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
     privacy = json.load(open(tmp_path / "run" / "privacy.json"))
     assert privacy["formal"] is False and summary.formal is False
-    assert any("drawn IID from the training clients' own examples" in note for note in privacy["notes"])
+    assert any(
+        "drawn IID from the training clients' own examples" in note for note in privacy["notes"]
+    )
     cfg.server_data.overlap = 0.0  # held-out writers only: no breach
     assert server_set_breaches(cfg) == []
 
@@ -293,15 +360,19 @@ def _tiny_dp_config(**dp):
 
 
 def test_sampling_does_not_depend_on_the_shuffles(tmp_path, monkeypatch):
-    """Sampling and per-client shuffles drew from one generator: a different number of local epochs (a
-    different number of shuffle draws) changed which clients later rounds sampled."""
+    """Sampling and per-client shuffles drew from one generator: a different number of local epochs
+    (a different number of shuffle draws) changed which clients later rounds sampled."""
     from fedjax_dp.training import loop as loop_module
 
     cohorts = []
     from fedjax_dp.training import run_context
 
     original = run_context.sample_cohort
-    monkeypatch.setattr(run_context, "sample_cohort", lambda *a, **k: cohorts.append(original(*a, **k)) or cohorts[-1])
+    monkeypatch.setattr(
+        run_context,
+        "sample_cohort",
+        lambda *a, **k: cohorts.append(original(*a, **k)) or cohorts[-1],
+    )
     runs = []
     for epochs in (1, 3):
         cohorts.clear()
@@ -332,12 +403,19 @@ def test_secure_rng_noise_is_not_reproducible_from_the_seed_and_is_not_written(t
 
 
 def test_noise_is_gaussian_and_never_drawn_in_low_precision():
-    from fedjax_dp.privacy.mechanisms.gaussian import NOISE_DRAWS, gaussian_noise_like, standard_normal
+    from fedjax_dp.privacy.mechanisms.gaussian import (
+        NOISE_DRAWS,
+        gaussian_noise_like,
+        standard_normal,
+    )
 
     x = np.asarray(standard_normal(jax.random.key(0), (1_000_000,)), np.float64)
-    assert abs(x.var() - 1) < 0.01 and abs(np.mean(x ** 4) - 3) < 0.05  # N(0, 1): variance and kurtosis
+    # N(0, 1): variance and kurtosis
+    assert abs(x.var() - 1) < 0.01 and abs(np.mean(x**4) - 3) < 0.05
     draws = jax.random.normal(jax.random.key(0), (NOISE_DRAWS, 10))
-    np.testing.assert_allclose(standard_normal(jax.random.key(0), (10,)), draws.sum(0) / np.sqrt(NOISE_DRAWS), rtol=1e-6)
+    np.testing.assert_allclose(
+        standard_normal(jax.random.key(0), (10,)), draws.sum(0) / np.sqrt(NOISE_DRAWS), rtol=1e-6
+    )
     noise = gaussian_noise_like({"w": jnp.zeros(8, jnp.bfloat16)}, 1.0, jax.random.key(1))
     assert noise["w"].dtype == jnp.float32
 

@@ -23,7 +23,9 @@ def test_readme_opens_with_exactly_two_commands_and_ci_runs_the_test_command():
 
 def test_readme_links_stay_inside_the_repository():
     assert "../" not in README and "http://" not in README and "https://" not in README
-    for path in re.findall(r"`((?:fedjax_dp|experiments|benchmarks|colabs|tests)/[\w./-]+\.(?:py|md|ipynb))`", README):
+    for path in re.findall(
+        r"`((?:fedjax_dp|experiments|benchmarks|colabs|tests)/[\w./-]+\.(?:py|md|ipynb))`", README
+    ):
         assert os.path.exists(os.path.join(ROOT, path)), path
 
 
@@ -40,8 +42,11 @@ def test_the_python_api_example_runs_and_its_epsilon_is_the_accountants(tmp_path
     assert (tmp_path / "results" / "dp_quick" / "results.png").exists()
 
 
-def test_the_correlated_noise_example_runs_blt_under_min_separation_at_its_epsilon(tmp_path, monkeypatch):
+def test_the_correlated_noise_example_runs_blt_under_min_separation_at_its_epsilon(
+    tmp_path, monkeypatch
+):
     import json
+
     monkeypatch.chdir(tmp_path)
     (example,) = [block for block in _code_blocks("python") if '"dp.noise": "blt"' in block]
     namespace = {}
@@ -50,4 +55,7 @@ def test_the_correlated_noise_example_runs_blt_under_min_separation_at_its_epsil
     assert summary.rounds == 8 and summary.formal is True
     assert summary.epsilon == pytest.approx(4.0, abs=0.01)
     privacy = json.loads((tmp_path / "results" / "blt_quick" / "privacy.json").read_text())
-    assert privacy["accounting"]["noise_strategy"] == "blt" and privacy["accounting"]["prefix_sum_rmse_over_z_clip"] > 0
+    assert (
+        privacy["accounting"]["noise_strategy"] == "blt"
+        and privacy["accounting"]["prefix_sum_rmse_over_z_clip"] > 0
+    )

@@ -1,6 +1,7 @@
-"""Every registered DP algorithm's chain adds the noise its release declares and enforces the bound its noise is
-calibrated to (``privacy.audit.release_check``; issue 74, item 6: the canary audit missed a halved central noise), and
-the DP-SGD step adds N(0, (z C)^2) to a clipped sum within C per example."""
+"""Every registered DP algorithm's chain adds the noise its release declares and enforces the bound
+its noise is calibrated to (``privacy.audit.release_check``; issue 74, item 6: the canary audit
+missed a halved central noise), and the DP-SGD step adds N(0, (z C)^2) to a clipped sum within C per
+example."""
 
 from __future__ import annotations
 
@@ -43,19 +44,33 @@ def _config(algorithm, **overrides):
 
 CASES = {  # every registered algorithm whose chain releases noise, in its modes
     "dp_fedavg central": _config("dp_fedavg", **{"dp.noise_multiplier": 1.3, "dp.clip_norm": 0.5}),
-    "dp_fedavg local per-layer": _config("dp_fedavg", **{"dp.noise_multiplier": 1.3, "dp.noise_mode": "local",
-                                                         "dp.clip": "per_layer"}),
-    "dp_fedavg central adaptive": _config("dp_fedavg", **{"dp.noise_multiplier": 1.3, "dp.clip": "adaptive"}),
-    "dp_fedavg local per-layer adaptive": _config("dp_fedavg", **{"dp.noise_multiplier": 1.3, "dp.noise_mode": "local",
-                                                                  "dp.clip": "per_layer_adaptive"}),
+    "dp_fedavg local per-layer": _config(
+        "dp_fedavg",
+        **{"dp.noise_multiplier": 1.3, "dp.noise_mode": "local", "dp.clip": "per_layer"},
+    ),
+    "dp_fedavg central adaptive": _config(
+        "dp_fedavg", **{"dp.noise_multiplier": 1.3, "dp.clip": "adaptive"}
+    ),
+    "dp_fedavg local per-layer adaptive": _config(
+        "dp_fedavg",
+        **{"dp.noise_multiplier": 1.3, "dp.noise_mode": "local", "dp.clip": "per_layer_adaptive"},
+    ),
     "dp_uga": _config("dp_uga", **{"dp.noise_multiplier": 0.9}),
-    "cuag_pfl sound": _config("cuag_pfl", **{"cuag.mode": "sound", "cuag.participations": 2,
-                                             "compression.enabled": True, "pfldyn.local_steps": 2}),
+    "cuag_pfl sound": _config(
+        "cuag_pfl",
+        **{
+            "cuag.mode": "sound",
+            "cuag.participations": 2,
+            "compression.enabled": True,
+            "pfldyn.local_steps": 2,
+        },
+    ),
     "udp sound": _config("udp", **{"udp.mode": "sound", "udp.participations": 2}),
     "prifedsync": _config("prifedsync", **{"pfldyn.local_steps": 2}),
     "udp paper": _config("udp"),  # formal: false, so listed as unchecked
 }
-STEP_DP = {"ldp_minibatch", "dp_scaffold"}  # their noise is in the local steps: the DP-SGD test below
+# their noise is in the local steps: the DP-SGD test below
+STEP_DP = {"ldp_minibatch", "dp_scaffold"}
 
 
 def _round_and_cohort(cfg):
@@ -63,7 +78,9 @@ def _round_and_cohort(cfg):
     _, model, runner = build_model_and_round(cfg, dataset)
     state = runner.init(model.init(jax.random.key(0)), jax.random.key(1))
     ids = np.arange(cfg.sampling.cohort_size)
-    cohort = make_packer(cfg, dataset, runner.algorithm.requirements)(ids, np.random.default_rng(0), len(ids))
+    cohort = make_packer(cfg, dataset, runner.algorithm.requirements)(
+        ids, np.random.default_rng(0), len(ids)
+    )
     cohort["client_id"] = ids.astype(np.int32)
     states = None
     if runner.algorithm.requirements.client_state:
@@ -75,17 +92,21 @@ def _round_and_cohort(cfg):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_dp_chain_adds_the_noise_it_declares_and_holds_its_bound(name):
     runner, state, cohort, states = _round_and_cohort(CASES[name])
-    check = check_upload_noise(runner, state, cohort, rng_lib.round_key(jax.random.key(5), 1), states)
+    check = check_upload_noise(
+        runner, state, cohort, rng_lib.round_key(jax.random.key(5), 1), states
+    )
     if name == "udp paper":
         assert not check.checked  # the paper's own figure, not a multiplier of a bound
         return
     assert check.checked and check.entries >= 100
     assert check.passed, check
-    assert check.max_norm_over_bound > 0.5  # the huge uploads were clipped to (near) the bound, not zeroed
+    # the huge uploads were clipped to (near) the bound, not zeroed
+    assert check.max_norm_over_bound > 0.5
 
 
 def test_the_cases_cover_every_registered_dp_algorithm():
-    """A DP algorithm registered later must be added to CASES (or to STEP_DP): its default chain releases noise."""
+    """A DP algorithm registered later must be added to CASES (or to STEP_DP): its default chain
+    releases noise."""
     dp = set()
     for name in registry.names():
         cfg = _config(name, **({"compression.enabled": True} if name == "cuag_pfl" else {}))
@@ -103,8 +124,11 @@ class HalvedServerNoise(GaussianNoise):
     """The issue's defect: the server adds half the noise its release declares."""
 
     def server(self, total, ctx):
-        total = mechanisms.add_gaussian_noise(total, 0.5 * ctx.inputs["z_update"] * ctx.bound,
-                                              rng_lib.purpose_key(ctx.noise_key, rng_lib.Purpose.SERVER_NOISE))
+        total = mechanisms.add_gaussian_noise(
+            total,
+            0.5 * ctx.inputs["z_update"] * ctx.bound,
+            rng_lib.purpose_key(ctx.noise_key, rng_lib.Purpose.SERVER_NOISE),
+        )
         return total, ctx.state, {}
 
 
@@ -130,15 +154,19 @@ def test_the_check_catches_halved_noise_and_an_unenforced_bound(defect):
     check = check_upload_noise(broken, broken.init(state.params), cohort, jax.random.key(3))
     assert not check.passed
     if defect == "halved noise":
-        assert check.measured_std == pytest.approx(0.5 * check.declared_std, rel=0.05) and check.chi2_z < -20
+        assert (
+            check.measured_std == pytest.approx(0.5 * check.declared_std, rel=0.05)
+            and check.chi2_z < -20
+        )
     else:
         assert check.max_norm_over_bound > 10
 
 
 @pytest.mark.parametrize("per_example", [True, False])
 def test_the_dp_sgd_step_adds_z_c_noise_to_a_clipped_sum(per_example):
-    """Zero gradients: the step returns the noise alone, N(0, (z C)^2) per entry before the division by B (chi-square
-    over 20,000 entries); huge gradients: each example contributes at most C (the batch mean at most C)."""
+    """Zero gradients: the step returns the noise alone, N(0, (z C)^2) per entry before the division
+    by B (chi-square over 20,000 entries); huge gradients: each example contributes at most C (the
+    batch mean at most C)."""
     z, clip, batch_size = 1.7, 0.3, 4
     params = {"w": jnp.zeros((20_000,))}
     batch = {"x": jnp.ones((batch_size, 1)), "scale": jnp.zeros((batch_size,))}
@@ -153,6 +181,8 @@ def test_the_dp_sgd_step_adds_z_c_noise_to_a_clipped_sum(per_example):
     chi2 = np.sum(np.square(noise)) / (z * clip) ** 2
     assert abs((chi2 - noise.size) / np.sqrt(2 * noise.size)) < 5
     quiet = ClippedNoisyGradient(clip, 0.0, per_example=per_example)
-    _, clipped = quiet(loss, params, {**batch, "scale": jnp.full((batch_size,), 1e3)}, mask, jax.random.key(0))
+    _, clipped = quiet(
+        loss, params, {**batch, "scale": jnp.full((batch_size,), 1e3)}, mask, jax.random.key(0)
+    )
     total = float(jnp.linalg.norm(clipped["w"])) * (batch_size if per_example else 1)
     assert total == pytest.approx(clip * (batch_size if per_example else 1), rel=1e-5)

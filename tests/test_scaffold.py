@@ -1,6 +1,6 @@
-"""SCAFFOLD (Karimireddy et al. 2020, Alg. 1 option II): its update against a hand-written reference,
-drift correction on a heterogeneous problem, per-client control variates through the loop's
-checkpoints, and bad input."""
+"""SCAFFOLD (Karimireddy et al. 2020, Alg. 1 option II): its update against a hand-written
+reference, drift correction on a heterogeneous problem, per-client control variates through the
+loop's checkpoints, and bad input."""
 
 import json
 
@@ -24,7 +24,8 @@ from test_checkpoint_resume import _files
 
 
 def _quadratic_loss(params, batch, key=None):
-    """Client i's examples (a, b): f(w) = mean a (w - b)^2 / 2, minimised at a-weighted mean of b."""
+    """Client i's examples (a, b): f(w) = mean a (w - b)^2 / 2, minimised at a-weighted mean of
+    b."""
     a, b = batch["x"][:, 0], batch["x"][:, 1]
     return 0.5 * a * jnp.sum(jnp.square(params["w"][None, :] - b[:, None]), axis=1)
 
@@ -32,7 +33,9 @@ def _quadratic_loss(params, batch, key=None):
 def _heterogeneous_clients(num_clients=4, per_client=8, seed=0):
     rng = np.random.default_rng(seed)
     a = np.repeat(rng.uniform(0.2, 3.0, num_clients), per_client)  # curvature differs by client
-    b = np.repeat(rng.normal(0, 3.0, num_clients), per_client) + rng.normal(0, 0.1, num_clients * per_client)
+    b = np.repeat(rng.normal(0, 3.0, num_clients), per_client) + rng.normal(
+        0, 0.1, num_clients * per_client
+    )
     x = np.stack([a, b], axis=1).astype(np.float32)
     indices = [np.arange(k * per_client, (k + 1) * per_client) for k in range(num_clients)]
     return x, np.zeros(len(x), np.int32), indices
@@ -53,11 +56,14 @@ def _run_rounds(algorithm, x, y, indices, rounds, batch_size=4, epochs=3, store=
 
 
 def _reference(x, indices, rounds, lr, batch_size=4, epochs=3):
-    """Alg. 1 option II in plain numpy, full participation, server rate 1, same batches as pack_cohort."""
+    """Alg. 1 option II in plain numpy, full participation, server rate 1, same batches as
+    pack_cohort."""
     w, c = np.zeros(2), np.zeros(2)
     ci = [np.zeros(2) for _ in indices]
     for t in range(rounds):
-        cohort = pack_cohort(x, np.zeros(len(x), np.int32), indices, batch_size, epochs, np.random.default_rng(t))
+        cohort = pack_cohort(
+            x, np.zeros(len(x), np.int32), indices, batch_size, epochs, np.random.default_rng(t)
+        )
         deltas, control_deltas = [], []
         for k in range(len(indices)):
             y = w.copy()
@@ -81,7 +87,9 @@ def _reference(x, indices, rounds, lr, batch_size=4, epochs=3):
 def test_scaffold_matches_a_hand_written_reference_of_algorithm_1():
     x, y, indices = _heterogeneous_clients()
     lr = 0.1
-    scaffold = Scaffold(_quadratic_loss, optax.sgd(lr), local_learning_rate=lr, num_clients=len(indices))
+    scaffold = Scaffold(
+        _quadratic_loss, optax.sgd(lr), local_learning_rate=lr, num_clients=len(indices)
+    )
     store = ClientStateStore(scaffold.client_state_init({"w": jnp.zeros(2)}))
     state = _run_rounds(scaffold, x, y, indices, rounds=3, store=store)
     w, c, ci = _reference(x, indices, 3, lr)
@@ -92,20 +100,26 @@ def test_scaffold_matches_a_hand_written_reference_of_algorithm_1():
 
 
 def test_scaffold_in_float64_matches_the_reference_to_float64_precision():
-    """Under float64 the control step c_i+ = c_i - c + (x - y) / (K eta_l) is computed in the parameters'
-    dtype: K eta_l in float32 (eta_l = 0.1 rounds to 0.10000000149) put it 6e-7 off a float64 transcription."""
+    """Under float64 the control step c_i+ = c_i - c + (x - y) / (K eta_l) is computed in the
+    parameters'
+    dtype: K eta_l in float32 (eta_l = 0.1 rounds to 0.10000000149) put it 6e-7 off a float64
+    transcription."""
     with jax.enable_x64(True):
         x, y, indices = _heterogeneous_clients()
         x = x.astype(np.float64)
         lr = 0.1
-        scaffold = Scaffold(_quadratic_loss, optax.sgd(lr), local_learning_rate=lr, num_clients=len(indices))
+        scaffold = Scaffold(
+            _quadratic_loss, optax.sgd(lr), local_learning_rate=lr, num_clients=len(indices)
+        )
         params = {"w": jnp.zeros(2, jnp.float64)}
         store = ClientStateStore(scaffold.client_state_init(params))
         runner = FederatedRound(scaffold, ())
         state = runner.init(params)
         for t in range(3):
             cohort = pack_cohort(x, y, indices, 4, 3, np.random.default_rng(t))
-            result = runner(state, cohort, jax.random.key(t), client_states=store.gather(range(len(indices))))
+            result = runner(
+                state, cohort, jax.random.key(t), client_states=store.gather(range(len(indices)))
+            )
             state = result.state
             store.scatter(range(len(indices)), result.client_states, ~result.dropped)
         w, c, ci = _reference(x, indices, 3, lr)
@@ -126,8 +140,8 @@ def test_first_round_with_zero_controls_is_fedavg_on_equal_clients():
 
 
 def test_scaffold_removes_client_drift_that_biases_fedavg():
-    """Many local steps on clients of different curvature: FedAvg settles away from the optimum of the
-    global objective; SCAFFOLD's corrected steps converge to it."""
+    """Many local steps on clients of different curvature: FedAvg settles away from the optimum of
+    the global objective; SCAFFOLD's corrected steps converge to it."""
     x, y, indices = _heterogeneous_clients()
     a, b = x[:, 0], x[:, 1]
     optimum = np.sum(a * b) / np.sum(a)
@@ -145,7 +159,8 @@ def test_client_state_store_gathers_pads_and_keeps_dropped_clients_state():
     store = ClientStateStore({"w": np.zeros(2)})
     store.scatter([7, 3], {"w": np.array([[1.0, 1.0], [2.0, 2.0]])}, [True, False])
     stacked = store.gather([3, 7], slots=3)
-    np.testing.assert_array_equal(stacked["w"], [[0, 0], [1, 1], [0, 0]])  # 3 dropped: still the template
+    # 3 dropped: still the template
+    np.testing.assert_array_equal(stacked["w"], [[0, 0], [1, 1], [0, 0]])
     ids, values = store.export()
     assert ids == [7]
     other = ClientStateStore({"w": np.zeros(2)})
@@ -155,9 +170,12 @@ def test_client_state_store_gathers_pads_and_keeps_dropped_clients_state():
         store.gather([1, 2, 3], slots=2)
 
 
-@pytest.mark.parametrize("bad", [{"w": np.zeros((1, 3))}, {"w": np.zeros((1, 2), np.int32)}, {"v": np.zeros((1, 2))}])
+@pytest.mark.parametrize(
+    "bad", [{"w": np.zeros((1, 3))}, {"w": np.zeros((1, 2), np.int32)}, {"v": np.zeros((1, 2))}]
+)
 def test_client_state_store_refuses_a_state_unlike_its_template(bad):
-    """A state of another shape, dtype or structure (a checkpoint of another model) is never stored."""
+    """A state of another shape, dtype or structure (a checkpoint of another model) is never
+    stored."""
     store = ClientStateStore({"w": np.zeros(2, np.float32)})
     with pytest.raises(AssertionError):
         store.scatter([5], bad, [True])
@@ -189,8 +207,9 @@ def test_scaffold_runs_in_the_loop_and_resumes_with_its_client_controls(tmp_path
 
 
 def test_scaffold_traffic_counts_the_control_variate_both_ways(tmp_path):
-    """Seed 004 (Sec. 7.2.5, Fig. 7): SCAFFOLD sends the model and the control variate down and the two
-    deltas up, twice an uncompressed FedAvg's traffic each way. Bug: the download counted the model only."""
+    """Seed 004 (Sec. 7.2.5, Fig. 7): SCAFFOLD sends the model and the control variate down and the
+    two deltas up, twice an uncompressed FedAvg's traffic each way. Bug: the download counted the
+    model only."""
     c = _config()
     c.rounds, c.checkpoint_every = 2, 0
     run_experiment(c, str(tmp_path / "scaffold"), progress=False)
@@ -209,10 +228,14 @@ def test_scaffold_traffic_counts_the_control_variate_both_ways(tmp_path):
 def test_scaffold_bad_input():
     with pytest.raises(ValueError, match="eta_l must be > 0, got 0"):
         Scaffold(_quadratic_loss, optax.sgd(0.1), local_learning_rate=0.0, num_clients=4)
-    scaffold = FederatedRound(Scaffold(_quadratic_loss, optax.sgd(0.1), local_learning_rate=0.1, num_clients=4))
+    scaffold = FederatedRound(
+        Scaffold(_quadratic_loss, optax.sgd(0.1), local_learning_rate=0.1, num_clients=4)
+    )
     x, y, indices = _heterogeneous_clients()
     cohort = pack_cohort(x, y, indices, 4, 1, np.random.default_rng(0))
-    with pytest.raises(ValueError, match="keeps per-client state: pass the cohort's stacked states"):
+    with pytest.raises(
+        ValueError, match="keeps per-client state: pass the cohort's stacked states"
+    ):
         scaffold(scaffold.init({"w": jnp.zeros(2)}), cohort, jax.random.key(0))
     c = _config()
     c.client.momentum = 0.9

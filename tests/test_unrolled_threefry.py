@@ -23,12 +23,20 @@ SHAPES = [(1,), (7,), (3, 5, 2), (40_001,)]
 
 
 def test_samples_equal_jax_randoms_to_the_bit():
-    """Every sampler, at every shape, from fresh, split and folded keys (one program per key kind)."""
+    """Every sampler, at every shape, from fresh, split and folded keys (one program per key
+    kind)."""
+
     def all_draws(key):
-        return {(name, shape): draw(key, shape) for name, draw in SAMPLERS.items() for shape in SHAPES}
+        return {
+            (name, shape): draw(key, shape) for name, draw in SAMPLERS.items() for shape in SHAPES
+        }
 
     want_fn, got_fn = jax.jit(all_draws), jax.jit(lambda k: all_draws(unrolled(k)))
-    for key in (jax.random.key(0), jax.random.split(jax.random.key(11), 3)[2], jax.random.fold_in(jax.random.key(5), 9)):
+    for key in (
+        jax.random.key(0),
+        jax.random.split(jax.random.key(11), 3)[2],
+        jax.random.fold_in(jax.random.key(5), 9),
+    ):
         want, got = want_fn(key), got_fn(key)
         for case in want:
             np.testing.assert_array_equal(got[case], want[case], err_msg=str(case))
@@ -36,17 +44,22 @@ def test_samples_equal_jax_randoms_to_the_bit():
 
 
 def test_vmapped_keys_and_derived_keys_stay_equal():
-    """Per-client keys under vmap, and keys split / folded from an unrolled key, draw the same numbers."""
+    """Per-client keys under vmap, and keys split / folded from an unrolled key, draw the same
+    numbers."""
     keys = jax.random.split(jax.random.key(3), 4)
     draw = lambda k: jax.random.normal(jax.random.fold_in(jax.random.split(k)[1], 2), (6, 9))  # noqa: E731
-    np.testing.assert_array_equal(jax.jit(jax.vmap(lambda k: draw(unrolled(k))))(keys), jax.jit(jax.vmap(draw))(keys))
+    np.testing.assert_array_equal(
+        jax.jit(jax.vmap(lambda k: draw(unrolled(k))))(keys), jax.jit(jax.vmap(draw))(keys)
+    )
 
 
 def test_the_unrolled_program_has_no_loop_and_jaxs_has_one():
     """What makes it faster on CPU: JAX's threefry lowers to a rolled while loop there, this one to
     straight-line arithmetic that XLA fuses into one pass over the counters."""
+
     def hlo(fn):
         return jax.jit(fn).lower(jax.random.key(0)).as_text()
+
     assert "while" not in hlo(lambda k: jax.random.normal(unrolled(k), (100,)))
     if jax.default_backend() == "cpu":
         assert "while" in hlo(lambda k: jax.random.normal(k, (100,)))
@@ -68,17 +81,21 @@ def test_keys_whose_bits_would_differ_are_left_alone():
 
 @pytest.mark.parametrize("shape", [(3,), (200, 200), (5, 5, 1, 32)])
 def test_dp_noise_is_the_earlier_sum_of_draws_up_to_one_rounding_of_the_summands(shape):
-    """``mechanisms.standard_normal`` draws the same normals as before (unrolled key) and adds them in the same
-    order, fused: XLA:CPU may contract a draw's last multiply with the addition (an FMA), so an entry may
-    differ from the earlier ``jnp.sum`` over the draws' axis by a rounding of the summands, never more."""
+    """``mechanisms.standard_normal`` draws the same normals as before (unrolled key) and adds them
+    in the same order, fused: XLA:CPU may contract a draw's last multiply with the addition (an
+    FMA), so an entry may differ from the earlier ``jnp.sum`` over the draws' axis by a rounding of
+    the summands, never more."""
     from fedjax_dp.privacy.mechanisms.gaussian import NOISE_DRAWS, standard_normal
 
     def before(key):
-        draws = jax.random.normal(key, (NOISE_DRAWS * int(np.prod(shape)),)).reshape((NOISE_DRAWS,) + shape)
+        draws = jax.random.normal(key, (NOISE_DRAWS * int(np.prod(shape)),)).reshape(
+            (NOISE_DRAWS,) + shape
+        )
         return jnp.sum(draws, axis=0) / jnp.sqrt(jnp.float32(NOISE_DRAWS)), jnp.max(jnp.abs(draws))
 
     key = jax.random.fold_in(jax.random.key(2), 17)
     want, largest = jax.jit(before)(key)
     got = jax.jit(lambda k: standard_normal(k, shape))(key)
-    rounding = NOISE_DRAWS * np.finfo(np.float32).eps * float(largest)  # a half-ulp per addition, generously
+    # a half-ulp per addition, generously
+    rounding = NOISE_DRAWS * np.finfo(np.float32).eps * float(largest)
     np.testing.assert_allclose(got, want, rtol=0, atol=rounding)

@@ -7,15 +7,16 @@ Delta w^k; the upload chain clips it, Delta w^k / max(1, ||Delta w^k|| / S), and
     w_{t+1} = w_t + (1 / D)  sum_k (clipped Delta w^k + N(0, z_t^2 S^2 I))       (local, seed 001)
 through the server optimizer (SGD, lr 1, reproduces the formula). D is FIXED: m under fixed-size
 sampling, qK under Poisson sampling (the realised count would leak membership). So DP-FedAvg is
-FedAvg with ``chain(clip, gaussian, fixed_denominator)``; each transform declares its release and the
-privacy tracker composes them, Geyer's budget stop included.
+FedAvg with ``chain(clip, gaussian, fixed_denominator)``; each transform declares its release and
+the privacy tracker composes them, Geyer's budget stop included.
 
 Clip modes (``dp.clip``): ``fixed`` S; ``per_layer`` C_l = S / sqrt(L) (joint bound S); ``adaptive``
-(Andrew et al. 2021: S follows the target quantile through a noised count, the update noise raised to
-z_Delta so that the pair is z-private); ``per_layer_adaptive`` (the same rule per layer from S / sqrt(L),
-``privacy.mechanisms.upload_layer_quantile_clip``; L counts at sigma_b sqrt(L) cost what one at sigma_b does, and
-under local noise each client noises its own counts); ``median`` (Geyer et al.'s S = median norm): NOT private,
-released with ``formal=False``. ``UpdateStatistics`` adds Geyer's Fig. 2 diagnostics V_c and U_s.
+(Andrew et al. 2021: S follows the target quantile through a noised count, the update noise raised
+to z_Delta so that the pair is z-private); ``per_layer_adaptive`` (the same rule per layer from S /
+sqrt(L), ``privacy.mechanisms.upload_layer_quantile_clip``; L counts at sigma_b sqrt(L) cost what
+one at sigma_b does, and under local noise each client noises its own counts); ``median`` (Geyer et
+al.'s S = median norm): NOT private, released with ``formal=False``. ``UpdateStatistics`` adds
+Geyer's Fig. 2 diagnostics V_c and U_s.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ import math
 import jax
 
 from fedjax_dp.algorithms import registry
-from fedjax_dp.algorithms.dp_section import DP_PRIVACY_KEYS, calibrated_noise_multiplier, check_dp, correlated, strategy_rounds
+from fedjax_dp.algorithms.dp_section import (
+    DP_PRIVACY_KEYS,
+    calibrated_noise_multiplier,
+    check_dp,
+    correlated,
+    strategy_rounds,
+)
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.uploads import Chain, chain, fixed_denominator
 from fedjax_dp.privacy.accounting import client_sampling
@@ -33,13 +40,20 @@ from fedjax_dp.privacy.correlated import strategies
 from fedjax_dp.privacy.correlated.plan import NoisePlan
 from fedjax_dp.privacy.mechanisms.update_statistics import UpdateStatistics
 from fedjax_dp.privacy.mechanisms.upload_correlated_noise import CorrelatedNoise
-from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip, FlatClip, MedianClip, PerLayerClip
+from fedjax_dp.privacy.mechanisms.upload_clipping import (
+    AdaptiveQuantileClip,
+    FlatClip,
+    MedianClip,
+    PerLayerClip,
+)
 from fedjax_dp.privacy.mechanisms.upload_layer_quantile_clip import PerLayerQuantileClip
 from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise, parse_schedule
 
+
 def noise_schedule(ctx) -> tuple[tuple[int, float], ...]:
     """z_t per round: ``dp.noise_schedule``, or ``dp.noise_multiplier``, or calibrated so that
-    ``rounds`` rounds spend ``privacy.target_epsilon`` at ``privacy.delta`` (dp_accounting's calibration)."""
+    ``rounds`` rounds spend ``privacy.target_epsilon`` at ``privacy.delta`` (dp_accounting's
+    calibration)."""
     dp = ctx.cfg.dp
     if not ctx.cfg.privacy.target_epsilon:
         return parse_schedule(dp.noise_schedule, dp.noise_multiplier)
@@ -47,16 +61,22 @@ def noise_schedule(ctx) -> tuple[tuple[int, float], ...]:
 
 
 def calibration(ctx) -> tuple:
-    """What z was calibrated to (issue 74, item 20), for privacy.json and the printed summary: under local noise
-    for a client taking part in every round (the realised figure is the busiest client's, often less)."""
+    """What z was calibrated to (issue 74, item 20), for privacy.json and the printed summary: under
+    local noise for a client taking part in every round (the realised figure is the busiest
+    client's, often less)."""
     p, rounds = ctx.cfg.privacy, ctx.cfg.rounds
     if not p.target_epsilon:
         return ()
     if correlated(ctx.cfg):
-        what = (f"the whole stream of {strategy_rounds(ctx.cfg)} rounds of correlated noise, one event "
-                f"({p.accountant})")
+        what = (
+            f"the whole stream of {strategy_rounds(ctx.cfg)} rounds of correlated noise, one event "
+            f"({p.accountant})"
+        )
     elif ctx.cfg.dp.noise_mode == "local":
-        what = f"a client taking part in every one of the {rounds} rounds (local noise: no amplification by sampling)"
+        what = (
+            f"a client taking part in every one of the {rounds} rounds (local noise: no"
+            " amplification by sampling)"
+        )
     else:
         what = f"{rounds} rounds of the sampled Gaussian ({p.accountant})"
     return (("calibrated_epsilon", float(p.target_epsilon)), ("calibrated_for", what))
@@ -65,41 +85,76 @@ def calibration(ctx) -> tuple:
 def dp_uploads(ctx) -> Chain:
     """Geyer's Alg. 1 uploads: clip, Gaussian (central or local), divide by the fixed D."""
     dp, denominator = ctx.cfg.dp, ctx.expected_cohort()
-    count_noise_std = max(denominator / 20, 1.0)  # Andrew et al.: sigma_b = D / 20 for large cohorts
+    # Andrew et al.: sigma_b = D / 20 for large cohorts
+    count_noise_std = max(denominator / 20, 1.0)
     layers = len(jax.tree_util.tree_leaves(ctx.params_template))
-    # Per layer, L counts at sigma_b sqrt(L) each cost what one count at sigma_b does (z_count = 2 sigma_b).
-    clip = {"fixed": lambda: FlatClip(dp.clip_norm),
-            "per_layer": lambda: PerLayerClip.equal_split(ctx.params_template, dp.clip_norm),
-            "adaptive": lambda: AdaptiveQuantileClip(
-                initial_clip_norm=dp.clip_norm, target_quantile=dp.target_quantile,
-                learning_rate=dp.clip_learning_rate, count_noise_std=count_noise_std, denominator=denominator),
-            "per_layer_adaptive": lambda: PerLayerQuantileClip(
-                initial_layer_norms=(dp.clip_norm / math.sqrt(layers),) * layers, target_quantile=dp.target_quantile,
-                learning_rate=dp.clip_learning_rate, count_noise_std=count_noise_std * math.sqrt(layers),
-                denominator=denominator, local=dp.noise_mode == "local"),
-            "median": MedianClip}[dp.clip]()
+    # Per layer, L counts at sigma_b sqrt(L) each cost what one count at sigma_b does (z_count = 2
+    # sigma_b).
+    clip = {
+        "fixed": lambda: FlatClip(dp.clip_norm),
+        "per_layer": lambda: PerLayerClip.equal_split(ctx.params_template, dp.clip_norm),
+        "adaptive": lambda: AdaptiveQuantileClip(
+            initial_clip_norm=dp.clip_norm,
+            target_quantile=dp.target_quantile,
+            learning_rate=dp.clip_learning_rate,
+            count_noise_std=count_noise_std,
+            denominator=denominator,
+        ),
+        "per_layer_adaptive": lambda: PerLayerQuantileClip(
+            initial_layer_norms=(dp.clip_norm / math.sqrt(layers),) * layers,
+            target_quantile=dp.target_quantile,
+            learning_rate=dp.clip_learning_rate,
+            count_noise_std=count_noise_std * math.sqrt(layers),
+            denominator=denominator,
+            local=dp.noise_mode == "local",
+        ),
+        "median": MedianClip,
+    }[dp.clip]()
     if correlated(ctx.cfg):
-        return chain(UpdateStatistics(), clip, correlated_noise(ctx), fixed_denominator(denominator))
+        return chain(
+            UpdateStatistics(), clip, correlated_noise(ctx), fixed_denominator(denominator)
+        )
     adaptive = dp.clip in ("adaptive", "per_layer_adaptive")
-    noise = GaussianNoise(noise_schedule(ctx), local=dp.noise_mode == "local",
-                          count_noise_std=count_noise_std if adaptive else 0.0, details=calibration(ctx))
-    return chain(UpdateStatistics(), clip, noise, fixed_denominator(denominator, ctx.denominators()))
+    noise = GaussianNoise(
+        noise_schedule(ctx),
+        local=dp.noise_mode == "local",
+        count_noise_std=count_noise_std if adaptive else 0.0,
+        details=calibration(ctx),
+    )
+    return chain(
+        UpdateStatistics(), clip, noise, fixed_denominator(denominator, ctx.denominators())
+    )
 
 
 def correlated_noise(ctx) -> CorrelatedNoise:
-    """The server's correlated noise (issue 75): ``dp.noise``'s strategy (``gaussian``: the identity) for the
-    strategy's rounds under the sampler's participation scheme, at z (``dp.noise_multiplier`` or calibrated)."""
+    """The server's correlated noise (issue 75): ``dp.noise``'s strategy (``gaussian``: the
+    identity) for the strategy's rounds under the sampler's participation scheme, at z
+    (``dp.noise_multiplier`` or calibrated)."""
     participation = client_sampling.participation(ctx.cfg.sampling)
     name = "identity" if ctx.cfg.dp.noise == "gaussian" else ctx.cfg.dp.noise
-    strategy = strategies.build(name, strategy_rounds(ctx.cfg), participation, ctx.cfg.dp.bands,
-                                  ctx.cfg.dp.tree_restart)
-    return CorrelatedNoise(NoisePlan(strategy, participation, noise_schedule(ctx)[0][1]), details=calibration(ctx))
+    strategy = strategies.build(
+        name, strategy_rounds(ctx.cfg), participation, ctx.cfg.dp.bands, ctx.cfg.dp.tree_restart
+    )
+    return CorrelatedNoise(
+        NoisePlan(strategy, participation, noise_schedule(ctx)[0][1]), details=calibration(ctx)
+    )
 
 
 def build_dp_fedavg(ctx) -> tuple:
-    return FedAvg(ctx.model.per_example_loss, ctx.client_optimizer(), **ctx.client_fields(),
-                  deferred_dense_rate=ctx.deferred_dense_rate()), dp_uploads(ctx)
+    return FedAvg(
+        ctx.model.per_example_loss,
+        ctx.client_optimizer(),
+        **ctx.client_fields(),
+        deferred_dense_rate=ctx.deferred_dense_rate(),
+    ), dp_uploads(ctx)
 
 
-registry.register("dp_fedavg", build=build_dp_fedavg, sections=("dp",), validate=check_dp, privacy_keys=DP_PRIVACY_KEYS, participation=True,
-                  summary="DP-FedAvg (Geyer et al. 2017): FedAvg + chain(clip, gaussian, fixed_denominator)")
+registry.register(
+    "dp_fedavg",
+    build=build_dp_fedavg,
+    sections=("dp",),
+    validate=check_dp,
+    privacy_keys=DP_PRIVACY_KEYS,
+    participation=True,
+    summary="DP-FedAvg (Geyer et al. 2017): FedAvg + chain(clip, gaussian, fixed_denominator)",
+)

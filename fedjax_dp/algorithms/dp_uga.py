@@ -1,7 +1,7 @@
-"""DP-UGA: UGA clients (seed 002) under client-level DP: each client's meta-gradient upload -g^k goes
-through DP-FedAvg's chain (clip, Gaussian noise, fixed denominator; ``dp_fedavg.dp_uploads``), so the
-server step is w_{t+1} = w_t - eta_g (1/D) (sum_k clip(g^k) + N(0, z^2 S^2 I)) and the accountant is
-DP-FedAvg's."""
+"""DP-UGA: UGA clients (seed 002) under client-level DP: each client's meta-gradient upload -g^k
+goes through DP-FedAvg's chain (clip, Gaussian noise, fixed denominator; ``dp_fedavg.dp_uploads``),
+so the server step is w_{t+1} = w_t - eta_g (1/D) (sum_k clip(g^k) + N(0, z^2 S^2 I)) and the
+accountant is DP-FedAvg's."""
 
 from __future__ import annotations
 
@@ -21,6 +21,12 @@ def check_dp_uga(cfg, need) -> None:
     check_dp(cfg, need)
 
 
-registry.register("dp_uga", build=build_dp_uga, sections=("dp", "uga"), validate=check_dp_uga,
-                  privacy_keys=DP_PRIVACY_KEYS, participation=True,
-                  summary="DP-UGA: UGA + DP-FedAvg's upload chain")
+registry.register(
+    "dp_uga",
+    build=build_dp_uga,
+    sections=("dp", "uga"),
+    validate=check_dp_uga,
+    privacy_keys=DP_PRIVACY_KEYS,
+    participation=True,
+    summary="DP-UGA: UGA + DP-FedAvg's upload chain",
+)

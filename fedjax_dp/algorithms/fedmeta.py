@@ -1,15 +1,17 @@
-"""FedMeta: controllable meta updating on the server (seed 002 §3.2, Alg. 2, Eq. 20; ALGORITHMS.md §2).
+"""FedMeta: controllable meta updating on the server (seed 002 §3.2, Alg. 2, Eq. 20; ALGORITHMS.md
+§2).
 
 After any base algorithm aggregates round t into w_{t+1}, the server takes meta step(s) on a small
 server-held set D_meta (about 1 % of the data; ``data.server_sets``):
 
-    w^meta_{t+1} = w_{t+1} - eta_meta grad_w L(w_{t+1}; D_meta)                                  (20)
+    w^meta_{t+1} = w_{t+1} - eta_meta grad_w L(w_{t+1};
+    D_meta)    (20)
 
-``FedMeta`` wraps any algorithm of the protocol (FedAvg, FedProx, UGA: "FedMeta w/ UGA", SCAFFOLD, and
-the DP variants through their upload chains): clients are the base's, the meta step follows the base's
-server step. D_meta is server-held data: the meta step reads no client upload, but D_meta is NOT covered
-by the client-level guarantee, and if it was drawn from the clients' own examples the privacy report
-must say so (``data.server_sets``).
+``FedMeta`` wraps any algorithm of the protocol (FedAvg, FedProx, UGA: "FedMeta w/ UGA", SCAFFOLD,
+and the DP variants through their upload chains): clients are the base's, the meta step follows the
+base's server step. D_meta is server-held data: the meta step reads no client upload, but D_meta is
+NOT covered by the client-level guarantee, and if it was drawn from the clients' own examples the
+privacy report must say so (``data.server_sets``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from fedjax_dp.core.local_training import make_data_value_and_grad
 
 
 def meta_batches(x: np.ndarray, y: np.ndarray, batch_size: int = 0) -> tuple[dict, np.ndarray]:
-    """D_meta as ``(batches (S, B, ...), mask (S, B))`` covering every example once; ``batch_size`` 0
-    puts it in one batch."""
+    """D_meta as ``(batches (S, B, ...), mask (S, B))`` covering every example once; ``batch_size``
+    0 puts it in one batch."""
     n = len(y)
     if n == 0:
         raise ValueError("D_meta is empty: FedMeta needs at least one server-held example")
@@ -58,7 +60,8 @@ class FedMeta:
     per_example_loss: Any
     meta_x: np.ndarray
     meta_y: np.ndarray
-    _: dataclasses.KW_ONLY  # the rest by keyword: a field added here cannot shift a builder's arguments
+    # the rest by keyword: a field added here cannot shift a builder's arguments
+    _: dataclasses.KW_ONLY
     meta_learning_rate: float
     meta_steps: int = 1
     meta_lr_decay: float = 1.0
@@ -70,7 +73,9 @@ class FedMeta:
         if self.meta_steps < 1:
             raise ValueError(f"FedMeta needs meta_steps >= 1, got {self.meta_steps}")
         if not 0 < self.meta_lr_decay <= 1:
-            raise ValueError(f"meta learning-rate decay must lie in (0, 1], got {self.meta_lr_decay}")
+            raise ValueError(
+                f"meta learning-rate decay must lie in (0, 1], got {self.meta_lr_decay}"
+            )
         meta_batches(self.meta_x, self.meta_y, self.meta_batch_size)  # validates D_meta now
 
     @property
@@ -93,18 +98,34 @@ class FedMeta:
         return self.base.client_update(shared, client, client_state, key)
 
     def server_update(self, state: ServerState, aggregate, key):
-        """The base's server step, then the meta step(s); metrics gain ``meta_loss`` (D_meta loss before)."""
+        """The base's server step, then the meta step(s); metrics gain ``meta_loss`` (D_meta loss
+        before)."""
         state, metrics = self.base.server_update(state, aggregate, key)
         batches, mask = meta_batches(self.meta_x, self.meta_y, self.meta_batch_size)
-        params, meta_loss, ok = meta_update(make_data_value_and_grad(self.per_example_loss), state.params, batches,
-                                            mask, state.round - 1, rng.purpose_key(key, rng.Purpose.SERVER_META),
-                                            self.meta_learning_rate, self.meta_lr_decay, self.meta_steps)
-        return state.replace(params=params), {**metrics, "meta_loss": meta_loss, "meta_step_skipped": ~ok}
+        params, meta_loss, ok = meta_update(
+            make_data_value_and_grad(self.per_example_loss),
+            state.params,
+            batches,
+            mask,
+            state.round - 1,
+            rng.purpose_key(key, rng.Purpose.SERVER_META),
+            self.meta_learning_rate,
+            self.meta_lr_decay,
+            self.meta_steps,
+        )
+        return state.replace(params=params), {
+            **metrics,
+            "meta_loss": meta_loss,
+            "meta_step_skipped": ~ok,
+        }
 
 
-def meta_update(value_and_grad, params, batches, mask, round_index, key, learning_rate, decay, steps):
+def meta_update(
+    value_and_grad, params, batches, mask, round_index, key, learning_rate, decay, steps
+):
     """``steps`` SGD steps on the D_meta loss; returns ``(params, loss before, ok)``. A step whose
-    gradient is not finite is not applied (``ok`` False), so the meta step cannot corrupt the model."""
+    gradient is not finite is not applied (``ok`` False), so the meta step cannot corrupt the
+    model."""
     lr = learning_rate * jnp.power(jnp.float32(decay), round_index.astype(jnp.float32))
     grad_fn = functools.partial(value_and_grad, batches=batches, mask=mask, key=key)
 
@@ -123,9 +144,16 @@ def wrap_fedmeta(ctx, algorithm, server_set) -> FedMeta:
     if server_set is None:
         raise ValueError("fedmeta.enabled needs a server-held set D_meta (server_data)")
     m = ctx.cfg.fedmeta
-    return FedMeta(algorithm, ctx.model.per_example_loss, server_set.x, server_set.y,
-                   meta_learning_rate=m.learning_rate, meta_steps=m.steps, meta_lr_decay=m.lr_decay,
-                   meta_batch_size=m.batch_size)
+    return FedMeta(
+        algorithm,
+        ctx.model.per_example_loss,
+        server_set.x,
+        server_set.y,
+        meta_learning_rate=m.learning_rate,
+        meta_steps=m.steps,
+        meta_lr_decay=m.lr_decay,
+        meta_batch_size=m.batch_size,
+    )
 
 
 def check_fedmeta(cfg, need) -> None:
@@ -144,10 +172,20 @@ SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
     "batch_size": "FedMeta: meta batch size (0 = all of D_meta at once)",
 }
 registry.register_wrapper(
-    "fedmeta", docs=SECTION_DOCS, defaults={
+    "fedmeta",
+    docs=SECTION_DOCS,
+    defaults={
         "enabled": False,  # meta step(s) on D_meta after every aggregation (wraps any algorithm)
-        "learning_rate": 0.002, "steps": 1, "lr_decay": 1.0,
-        "batch_size": 0},  # batch_size 0: all of D_meta at once
-    wrap=wrap_fedmeta, validate=check_fedmeta, needs_server_set=True,
-    privacy_note="FedMeta's server meta step uses only the server-held set D_meta, without noise: it reads no "
-                 "client upload, and the guarantee holds only if D_meta holds no protected client's data")
+        "learning_rate": 0.002,
+        "steps": 1,
+        "lr_decay": 1.0,
+        "batch_size": 0,
+    },  # batch_size 0: all of D_meta at once
+    wrap=wrap_fedmeta,
+    validate=check_fedmeta,
+    needs_server_set=True,
+    privacy_note=(
+        "FedMeta's server meta step uses only the server-held set D_meta, without noise: it reads"
+        " no client upload, and the guarantee holds only if D_meta holds no protected client's data"
+    ),
+)

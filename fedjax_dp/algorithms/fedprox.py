@@ -23,13 +23,17 @@ def proximal_term(mu: float):
     trajectory differentiated in w_t (UGA) sees the anchor's dependence on w_t too, as it should."""
 
     def regularizer(params, initial_params):
-        squares = jax.tree_util.tree_map(lambda w, a: jnp.sum(jnp.square(w - a)), params, initial_params)
-        return 0.5 * mu * sum(jax.tree_util.tree_leaves(squares))  # not norm**2: sqrt has no gradient at 0
+        squares = jax.tree_util.tree_map(
+            lambda w, a: jnp.sum(jnp.square(w - a)), params, initial_params
+        )
+        # not norm**2: sqrt has no gradient at 0
+        return 0.5 * mu * sum(jax.tree_util.tree_leaves(squares))
 
     return regularizer
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)  # its own fields by keyword: a new FedAvg field cannot shift them
+# its own fields by keyword: a new FedAvg field cannot shift them
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class FedProx(FedAvg):
     mu: float = 2e-4
 
@@ -44,7 +48,15 @@ class FedProx(FedAvg):
 
 def build_fedprox(ctx) -> tuple:
     c = ctx.cfg
-    return FedProx(ctx.model.per_example_loss, ctx.client_optimizer(), **ctx.client_fields(), mu=c.fedprox.mu), ()
+    return (
+        FedProx(
+            ctx.model.per_example_loss,
+            ctx.client_optimizer(),
+            **ctx.client_fields(),
+            mu=c.fedprox.mu,
+        ),
+        (),
+    )
 
 
 def check_fedprox(cfg, need) -> None:
@@ -54,6 +66,13 @@ def check_fedprox(cfg, need) -> None:
 SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
     "mu": "FedProx: proximal coefficient mu",
 }
-registry.register_section("fedprox", docs=SECTION_DOCS, defaults={"mu": 2e-4})  # the seed-002 baseline's proximal coefficient
-registry.register("fedprox", build=build_fedprox, sections=("fedprox",), validate=check_fedprox, privacy_keys=(),
-                  summary="FedProx (Li et al. 2020): FedAvg with a proximal term")
+# the seed-002 baseline's proximal coefficient
+registry.register_section("fedprox", docs=SECTION_DOCS, defaults={"mu": 2e-4})
+registry.register(
+    "fedprox",
+    build=build_fedprox,
+    sections=("fedprox",),
+    validate=check_fedprox,
+    privacy_keys=(),
+    summary="FedProx (Li et al. 2020): FedAvg with a proximal term",
+)

@@ -5,10 +5,10 @@ An algorithm module registers itself::
     registry.register("fedprox", build=build_fedprox, sections=("fedprox",), validate=check_fedprox)
     registry.register_section("fedprox", {"mu": 2e-4})
 
-and the training layer asks the registry, never an algorithm's name. A builder takes a ``BuildContext``
-(config, model, engine choices, population, server-held set) and returns ``(algorithm, upload
-transforms)``. Adding an algorithm = its module (imported by ``fedjax_dp.algorithms``) + its tests; a
-test file may register a toy algorithm too.
+and the training layer asks the registry, never an algorithm's name. A builder takes a
+``BuildContext`` (config, model, engine choices, population, server-held set) and returns
+``(algorithm, upload transforms)``. Adding an algorithm = its module (imported by
+``fedjax_dp.algorithms``) + its tests; a test file may register a toy algorithm too.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from fedjax_dp.core.optimizers import build_optimizer
 from fedjax_dp.privacy import settings as privacy_settings
 
 DEFAULT_PRIVACY_KEYS = privacy_settings.ACCOUNTING + privacy_settings.BUDGETS
-"""What an algorithm reads of the ``privacy`` section unless it says otherwise: what the generic tracker uses (a
-toy DP algorithm registered from a test takes ``privacy.delta``); non-private algorithms register ``()``."""
+"""What an algorithm reads of the ``privacy`` section unless it says otherwise: what the generic
+tracker uses (a toy DP algorithm registered from a test takes ``privacy.delta``); non-private
+algorithms register ``()``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,17 +37,23 @@ class BuildContext:
     num_clients: int
     unroll: int | bool = 1
     params_template: Any = None  # the model's parameters (shapes), e.g. for per-layer clip norms
-    client_sizes: tuple | None = None  # each client's training-set size |D_n| (per-client calibration)
+    # each client's training-set size |D_n| (per-client calibration)
+    client_sizes: tuple | None = None
 
     def client_optimizer(self):
         c = self.cfg.client
-        return build_optimizer(c.optimizer, c.learning_rate, c.momentum, weight_decay=c.weight_decay,
-                               grad_clip_norm=c.grad_clip_norm)
+        return build_optimizer(
+            c.optimizer,
+            c.learning_rate,
+            c.momentum,
+            weight_decay=c.weight_decay,
+            grad_clip_norm=c.grad_clip_norm,
+        )
 
     def deferred_dense_rate(self) -> float | None:
-        """The client's SGD rate where local training may defer large dense kernels (``engine.deferred_dense``,
-        ``core.deferred_dense``): plain SGD only (momentum, weight decay and gradient clipping make a step's change
-        full-rank); None otherwise."""
+        """The client's SGD rate where local training may defer large dense kernels
+        (``engine.deferred_dense``, ``core.deferred_dense``): plain SGD only (momentum, weight decay
+        and gradient clipping make a step's change full-rank); None otherwise."""
         c, mode = self.cfg.client, self.cfg.engine.deferred_dense
         plain = c.optimizer == "sgd" and not (c.momentum or c.weight_decay or c.grad_clip_norm)
         wanted = mode == "on" or (mode == "auto" and deferred_dense.on_by_default())
@@ -57,19 +64,26 @@ class BuildContext:
         return build_optimizer(s.optimizer, s.learning_rate, s.momentum, s.lr_decay)
 
     def client_fields(self) -> dict:
-        """The keyword fields FedAvg and SCAFFOLD (and their subclasses) take from the config: the server optimizer,
-        the client's learning-rate decay and local training's scan unroll."""
-        return dict(server_optimizer=self.server_optimizer(), client_lr_decay=self.cfg.client.lr_decay,
-                    unroll=self.unroll)
+        """The keyword fields FedAvg and SCAFFOLD (and their subclasses) take from the config: the
+        server optimizer, the client's learning-rate decay and local training's scan unroll."""
+        return dict(
+            server_optimizer=self.server_optimizer(),
+            client_lr_decay=self.cfg.client.lr_decay,
+            unroll=self.unroll,
+        )
 
     def expected_cohort(self) -> float:
-        """The fixed denominator of a round: m, q K, or a participation sampler's (``participation_sampling``)."""
+        """The fixed denominator of a round: m, q K, or a participation sampler's
+        (``participation_sampling``)."""
         from fedjax_dp.privacy.accounting.client_sampling import client_sampler
+
         return client_sampler(self.cfg.sampling, self.num_clients).expected_cohort()
 
     def denominators(self) -> tuple:
-        """((first round, D_t), ...) where the fixed denominator follows a sampling-rate schedule, else ()."""
+        """((first round, D_t), ...) where the fixed denominator follows a sampling-rate schedule,
+        else ()."""
         from fedjax_dp.privacy.accounting.client_sampling import client_sampler
+
         sampler = client_sampler(self.cfg.sampling, self.num_clients)
         return sampler.denominators() if hasattr(sampler, "denominators") else ()
 
@@ -87,16 +101,23 @@ class Entry:
     build: Callable[[BuildContext], tuple]
     sections: tuple[str, ...] = ()
     validate: Validate | None = None
-    shares_server_set: bool = False  # data side: the server-held set is mixed into every client (FedShare)
+    # data side: the server-held set is mixed into every client (FedShare)
+    shares_server_set: bool = False
     summary: str = ""
-    server_validation: bool = False  # the server validates each evaluated model on a held-out server set
-    ledger: Callable | None = None  # ``ledger(cfg, dataset, algorithm)``: the algorithm's own ledger of the privacy
-    # tracker (``privacy.ledgers.client_level.Ledger``: example-level DP in local steps), built from the algorithm that runs;
+    # the server validates each evaluated model on a held-out server set
+    server_validation: bool = False
+    # ``ledger(cfg, dataset, algorithm)``: the algorithm's own ledger of the privacy
+    ledger: Callable | None = None
+    # tracker (``privacy.ledgers.client_level.Ledger``: example-level DP in local steps), built from
+    # the algorithm that runs;
     # None: the tracker's central or local ledger over the upload chain's releases
-    unread: tuple[str, ...] = ()  # generic keys it never reads (``SAMPLED_STEPS``, ``OWN_SERVER_STEP``): an
+    # generic keys it never reads (``SAMPLED_STEPS``, ``OWN_SERVER_STEP``): an
+    unread: tuple[str, ...] = ()
     # override of one is refused (``training.unread_keys``)
-    privacy_keys: tuple[str, ...] = DEFAULT_PRIVACY_KEYS  # the ``privacy`` section keys it reads (secure_rng: all)
-    participation: bool = False  # runs correlated noise under a participation scheme (``sampling.method`` such as
+    # the ``privacy`` section keys it reads (secure_rng: all)
+    privacy_keys: tuple[str, ...] = DEFAULT_PRIVACY_KEYS
+    # runs correlated noise under a participation scheme (``sampling.method`` such as
+    participation: bool = False
     # min_separation: ``privacy.correlated``)
 
 
@@ -119,34 +140,72 @@ _ENTRIES: dict[str, Entry] = {}
 _SECTIONS: dict[str, dict] = {}
 _WRAPPERS: dict[str, Wrapper] = {}
 _DOCS: dict[str, str] = {}  # "section.key" -> what it means (``fedjax-dp --help``)
-_READ_WHEN: list[tuple] = []  # (key, the key that decides, the values under which the first is read)
+# (key, the key that decides, the values under which the first is read)
+_READ_WHEN: list[tuple] = []
 
 
 SAMPLED_STEPS = ("client.epochs",)
-"""Unread where local training runs a fixed number of sampled steps (its section's ``local_steps``), not epochs."""
+"""Unread where local training runs a fixed number of sampled steps (its section's ``local_steps``),
+not epochs."""
 OWN_SERVER_STEP = ("server.optimizer", "server.learning_rate", "server.momentum", "server.lr_decay")
-"""Unread where the server update is the algorithm's own (PFLDyn's w + Delta - g / alpha; the patent's alpha step)."""
+"""Unread where the server update is the algorithm's own (PFLDyn's w + Delta - g / alpha; the
+patent's alpha step)."""
 
 
-def register(name: str, *, build, sections=(), validate=None, shares_server_set=False, summary="",
-             server_validation=False, ledger=None, unread=(), privacy_keys=DEFAULT_PRIVACY_KEYS,
-             participation=False) -> Entry:
+def register(
+    name: str,
+    *,
+    build,
+    sections=(),
+    validate=None,
+    shares_server_set=False,
+    summary="",
+    server_validation=False,
+    ledger=None,
+    unread=(),
+    privacy_keys=DEFAULT_PRIVACY_KEYS,
+    participation=False,
+) -> Entry:
     if name in _ENTRIES:
         raise ValueError(f"algorithm {name!r} is already registered")
     for section in sections:
         if section not in _SECTIONS:
-            raise ValueError(f"algorithm {name!r} reads config section {section!r}, which is not registered "
-                             "(register_section first)")
+            raise ValueError(
+                f"algorithm {name!r} reads config section {section!r}, which is not registered "
+                "(register_section first)"
+            )
     unknown = [k for k in privacy_keys if k not in privacy_settings.SECTION]
     if unknown:
-        raise ValueError(f"algorithm {name!r} reads privacy keys {unknown} the privacy section does not have")
-    _ENTRIES[name] = Entry(name, build, tuple(sections), validate, shares_server_set, summary, server_validation,
-                           ledger, tuple(unread), tuple(privacy_keys), participation)
+        raise ValueError(
+            f"algorithm {name!r} reads privacy keys {unknown} the privacy section does not have"
+        )
+    _ENTRIES[name] = Entry(
+        name,
+        build,
+        tuple(sections),
+        validate,
+        shares_server_set,
+        summary,
+        server_validation,
+        ledger,
+        tuple(unread),
+        tuple(privacy_keys),
+        participation,
+    )
     return _ENTRIES[name]
 
 
-def register_wrapper(name: str, defaults: dict, *, wrap, validate=None, needs_server_set=False,
-                     privacy_note="", docs=None, read_when=()) -> Wrapper:
+def register_wrapper(
+    name: str,
+    defaults: dict,
+    *,
+    wrap,
+    validate=None,
+    needs_server_set=False,
+    privacy_note="",
+    docs=None,
+    read_when=(),
+) -> Wrapper:
     """A wrapper with its config section ``name`` (which must hold ``enabled``)."""
     if "enabled" not in defaults:
         raise ValueError(f"wrapper section {name!r} needs an 'enabled' key")
@@ -156,10 +215,13 @@ def register_wrapper(name: str, defaults: dict, *, wrap, validate=None, needs_se
 
 
 def unwrap(algorithm, cls):
-    """The ``cls`` instance inside ``algorithm`` (itself, or the ``base`` a wrapper such as FedMeta holds)."""
+    """The ``cls`` instance inside ``algorithm`` (itself, or the ``base`` a wrapper such as FedMeta
+    holds)."""
     while not isinstance(algorithm, cls):
         if not hasattr(algorithm, "base"):
-            raise TypeError(f"expected a {cls.__name__} (or a wrapper of one), got {type(algorithm).__name__}")
+            raise TypeError(
+                f"expected a {cls.__name__} (or a wrapper of one), got {type(algorithm).__name__}"
+            )
         algorithm = algorithm.base
     return algorithm
 
@@ -173,10 +235,13 @@ def unregister(name: str) -> None:
     _ENTRIES.pop(name, None)
 
 
-def register_section(name: str, defaults: dict, docs: dict | None = None, read_when: tuple = ()) -> None:
-    """An algorithm-owned config section and its defaults (added to every default config), what each key means
-    (``docs``: key -> meaning, for ``fedjax-dp --help``) and the keys read only under another key's value
-    (``read_when``: (key, deciding key, the values that read it), dotted keys: ``training.unread_keys``)."""
+def register_section(
+    name: str, defaults: dict, docs: dict | None = None, read_when: tuple = ()
+) -> None:
+    """An algorithm-owned config section and its defaults (added to every default config), what each
+    key means (``docs``: key -> meaning, for ``fedjax-dp --help``) and the keys read only under
+    another key's value (``read_when``: (key, deciding key, the values that read it), dotted keys:
+    ``training.unread_keys``)."""
     if name in _SECTIONS and _SECTIONS[name] != defaults:
         raise ValueError(f"config section {name!r} is already registered with other defaults")
     _SECTIONS[name] = dict(defaults)
@@ -223,13 +288,18 @@ def validate(cfg, need) -> None:
             continue
         for key, default in defaults.items():
             value = cfg[section].get(key, default)
-            need(value == default, f"{section}.{key}={value!r} is set, but algorithm {entry.name!r} does not read "
-                                   f"section {section!r} (it reads: {', '.join(entry.sections) or 'none'})")
+            need(
+                value == default,
+                f"{section}.{key}={value!r} is set, but algorithm {entry.name!r} does not read "
+                f"section {section!r} (it reads: {', '.join(entry.sections) or 'none'})",
+            )
     defaults = privacy_settings.SECTION
     for key, default in defaults.items():
         value = cfg.privacy.get(key, default)
-        need(key == "secure_rng" or key in entry.privacy_keys or value == default,
-             f"privacy.{key}={value!r} is set, but algorithm {entry.name!r} does not read it (it reads privacy: "
-             f"{', '.join(entry.privacy_keys) or 'nothing but secure_rng'})")
+        need(
+            key == "secure_rng" or key in entry.privacy_keys or value == default,
+            f"privacy.{key}={value!r} is set, but algorithm {entry.name!r} does not read it (it"
+            f" reads privacy: {', '.join(entry.privacy_keys) or 'nothing but secure_rng'})",
+        )
     if entry.validate is not None:
         entry.validate(cfg, need)

@@ -8,5 +8,15 @@ from fedjax_dp.compression.reconstruction import reconstruct
 from fedjax_dp.compression.traffic import TrafficMeter, dense_upload_bytes
 from fedjax_dp.compression.upload_transform import CompressedSensing
 
-__all__ = ["coherence", "BlockSum", "RandomMatrix", "make_operator", "dynamic_rates", "fixed_rates", "reconstruct",
-           "TrafficMeter", "dense_upload_bytes", "CompressedSensing"]
+__all__ = [
+    "coherence",
+    "BlockSum",
+    "RandomMatrix",
+    "make_operator",
+    "dynamic_rates",
+    "fixed_rates",
+    "reconstruct",
+    "TrafficMeter",
+    "dense_upload_bytes",
+    "CompressedSensing",
+]

@@ -2,8 +2,9 @@
 
     v(Phi, Psi) = sqrt(a) max_{i,j} |<phi_i, psi_j>| / (||phi_i||_2 ||psi_j||_2)
 
-phi_i: the rows of Phi (b x a); psi_j: the columns of the basis Psi (a x a). It lies in [1, sqrt(a)];
-smaller means the measurements spread a sparse signal's energy better (Candes and Wakin 2008).
+phi_i: the rows of Phi (b x a); psi_j: the columns of the basis Psi (a x a). It lies in [1,
+sqrt(a)]; smaller means the measurements spread a sparse signal's energy better (Candes and Wakin
+2008).
 """
 
 from __future__ import annotations

@@ -1,19 +1,20 @@
-"""Measurement operators y = Phi x for one flattened layer x of I entries at rate r (seed 004, Alg. 3).
+"""Measurement operators y = Phi x for one flattened layer x of I entries at rate r (seed 004, Alg.
+3).
 
 One interface: ``measure(x) -> y`` (b values), ``adjoint(y) -> Phi^T y``, ``shape = (b, I)``,
 ``gram_solve(y) -> (Phi Phi^T)^{-1} y`` and ``lipschitz`` (||Phi||_2^2, for ISTA). All are pure jnp
 functions of arrays (jittable, vmappable across clients).
 
-* ``BlockSum``: the deterministic binary matrix of Alg. 3 / Eq. 13. b = floor(r I) rows, z = floor(1/r);
-  ``count = I - z b`` rows hold z + 1 ones and the rest z, in disjoint contiguous blocks covering x.
-  Applied as reshape-and-sum in O(I) time and memory, never materialised. Equivalently the blocks
-  are I split as evenly as possible over b rows (the first I mod b rows one longer): whenever the
-  paper's rule is feasible (count <= b) this is exactly it; where it is not (e.g. I = 7, r = 0.4:
-  b = 2, z = 2, count = 3 > b) the even split is the documented rule. A layer smaller than 1/r
-  (floor(r I) = 0) gets one measurement, its sum: b = max(1, floor(r I)).
+* ``BlockSum``: the deterministic binary matrix of Alg. 3 / Eq. 13. b = floor(r I) rows, z =
+  floor(1/r); ``count = I - z b`` rows hold z + 1 ones and the rest z, in disjoint contiguous blocks
+  covering x. Applied as reshape-and-sum in O(I) time and memory, never materialised. Equivalently
+  the blocks are I split as evenly as possible over b rows (the first I mod b rows one longer):
+  whenever the paper's rule is feasible (count <= b) this is exactly it; where it is not (e.g. I =
+  7, r = 0.4: b = 2, z = 2, count = 3 > b) the even split is the documented rule. A layer smaller
+  than 1/r (floor(r I) = 0) gets one measurement, its sum: b = max(1, floor(r I)).
 * ``RandomMatrix``: Gaussian N(0, 1/b) or Bernoulli +-1/sqrt(b) entries generated from a seed both
-  sides share (nothing is transmitted), column tile by column tile (``tile`` columns each) so a large
-  layer never holds the b x I matrix; a layer of at most ``tile`` entries is one dense tile.
+  sides share (nothing is transmitted), column tile by column tile (``tile`` columns each) so a
+  large layer never holds the b x I matrix; a layer of at most ``tile`` entries is one dense tile.
 """
 
 from __future__ import annotations
@@ -91,19 +92,19 @@ class BlockSum:
         rows = np.zeros(self.shape, np.float32)
         start = 0
         for i, length in enumerate(self.block_sizes):
-            rows[i, start:start + length] = 1
+            rows[i, start : start + length] = 1
             start += length
         return rows
 
 
 @dataclasses.dataclass(frozen=True)
 class PaddedBlockSum:
-    """``BlockSum`` with its row count b = ``rows`` an array (traced inside a jitted round) and its output
-    padded to ``max_rows``: entries [0, b) are BlockSum's y, the rest zero. One compiled program then
-    serves every rate up to ``max_rows / size``, where a static b would recompile the round each time
-    Alg. 2 picks a new rate vector (measured: 4 new vectors in 6 CIFAR-10 rounds cost 44 s of compiling,
-    ``benchmarks/RESULTS.md``). Same blocks as BlockSum (the first I mod b one longer), summed with a
-    sorted segment sum."""
+    """``BlockSum`` with its row count b = ``rows`` an array (traced inside a jitted round) and its
+    output padded to ``max_rows``: entries [0, b) are BlockSum's y, the rest zero. One compiled
+    program then serves every rate up to ``max_rows / size``, where a static b would recompile the
+    round each time Alg. 2 picks a new rate vector (measured: 4 new vectors in 6 CIFAR-10 rounds
+    cost 44 s of compiling, ``benchmarks/RESULTS.md``). Same blocks as BlockSum (the first I mod b
+    one longer), summed with a sorted segment sum."""
 
     size: int
     max_rows: int
@@ -136,7 +137,9 @@ class PaddedBlockSum:
         return jnp.where(rem > 0, q + 1, q).astype(jnp.float32)
 
     def measure(self, x: jax.Array) -> jax.Array:
-        return jax.ops.segment_sum(x, self._segments(), num_segments=self.max_rows, indices_are_sorted=True)
+        return jax.ops.segment_sum(
+            x, self._segments(), num_segments=self.max_rows, indices_are_sorted=True
+        )
 
     def adjoint(self, y: jax.Array) -> jax.Array:
         return y[self._segments()]
@@ -146,9 +149,10 @@ class PaddedBlockSum:
 
 
 def _row_sums(blocks: jax.Array) -> jax.Array:
-    """Sums of the rows of a (rows, q) array. XLA:CPU reduces a short minor axis slowly (10M entries,
-    q = 2: 43 ms as a reduce, 4 ms as a sum of column slices, 6 ms as a dot; measured on the 2-core
-    CPU of this project), so short blocks add columns and long ones use a matrix-vector product."""
+    """Sums of the rows of a (rows, q) array. XLA:CPU reduces a short minor axis slowly (10M
+    entries, q = 2: 43 ms as a reduce, 4 ms as a sum of column slices, 6 ms as a dot; measured on
+    the 2-core CPU of this project), so short blocks add columns and long ones use a matrix-vector
+    product."""
     q = blocks.shape[1]
     if q > 8:
         return blocks @ jnp.ones(q, blocks.dtype)
@@ -184,7 +188,8 @@ class RandomMatrix:
         return self._layout[0], self.size
 
     def _tile(self, index) -> jax.Array:
-        """Columns [index * tile, (index + 1) * tile) of Phi (b x tile), from the shared seed (threefry
+        """Columns [index * tile, (index + 1) * tile) of Phi (b x tile), from the shared seed
+        (threefry
         unrolled: ``core.unrolled_threefry``, the same entries, generated faster on a CPU)."""
         b, tile, _ = self._layout
         key = unrolled(jax.random.fold_in(rng.public_key(self.seed, rng.Stream.MEASUREMENT), index))
@@ -200,9 +205,11 @@ class RandomMatrix:
         b, tile, count = self._layout
         if count == 1:
             return self._tile(0) @ x
+
         def add(y, inputs):
             index, chunk = inputs
             return y + self._tile(index) @ chunk, None
+
         y, _ = jax.lax.scan(add, jnp.zeros(b, x.dtype), (jnp.arange(count), self._tiles_of(x)))
         return y
 
@@ -219,7 +226,9 @@ class RandomMatrix:
         if count == 1:
             phi = self._tile(0)
             return jnp.linalg.solve(phi @ phi.T, y)
-        solution, _ = jax.scipy.sparse.linalg.cg(lambda v: self.measure(self.adjoint(v)), y, maxiter=iterations)
+        solution, _ = jax.scipy.sparse.linalg.cg(
+            lambda v: self.measure(self.adjoint(v)), y, maxiter=iterations
+        )
         return solution
 
     @functools.cached_property
@@ -234,7 +243,9 @@ class RandomMatrix:
 
     def dense(self) -> np.ndarray:
         b, tile, count = self._layout
-        return np.asarray(jnp.concatenate([self._tile(i) for i in range(count)], axis=1))[:, : self.size]
+        return np.asarray(jnp.concatenate([self._tile(i) for i in range(count)], axis=1))[
+            :, : self.size
+        ]
 
 
 def make_operator(kind: str, size: int, rate: float, seed: int = 0, tile: int = 4096):

@@ -1,6 +1,7 @@
-"""A measurement operator applied after an orthogonal map Q of its input: Phi Q (``refresh``'s permutation Pi,
-``signs``' +-1 diagonal D). Q Q^T = I, so (Phi Q)(Phi Q)^T = Phi Phi^T and ||Phi Q||_2 = ||Phi||_2: the Gram solve and
-the Lipschitz constant are Phi's, and the min-norm reconstruction stays an orthogonal projection."""
+"""A measurement operator applied after an orthogonal map Q of its input: Phi Q (``refresh``'s
+permutation Pi, ``signs``' +-1 diagonal D). Q Q^T = I, so (Phi Q)(Phi Q)^T = Phi Phi^T and ||Phi
+Q||_2 = ||Phi||_2: the Gram solve and the Lipschitz constant are Phi's, and the min-norm
+reconstruction stays an orthogonal projection."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import jax
 
 
 class OrthogonalInput(abc.ABC):
-    """Subclasses hold ``operator`` and define ``forward(x) = Q x`` and ``backward(v) = Q^T v``; this gives them
-    the interface of ``operators`` (measure, adjoint, gram_solve, shape, lipschitz)."""
+    """Subclasses hold ``operator`` and define ``forward(x) = Q x`` and ``backward(v) = Q^T v``;
+    this gives them the interface of ``operators`` (measure, adjoint, gram_solve, shape,
+    lipschitz)."""
 
     operator: object
 

@@ -40,10 +40,12 @@ def dynamic_rates(reference, r_min: float = 0.2, r_max: float = 0.5):
     if not leaves:
         raise ValueError("cannot compute compression rates of an empty pytree")
     norms = np.array([float(np.linalg.norm(np.asarray(x, np.float64))) for x in leaves])
-    total = float(np.sqrt(np.sum(norms ** 2)))
+    total = float(np.sqrt(np.sum(norms**2)))
     if total == 0:
         raise ValueError("the reference weights are all zero: Alg. 2's norm shares are undefined")
-    return jax.tree_util.tree_unflatten(treedef, [dynamic_rate(n / total, r_min, r_max) for n in norms])
+    return jax.tree_util.tree_unflatten(
+        treedef, [dynamic_rate(n / total, r_min, r_max) for n in norms]
+    )
 
 
 def fixed_rates(reference, rate: float):

@@ -5,7 +5,8 @@ recovery; ALGORITHMS.md §4 asks for two):
   matrix: each measurement spread evenly over its block, closed form). Linear in y.
 * ``ista_dct``: sparse recovery in the orthonormal DCT basis Psi, ISTA (Daubechies et al. 2004) on
   1/2 ||Phi Psi s - y||^2 + lambda ||s||_1 with step 1 / ||Phi||^2; x = Psi s. lambda is
-  ``sparsity_weight`` times max |Psi^T Phi^T y| (the smallest lambda giving s = 0), so it scales with y.
+  ``sparsity_weight`` times max |Psi^T Phi^T y| (the smallest lambda giving s = 0), so it scales
+  with y.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def _soft_threshold(v, t):
     return jnp.sign(v) * jnp.maximum(jnp.abs(v) - t, 0.0)
 
 
-def ista_dct(operator, y: jax.Array, sparsity_weight: float = 0.01, iterations: int = 100) -> jax.Array:
+def ista_dct(
+    operator, y: jax.Array, sparsity_weight: float = 0.01, iterations: int = 100
+) -> jax.Array:
     step = 1.0 / operator.lipschitz
     correlation = dct(operator.adjoint(y), norm="ortho")
     lam = sparsity_weight * jnp.max(jnp.abs(correlation))

@@ -5,8 +5,8 @@ Counts are of what is transmitted: float32 arrays at 4 bytes per value, plus sid
 compressed upload also carries one float32 rate per layer so the server can rebuild the operators;
 random operators need no matrix, only the shared seed, counted as 8 bytes). The download is every
 floating-point array an algorithm broadcasts (``Algorithm.broadcast``): the global model, plus e.g.
-SCAFFOLD's control variate (``broadcast_bytes``); the round index that goes with it is not counted, as
-no upload counts its client's id.
+SCAFFOLD's control variate (``broadcast_bytes``); the round index that goes with it is not counted,
+as no upload counts its client's id.
 """
 
 from __future__ import annotations
@@ -22,17 +22,33 @@ SEED_BYTES = 8
 
 def array_bytes(tree) -> int:
     """Bytes of every array in a pytree as sent (its dtype's item size times its entry count)."""
-    return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree)))
+    return int(
+        sum(
+            np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
+            for x in jax.tree_util.tree_leaves(tree)
+        )
+    )
 
 
 def broadcast_bytes(shared) -> int:
-    """Bytes of the floating-point arrays of what the server broadcasts (model, control variates...)."""
-    return array_bytes([x for x in jax.tree_util.tree_leaves(shared) if np.issubdtype(np.dtype(x.dtype), np.floating)])
+    """Bytes of the floating-point arrays of what the server broadcasts (model, control
+    variates...)."""
+    return array_bytes(
+        [
+            x
+            for x in jax.tree_util.tree_leaves(shared)
+            if np.issubdtype(np.dtype(x.dtype), np.floating)
+        ]
+    )
 
 
 def dense_upload_bytes(params, copies: int = 1) -> int:
     """An uncompressed float32 update (``copies`` = 2 for SCAFFOLD's model and control deltas)."""
-    return copies * FLOAT32_BYTES * sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
+    return (
+        copies
+        * FLOAT32_BYTES
+        * sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
+    )
 
 
 def compressed_upload_bytes(compressor) -> int:
@@ -51,9 +67,15 @@ class TrafficMeter:
 
     def record(self, clients: int, upload_bytes: int, download_bytes: int) -> dict:
         if clients < 0 or upload_bytes < 0 or download_bytes < 0:
-            raise ValueError(f"traffic counts must be >= 0, got {clients}, {upload_bytes}, {download_bytes}")
+            raise ValueError(
+                f"traffic counts must be >= 0, got {clients}, {upload_bytes}, {download_bytes}"
+            )
         up, down = clients * upload_bytes, clients * download_bytes
         self.uplink += up
         self.downlink += down
-        return {"uplink_bytes": up, "downlink_bytes": down, "uplink_gb_total": self.uplink / 1e9,
-                "traffic_gb_total": (self.uplink + self.downlink) / 1e9}
+        return {
+            "uplink_bytes": up,
+            "downlink_bytes": down,
+            "uplink_gb_total": self.uplink / 1e9,
+            "traffic_gb_total": (self.uplink + self.downlink) / 1e9,
+        }

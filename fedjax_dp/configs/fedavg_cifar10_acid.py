@@ -10,8 +10,13 @@ from fedjax_dp.training.default_config import default_config
 
 def get_config():
     c = default_config()
-    c.data.update(source="cifar10", data_dir=data_dir("cifar10"), partition="acid", num_clients=100,
-                  classes_per_client=3)
+    c.data.update(
+        source="cifar10",
+        data_dir=data_dir("cifar10"),
+        partition="acid",
+        num_clients=100,
+        classes_per_client=3,
+    )
     c.model.name = "cnn_fedavg"
     c.client.update(batch_size=50, epochs=1, learning_rate=0.05)
     c.sampling.cohort_size = 10

@@ -10,7 +10,9 @@ from fedjax_dp.training.default_config import default_config
 
 def get_config():
     c = default_config()
-    c.data.update(source="femnist", data_dir=data_dir("femnist"), partition="natural", num_clients=100)
+    c.data.update(
+        source="femnist", data_dir=data_dir("femnist"), partition="natural", num_clients=100
+    )
     c.model.name = "cnn_fedavg"
     c.client.update(batch_size=64, epochs=5, learning_rate=0.05)
     c.sampling.cohort_size = 10

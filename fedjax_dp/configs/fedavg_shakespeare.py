@@ -10,7 +10,9 @@ from fedjax_dp.training.default_config import default_config
 
 def get_config():
     c = default_config()
-    c.data.update(source="shakespeare", data_dir=data_dir("shakespeare"), partition="natural", num_clients=100)
+    c.data.update(
+        source="shakespeare", data_dir=data_dir("shakespeare"), partition="natural", num_clients=100
+    )
     c.model.name = "char_gru"
     c.client.update(batch_size=8, epochs=1, learning_rate=0.1)
     c.sampling.cohort_size = 10

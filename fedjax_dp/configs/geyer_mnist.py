@@ -1,12 +1,14 @@
-"""Geyer et al. 2017 Table 1: DP-FedAvg on real MNIST with K = 100 / 1000 / 10000 clients (geyer_mnist:K[:poisson]).
+"""Geyer et al. 2017 Table 1: DP-FedAvg on real MNIST with K = 100 / 1000 / 10000 clients
+(geyer_mnist:K[:poisson]).
 
 Geyer et al. 2017, Table 1: DP-FedAvg on real MNIST, non-IID (2 label-sorted shards per client).
 
 ``--config=geyer_mnist:K`` with K in {100, 1000, 10000} picks the authors'
-code settings: m = 30 / 100 / 300 clients per round, sigma = 1, Q = 1e-3 / 1e-5 / 1e-6 at epsilon = 8,
-MLP 784-600-100-10. Local training: E = 1 epoch of batch 10, lr 0.1 (our choice; the paper does not
-state it). Clipping: private adaptive quantile clipping at the median (Andrew et al. 2021), the sound
-analogue of the paper's median S (``--config.dp.clip=median`` runs the paper's non-private rule).
+code settings: m = 30 / 100 / 300 clients per round, sigma = 1, Q = 1e-3 / 1e-5 / 1e-6 at epsilon =
+8, MLP 784-600-100-10. Local training: E = 1 epoch of batch 10, lr 0.1 (our choice; the paper does
+not state it). Clipping: private adaptive quantile clipping at the median (Andrew et al. 2021), the
+sound analogue of the paper's median S (``--config.dp.clip=median`` runs the paper's non-private
+rule).
 Sampling: exactly m clients (as the authors' code does), accounted correctly as replace-one with
 RDP; ``--config=geyer_mnist:K:poisson`` gives the Poisson variant (each client with probability
 q = m/K, add/remove-one, PLD).
@@ -26,14 +28,21 @@ def get_config(spec: str = "100"):
     if k not in SETTINGS:
         raise ValueError(f"K must be one of {sorted(SETTINGS)}, got {k}")
     if sampling not in ("", "poisson"):
-        raise ValueError(f"only ':poisson' may follow K (geyer_mnist:K[:poisson]), got {sampling!r}")
+        raise ValueError(
+            f"only ':poisson' may follow K (geyer_mnist:K[:poisson]), got {sampling!r}"
+        )
     m, q_budget = SETTINGS[k]
     c = default_config()
     c.algorithm = "dp_fedavg"
     c.rounds = 1000
     c.eval_every = 5
     c.data.source, c.data.data_dir = "mnist", default_data_dir("mnist")
-    c.data.partition, c.data.num_clients, c.data.shards_per_client, c.data.test_fraction = "shards", k, 2, 0.0
+    c.data.partition, c.data.num_clients, c.data.shards_per_client, c.data.test_fraction = (
+        "shards",
+        k,
+        2,
+        0.0,
+    )
     c.model.name = "mlp_600_100"
     c.client.learning_rate, c.client.batch_size, c.client.epochs = 0.1, 10, 1
     if sampling == "poisson":

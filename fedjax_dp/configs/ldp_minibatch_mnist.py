@@ -17,5 +17,11 @@ def get_config():
     c.data.partition = "iid"
     c.client.update(batch_size=16, learning_rate=0.05)
     c.server_data.overlap = 0.0
-    c.ldp.update(thresholds="4.0", local_steps=10, clip_norm=1.0, noise_multiplier=0.8, max_noise_multiplier=10.0)
+    c.ldp.update(
+        thresholds="4.0",
+        local_steps=10,
+        clip_norm=1.0,
+        noise_multiplier=0.8,
+        max_noise_multiplier=10.0,
+    )
     return c

@@ -13,7 +13,9 @@ LEARNING_RATE = 0.1
 
 def get_config():
     c = default_config()
-    c.data.update(source="shakespeare", data_dir=data_dir("shakespeare"), partition="natural", num_clients=100)
+    c.data.update(
+        source="shakespeare", data_dir=data_dir("shakespeare"), partition="natural", num_clients=100
+    )
     c.model.name = "char_gru"
     c.client.update(batch_size=8, epochs=2, learning_rate=LEARNING_RATE, lr_decay=0.992)
     c.server.update(learning_rate=1.0, lr_decay=1.0)

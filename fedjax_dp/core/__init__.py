@@ -8,6 +8,19 @@ from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.round import FederatedRound, RoundResult
 from fedjax_dp.core.uploads import Chain, Release, UploadTransform, chain, fixed_denominator
 
-__all__ = ["Algorithm", "ClientOut", "Requirements", "ServerState", "ClientStateStore", "CohortEngine",
-           "make_local_trainer", "FederatedRound", "RoundResult", "Chain", "Release", "UploadTransform", "chain",
-           "fixed_denominator"]
+__all__ = [
+    "Algorithm",
+    "ClientOut",
+    "Requirements",
+    "ServerState",
+    "ClientStateStore",
+    "CohortEngine",
+    "make_local_trainer",
+    "FederatedRound",
+    "RoundResult",
+    "Chain",
+    "Release",
+    "UploadTransform",
+    "chain",
+    "fixed_denominator",
+]

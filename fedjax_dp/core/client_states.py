@@ -1,10 +1,11 @@
 """Per-client state kept between rounds (SCAFFOLD's control variates c_i, Karimireddy et al. 2020).
 
 A simulation samples a few clients a round out of a population that may be thousands strong, so the
-store is sparse and on the host: a client that never took part holds the template (its initial state)
-and costs nothing; one that did holds its own copy. ``gather`` stacks the states of a cohort (padding
-slots get the template) for the vmapped clients; ``scatter`` writes back the states of the clients
-whose update was kept. ``export``/``load`` give the arrays a checkpoint saves (``training.loop``).
+store is sparse and on the host: a client that never took part holds the template (its initial
+state) and costs nothing; one that did holds its own copy. ``gather`` stacks the states of a cohort
+(padding slots get the template) for the vmapped clients; ``scatter`` writes back the states of the
+clients whose update was kept. ``export``/``load`` give the arrays a checkpoint saves
+(``training.loop``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class ClientStateStore:
         return self._states.get(int(client_id), self._template)
 
     def gather(self, ids, slots: int | None = None):
-        """Stacked states of ``ids`` (leading axis ``slots`` or ``len(ids)``; extra slots: template)."""
+        """Stacked states of ``ids`` (leading axis ``slots`` or ``len(ids)``; extra slots:
+        template)."""
         ids = [int(i) for i in ids]
         slots = len(ids) if slots is None else slots
         if slots < len(ids):
@@ -35,9 +37,10 @@ class ClientStateStore:
         return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *rows)
 
     def scatter(self, ids, stacked, keep) -> None:
-        """Stores row k of ``stacked`` as the state of ``ids[k]`` where ``keep[k]`` (a dropped client
-        keeps its old state). A row whose structure, shapes or dtypes differ from the template's (a
-        restored checkpoint of another model, a buggy algorithm) is refused, never stored."""
+        """Stores row k of ``stacked`` as the state of ``ids[k]`` where ``keep[k]`` (a dropped
+        client keeps its old state). A row whose structure, shapes or dtypes differ from the
+        template's (a restored checkpoint of another model, a buggy algorithm) is refused, never
+        stored."""
         stacked = jax.tree_util.tree_map(np.asarray, stacked)
         for k, client_id in enumerate(ids):
             if keep[k]:
@@ -57,5 +60,6 @@ class ClientStateStore:
             self.scatter(ids, stacked, [True] * len(ids))
 
     def template_stack(self, count: int):
-        """A stacked pytree of ``count`` templates: the restore target of ``count`` stored states."""
+        """A stacked pytree of ``count`` templates: the restore target of ``count`` stored
+        states."""
         return self.gather([], count)

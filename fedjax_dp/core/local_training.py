@@ -1,11 +1,12 @@
 """One client's local training as a pure, jittable, vmappable function.
 
-``make_local_trainer`` builds ``train(params, batches, mask, key) -> (params, LocalStats)``: minibatch
-steps of any optax optimizer under ``lax.scan``. Clients with different amounts of data share one
-compiled program through padding: ``batches`` has a leading steps axis and a batch axis, ``mask``
-(steps, batch) marks the real examples. A padded example contributes nothing to the masked mean loss,
-and a step whose batch is all padding leaves parameters *and* optimizer state untouched, so a padded
-client gets exactly the result of an unpadded loop over its real batches (McMahan et al. 2017,
+``make_local_trainer`` builds ``train(params, batches, mask, key) -> (params, LocalStats)``:
+minibatch steps of any optax optimizer under ``lax.scan``. Clients with different amounts of data
+share one compiled program through padding: ``batches`` has a leading steps axis and a batch axis,
+``mask`` (steps, batch) marks the real examples. A padded example contributes nothing to the masked
+mean loss, and a step whose batch is all padding leaves parameters *and* optimizer state untouched,
+so a padded client gets exactly the result of an unpadded loop over its real batches (McMahan et al.
+2017,
 ClientUpdate: E epochs of minibatch SGD).
 """
 
@@ -18,26 +19,27 @@ import jax
 import jax.numpy as jnp
 import optax
 
-
 PerExampleLoss = Callable[..., jax.Array]
 """``per_example_loss(params, batch, key) -> (batch_size,)`` losses."""
 
 Regularizer = Callable[[object, object], jax.Array]
-"""``regularizer(params, initial_params) -> scalar`` added to every step's loss (FedProx, FedDyn)."""
+"""``regularizer(params, initial_params) -> scalar`` added to every step's loss (FedProx,
+FedDyn)."""
 
 GradientHook = Callable[..., tuple]
-"""``hook(per_example_loss, params, batch, mask, key, **noise) -> (loss, grads)``: the step's data-term
-loss and the gradient the optimizer receives, in place of ``value_and_grad`` of the masked mean loss.
-It runs inside the scan (jittable, vmappable): per-example or per-batch clipping and noise for
-example-level DP (``privacy.mechanisms.step_dp``). ``noise`` holds ``noise_key`` (this step's, from the client's
-noise stream) and ``noise_multiplier`` (a traced per-client value) when ``train`` is given them. A
-regularizer's gradient is added after it: it touches no data."""
+"""``hook(per_example_loss, params, batch, mask, key, **noise) -> (loss, grads)``: the step's
+data-term loss and the gradient the optimizer receives, in place of ``value_and_grad`` of the masked
+mean loss. It runs inside the scan (jittable, vmappable): per-example or per-batch clipping and
+noise for example-level DP (``privacy.mechanisms.step_dp``). ``noise`` holds ``noise_key`` (this
+step's, from the client's noise stream) and ``noise_multiplier`` (a traced per-client value) when
+``train`` is given them. A regularizer's gradient is added after it: it touches no data."""
 
 
 class LocalStats(NamedTuple):
     """What local training reports besides the trained parameters."""
 
-    loss: jax.Array  # mean training loss over the real examples of all steps (with the regulariser, if any)
+    # mean training loss over the real examples of all steps (with the regulariser, if any)
+    loss: jax.Array
     num_examples: jax.Array  # real examples processed (counted once per step they appear in)
     num_steps: jax.Array  # steps with at least one real example
     data_loss: jax.Array  # the same mean of the data term alone (``loss`` without the regulariser)
@@ -46,8 +48,10 @@ class LocalStats(NamedTuple):
 def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
     """Mean of ``values`` over the entries where ``mask`` is true (0 when none is)."""
     if values.shape != mask.shape:
-        raise ValueError(f"per_example_loss must return one scalar loss per example, shape {mask.shape}; "
-                         f"got shape {values.shape}")
+        raise ValueError(
+            f"per_example_loss must return one scalar loss per example, shape {mask.shape}; "
+            f"got shape {values.shape}"
+        )
     total = jnp.sum(jnp.where(mask, values, 0.0))
     return total / jnp.maximum(jnp.sum(mask), 1)
 
@@ -62,13 +66,14 @@ def make_local_trainer(
     first_order: bool = False,
     gradient_hook: GradientHook | None = None,
 ):
-    """Returns ``train(params, batches, mask, key, lr_scale=1.0, noise_key=None, noise_multiplier=None)
-    -> (params, LocalStats)``; the last two reach ``gradient_hook`` (per-step noise keys split from
-    ``noise_key``).
+    """Returns ``train(params, batches, mask, key, lr_scale=1.0, noise_key=None,
+    noise_multiplier=None) -> (params, LocalStats)``; the last two reach ``gradient_hook`` (per-step
+    noise keys split from ``noise_key``).
 
-    ``train`` is differentiable in ``params``: ``jax.grad`` through it differentiates through the whole
-    trajectory (UGA's keep-trace SGD, ALGORITHMS.md §2). ``lr_scale`` multiplies every update, which for
-    SGD, momentum SGD and Adam is exactly a learning-rate factor (per-round decay without recompiling).
+    ``train`` is differentiable in ``params``: ``jax.grad`` through it differentiates through the
+    whole trajectory (UGA's keep-trace SGD, ALGORITHMS.md §2). ``lr_scale`` multiplies every update,
+    which for SGD, momentum SGD and Adam is exactly a learning-rate factor (per-round decay without
+    recompiling).
 
     Args:
       per_example_loss: ``(params, batch, key) -> (B,)`` losses of one batch.
@@ -77,10 +82,11 @@ def make_local_trainer(
         XLA:CPU, where a conv inside a loop body runs several times slower).
       regularizer: optional term ``R(params, initial_params)`` added to each step's loss.
       remat: rematerialisation for differentiating *through* local training (UGA). ``True`` or 1:
-        ``jax.checkpoint`` on every step, so the backward pass stores one carried state (parameters +
-        optimizer state) per step instead of each step's residuals; k > 1: checkpoint segments of k
-        steps (stores S/k carried states, recomputes one segment at a time: about S/k + k states);
-        ``"sqrt"``: k = ceil(sqrt(S)), memory O(sqrt(S)) states (Griewank's checkpointing trade-off).
+        ``jax.checkpoint`` on every step, so the backward pass stores one carried state (parameters
+        + optimizer state) per step instead of each step's residuals; k > 1: checkpoint segments of
+        k steps (stores S/k carried states, recomputes one segment at a time: about S/k + k states);
+        ``"sqrt"``: k = ceil(sqrt(S)), memory O(sqrt(S)) states (Griewank's checkpointing
+        trade-off).
       first_order: stop gradients through each step's gradient, so differentiating the trajectory
         drops the Hessian terms (first-order UGA; for SGD d w_final / d w_initial becomes I).
       gradient_hook: computes each step's (loss, gradient) of the data term (``GradientHook``);
@@ -89,13 +95,16 @@ def make_local_trainer(
     """
 
     def step_loss_and_grad(params, initial_params, batch, mask, key, noise):
-        """``((loss, data_loss), grads)``: the step's objective, its data term, the objective's gradient."""
+        """``((loss, data_loss), grads)``: the step's objective, its data term, the objective's
+        gradient."""
         if gradient_hook is None:
+
             def step_loss(params):
                 data_loss = masked_mean(per_example_loss(params, batch, key), mask)
                 if regularizer is None:
                     return data_loss, data_loss
                 return data_loss + regularizer(params, initial_params), data_loss
+
             return jax.value_and_grad(step_loss, has_aux=True)(params)
         data_loss, grads = gradient_hook(per_example_loss, params, batch, mask, key, **noise)
         loss = data_loss
@@ -135,19 +144,21 @@ def make_local_trainer(
         if segment == 1:
             body = jax.checkpoint(body)
         if segment > 1:
-            (final_params, _), (losses, counts, real) = _segmented_scan(body, init, (batches, mask, keys, noise_keys),
-                                                                        segment, unroll)
+            (final_params, _), (losses, counts, real) = _segmented_scan(
+                body, init, (batches, mask, keys, noise_keys), segment, unroll
+            )
         else:
-            (final_params, _), (losses, counts, real) = jax.lax.scan(body, init, (batches, mask, keys, noise_keys),
-                                                                     unroll=unroll)
+            (final_params, _), (losses, counts, real) = jax.lax.scan(
+                body, init, (batches, mask, keys, noise_keys), unroll=unroll
+            )
         return final_params, local_stats(losses, counts, real)
 
     return train
 
 
 def local_stats(losses, counts, real) -> LocalStats:
-    """``LocalStats`` from a scan's per-step ``losses`` (``(objective, data term)`` or one array for both),
-    real-example ``counts`` and ``real`` flags: example-weighted means over the steps."""
+    """``LocalStats`` from a scan's per-step ``losses`` (``(objective, data term)`` or one array for
+    both), real-example ``counts`` and ``real`` flags: example-weighted means over the steps."""
     num_examples = jnp.sum(counts)
     loss, data_loss = losses if isinstance(losses, tuple) else (losses, losses)
     mean = lambda values: jnp.sum(values * counts) / jnp.maximum(num_examples, 1)  # noqa: E731
@@ -155,17 +166,20 @@ def local_stats(losses, counts, real) -> LocalStats:
 
 
 def skips_padded_steps(take_step, carry, real):
-    """``take_step(carry) -> (carry, loss)`` where ``real``, else ``(carry, zeros)``: an all-padding step changes
-    nothing. ``lax.cond`` skips its computation where clients run one at a time (sequential, loop
-    strategies: with natural partitions most steps of a padded cohort are padding); under vmap it becomes
-    a select and both branches run. A step holding an XLA convolution on XLA:CPU is computed and its
-    result discarded instead (``_slow_in_control_flow``)."""
+    """``take_step(carry) -> (carry, loss)`` where ``real``, else ``(carry, zeros)``: an all-padding
+    step changes nothing. ``lax.cond`` skips its computation where clients run one at a time
+    (sequential, loop
+    strategies: with natural partitions most steps of a padded cohort are padding); under vmap it
+    becomes a select and both branches run. A step holding an XLA convolution on XLA:CPU is computed
+    and its result discarded instead (``_slow_in_control_flow``)."""
     step_jaxpr, (_, loss_shape) = jax.make_jaxpr(take_step, return_shape=True)(carry)
     if _slow_in_control_flow(step_jaxpr.jaxpr):  # compute the step, keep the old state if padding
         new_carry, loss = take_step(carry)
         keep = lambda new, old: jnp.where(real, new, old)  # noqa: E731
         zero_loss = lambda value: jnp.where(real, value, 0.0)  # noqa: E731
-        return jax.tree_util.tree_map(keep, new_carry, carry), jax.tree_util.tree_map(zero_loss, loss)
+        return jax.tree_util.tree_map(keep, new_carry, carry), jax.tree_util.tree_map(
+            zero_loss, loss
+        )
 
     def skip_step(state):  # an all-padding step: nothing changes, nothing is computed
         return state, jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), loss_shape)
@@ -174,11 +188,12 @@ def skips_padded_steps(take_step, carry, real):
 
 
 def _slow_in_control_flow(jaxpr) -> bool:
-    """Whether a step holds an XLA convolution and runs on XLA:CPU, which executes a convolution inside
-    a conditional (or loop) body several times slower than at the top level: a 6-step FedAvg-CNN client
-    with XLA convolutions took 597 ms with the padded-step ``lax.cond`` vs 95 ms with im2col (issue 20,
-    ``benchmarks/cohort_throughput.py`` case ``cnn:10:loop:-:full:xla``). Such steps are masked with a
-    select instead (padding steps computed and discarded): the same numbers, no conditional."""
+    """Whether a step holds an XLA convolution and runs on XLA:CPU, which executes a convolution
+    inside a conditional (or loop) body several times slower than at the top level: a 6-step
+    FedAvg-CNN client with XLA convolutions took 597 ms with the padded-step ``lax.cond`` vs 95 ms
+    with im2col (issue 20, ``benchmarks/cohort_throughput.py`` case ``cnn:10:loop:-:full:xla``).
+    Such steps are masked with a select instead (padding steps computed and discarded): the same
+    numbers, no conditional."""
     return jax.default_backend() == "cpu" and "conv_general_dilated" in _primitive_names(jaxpr)
 
 
@@ -195,7 +210,8 @@ def _primitive_names(jaxpr) -> set[str]:
 
 
 def remat_segment_length(remat):
-    """``remat`` option -> ``num_steps -> k`` (0: no rematerialisation, 1: every step, k: segments)."""
+    """``remat`` option -> ``num_steps -> k`` (0: no rematerialisation, 1: every step, k:
+    segments)."""
     if remat is False or remat is None or remat == 0:
         return lambda num_steps: 0
     if remat is True:
@@ -208,7 +224,8 @@ def remat_segment_length(remat):
 
 
 def _segmented_scan(body, init, xs, segment: int, unroll):
-    """``lax.scan(body, init, xs)`` as an outer scan over checkpointed segments of ``segment`` steps.
+    """``lax.scan(body, init, xs)`` as an outer scan over checkpointed segments of ``segment``
+    steps.
 
     The steps axis is padded to a multiple of ``segment`` with all-padding steps (mask False), which
     leave the carry untouched, so the result is identical; padded outputs are cut off.
@@ -229,25 +246,29 @@ def _segmented_scan(body, init, xs, segment: int, unroll):
         return jax.lax.scan(body, carry, segment_xs, unroll=unroll)
 
     carry, outputs = jax.lax.scan(run_segment, init, padded)
-    return carry, jax.tree_util.tree_map(lambda y: y.reshape((total,) + y.shape[2:])[:num_steps], outputs)
+    return carry, jax.tree_util.tree_map(
+        lambda y: y.reshape((total,) + y.shape[2:])[:num_steps], outputs
+    )
 
 
 DATA_GRADIENT_REDUCTIONS = ("mean", "sum_of_batch_means")
 
 
 def make_data_value_and_grad(per_example_loss: PerExampleLoss, reduction: str = "mean"):
-    """Returns ``value_and_grad(params, batches, mask, key) -> (loss, grad)``: the mean loss over every
-    real example of a packed client and its gradient in ``params``. UGA's gradient evaluation
+    """Returns ``value_and_grad(params, batches, mask, key) -> (loss, grad)``: the mean loss over
+    every real example of a packed client and its gradient in ``params``. UGA's gradient evaluation
     grad L(w; D_k) and FedMeta's grad L(w; D_meta) are this function.
 
     ``reduction`` picks the gradient: ``mean`` (the gradient of the mean loss, Eq. 13 of seed 002 as
-    written) or ``sum_of_batch_means`` (the sum over batches of each batch's mean-loss gradient: what a
-    loop of ``loss.backward()`` over a data loader accumulates when nothing divides it; for full batches
-    it is the mean gradient times the number of batches). The returned loss is the mean either way.
+    written) or ``sum_of_batch_means`` (the sum over batches of each batch's mean-loss gradient:
+    what a loop of ``loss.backward()`` over a data loader accumulates when nothing divides it; for
+    full batches it is the mean gradient times the number of batches). The returned loss is the mean
+    either way.
 
-    A ``lax.scan`` over the batches accumulates each batch's loss sum and gradient, so memory stays one
-    batch of activations deep however much data there is. (``jax.grad`` of a scanned loss would instead
-    keep every batch's activations for the backward pass: for UGA that grew with the client's data.)
+    A ``lax.scan`` over the batches accumulates each batch's loss sum and gradient, so memory stays
+    one batch of activations deep however much data there is. (``jax.grad`` of a scanned loss would
+    instead keep every batch's activations for the backward pass: for UGA that grew with the
+    client's data.)
     """
     if reduction not in DATA_GRADIENT_REDUCTIONS:
         raise ValueError(f"reduction must be one of {DATA_GRADIENT_REDUCTIONS}, got {reduction!r}")
@@ -262,12 +283,16 @@ def make_data_value_and_grad(per_example_loss: PerExampleLoss, reduction: str = 
             total, grad_total = carry
             value, grad = jax.value_and_grad(batch_sum)(params, *inputs)
             if reduction == "sum_of_batch_means":  # an all-padding batch adds nothing
-                grad = jax.tree_util.tree_map(lambda g: g / jnp.maximum(jnp.sum(inputs[1]), 1), grad)
+                grad = jax.tree_util.tree_map(
+                    lambda g: g / jnp.maximum(jnp.sum(inputs[1]), 1), grad
+                )
             return (total + value, jax.tree_util.tree_map(jnp.add, grad_total, grad)), None
 
         keys = jax.random.split(key, mask.shape[0])
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-        (total, grad_total), _ = jax.lax.scan(accumulate, (jnp.zeros(()), zeros), (batches, mask, keys))
+        (total, grad_total), _ = jax.lax.scan(
+            accumulate, (jnp.zeros(()), zeros), (batches, mask, keys)
+        )
         count = jnp.maximum(jnp.sum(mask), 1)
         if reduction == "sum_of_batch_means":
             return total / count, grad_total

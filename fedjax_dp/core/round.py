@@ -5,15 +5,17 @@ Per round (written once for every algorithm):
    sequential / loop, optionally over a device mesh);
 2. a client whose upload, state or loss is not finite is dropped: its upload is zeroed before any
    transform, its weight is 0, and it is counted and named (``RoundResult.dropped``);
-3. the upload transforms' client sides run (clip, local noise, compress), the upload is weighted (n_k,
-   or 1 under ``UniformWeights``) and summed inside the engine, so a large cohort never holds every
-   update at once (a cohort-level transform, Geyer's median clip, gets the stacked uploads instead);
+3. the upload transforms' client sides run (clip, local noise, compress), the upload is weighted
+   (n_k, or 1 under ``UniformWeights``) and summed inside the engine, so a large cohort never holds
+   every update at once (a cohort-level transform, Geyer's median clip, gets the stacked uploads
+   instead);
 4. the transforms' server sides run in reverse order (central noise, reconstruction) and the sum is
    divided by its denominator into an ``Aggregate`` for ``algorithm.server_update``.
 
-Under several processes (``core.hosts``) every process calls the round with the same cohort, whose data
-(``batches``) may hold only this host's rows (``hosts.host_rows``: what ``RunContext`` packs); the round gives the
-engine this host's rows of every per-client input and the server step runs on every process alike.
+Under several processes (``core.hosts``) every process calls the round with the same cohort, whose
+data (``batches``) may hold only this host's rows (``hosts.host_rows``: what ``RunContext`` packs);
+the round gives the engine this host's rows of every per-client input and the server step runs on
+every process alike.
 
 Compression rates are static shapes: the chain is specialised from its state on the host each round
 and one compiled program is kept per distinct specialisation.
@@ -34,28 +36,34 @@ from fedjax_dp.core.cohort import MAX_REPLICATED_BYTES, CohortEngine
 from fedjax_dp.core.uploads import UNBOUNDED, Chain, ClientContext, ServerContext, chain
 
 EVALUATION_PASS_KEYS = ("eval_batches", "eval_mask")
-"""A cohort packed for UGA also holds each client's whole local data (``packing.pack_uga_cohort``)."""
+"""A cohort packed for UGA also holds each client's whole local data
+(``packing.pack_uga_cohort``)."""
 
 CLIENT_STATE = "client_state"
-UPLOAD_CLIENT_STATE = "upload_client_state"  # the chain's per-client states (``Chain.client_state_init``)
+# the chain's per-client states (``Chain.client_state_init``)
+UPLOAD_CLIENT_STATE = "upload_client_state"
 STEP_NOISE = "step_noise_multiplier"
-"""Each client's noise multiplier for its local DP-SGD steps (``Requirements.step_noise``): one value per cohort
-slot, chosen by the privacy tracker's ledger before the round (``PrivacyTracker.step_inputs``) and passed to the
-round as ``step_noise``."""
+"""Each client's noise multiplier for its local DP-SGD steps (``Requirements.step_noise``): one
+value per cohort slot, chosen by the privacy tracker's ledger before the round
+(``PrivacyTracker.step_inputs``) and passed to the round as ``step_noise``."""
 
 
 def client_inputs(cohort, key: jax.Array, noise_key: jax.Array | None = None) -> dict:
-    """The per-client arrays the engine maps over, with one key per client for each client-side purpose
-    (``core.rng``'s tree): training and evaluation from ``key``; upload noise and count noise from
-    ``noise_key`` (default ``key``)."""
+    """The per-client arrays the engine maps over, with one key per client for each client-side
+    purpose (``core.rng``'s tree): training and evaluation from ``key``; upload noise and count
+    noise from ``noise_key`` (default ``key``)."""
     n = cohort["mask"].shape[0]
     noise_key = key if noise_key is None else noise_key
     per_client = lambda parent, purpose: rng.client_keys(rng.purpose_key(parent, purpose), n)  # noqa: E731
-    inputs = {"batches": cohort["batches"], "mask": cohort["mask"], "num_examples": cohort["num_examples"],
-              "key": per_client(key, rng.Purpose.CLIENT_TRAINING),
-              "eval_key": per_client(key, rng.Purpose.EVALUATION),
-              "noise_key": per_client(noise_key, rng.Purpose.CLIENT_NOISE),
-              "count_key": per_client(noise_key, rng.Purpose.CLIENT_COUNT_NOISE)}
+    inputs = {
+        "batches": cohort["batches"],
+        "mask": cohort["mask"],
+        "num_examples": cohort["num_examples"],
+        "key": per_client(key, rng.Purpose.CLIENT_TRAINING),
+        "eval_key": per_client(key, rng.Purpose.EVALUATION),
+        "noise_key": per_client(noise_key, rng.Purpose.CLIENT_NOISE),
+        "count_key": per_client(noise_key, rng.Purpose.CLIENT_COUNT_NOISE),
+    }
     inputs.update({k: cohort[k] for k in EVALUATION_PASS_KEYS if k in cohort})
     inputs["client_id"] = cohort.get("client_id", np.zeros(n, np.int32))
     return inputs
@@ -67,26 +75,48 @@ class RoundResult:
     metrics: dict
     dropped: np.ndarray  # per cohort slot: a real client whose update was not finite (or raised)
     client_states: Any = None  # stacked new per-client states (algorithms with client state)
-    upload_client_states: Any = None  # stacked new per-client states of the upload chain (error feedback)
-    releases: list = dataclasses.field(default_factory=list)  # the chain's releases this round (``core.release``)
+    # stacked new per-client states of the upload chain (error feedback)
+    upload_client_states: Any = None
+    # the chain's releases this round (``core.release``)
+    releases: list = dataclasses.field(default_factory=list)
 
 
 class FederatedRound:
-    """``round(state, cohort, key, round_index, client_states) -> RoundResult`` for one algorithm and
-    upload chain. ``init(params, key)`` gives the server state with the chain's state in it."""
+    """``round(state, cohort, key, round_index, client_states) -> RoundResult`` for one algorithm
+    and upload chain. ``init(params, key)`` gives the server state with the chain's state in it."""
 
-    def __init__(self, algorithm: Algorithm, uploads: Chain | tuple = (), strategy: str = "vmap",
-                 chunk_size: int | None = None, mesh=None, stream_size: int | None = None, devices: tuple | None = None,
-                 max_replicated_bytes: int = MAX_REPLICATED_BYTES):
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        uploads: Chain | tuple = (),
+        strategy: str = "vmap",
+        chunk_size: int | None = None,
+        mesh=None,
+        stream_size: int | None = None,
+        devices: tuple | None = None,
+        max_replicated_bytes: int = MAX_REPLICATED_BYTES,
+    ):
         self.algorithm = algorithm
         self.uploads = uploads if isinstance(uploads, Chain) else chain(*uploads)
-        if algorithm.requirements.step_noise and rng.Purpose.CLIENT_NOISE in self.uploads.key_uses():
-            raise ValueError(f"{type(algorithm).__name__} draws its local steps' noise from each client's noise key, "
-                             "and the upload chain draws local upload noise from it too: a key has one consumer "
-                             "(core.rng)")
-        self._engine_options = dict(strategy=strategy, chunk_size=chunk_size, mesh=mesh, stream_size=stream_size,
-                                    devices=devices, max_replicated_bytes=max_replicated_bytes)
-        CohortEngine(lambda s, c: (s, c), **self._engine_options)  # refuses a bad strategy now, not in round 1
+        if (
+            algorithm.requirements.step_noise
+            and rng.Purpose.CLIENT_NOISE in self.uploads.key_uses()
+        ):
+            raise ValueError(
+                f"{type(algorithm).__name__} draws its local steps' noise from each client's noise"
+                " key, and the upload chain draws local upload noise from it too: a key has one"
+                " consumer (core.rng)"
+            )
+        self._engine_options = dict(
+            strategy=strategy,
+            chunk_size=chunk_size,
+            mesh=mesh,
+            stream_size=stream_size,
+            devices=devices,
+            max_replicated_bytes=max_replicated_bytes,
+        )
+        # refuses a bad strategy now, not in round 1
+        CohortEngine(lambda s, c: (s, c), **self._engine_options)
         self._programs: dict = {}
 
     @property
@@ -96,14 +126,16 @@ class FederatedRound:
 
     @property
     def slot_multiple(self) -> int:
-        """What a cohort's slot count must be a multiple of: every device of every process when the engine's mesh
-        spans several processes (each host packs an equal share), else 1 (the engine pads on its own)."""
+        """What a cohort's slot count must be a multiple of: every device of every process when the
+        engine's mesh spans several processes (each host packs an equal share), else 1 (the engine
+        pads on its own)."""
         mesh = self._engine_options["mesh"]
         return mesh.devices.size if mesh is not None and mesh.is_multi_process else 1
 
     @property
     def ran_on_one_device(self) -> bool:
-        """Whether a round's cohort ran on one device instead of the configured spread, to save memory."""
+        """Whether a round's cohort ran on one device instead of the configured spread, to save
+        memory."""
         return any(engine.ran_on_one_device for engine, _ in self._programs.values())
 
     def init(self, params, key: jax.Array | None = None):
@@ -112,33 +144,50 @@ class FederatedRound:
         return jax.device_put(state, jax.local_devices()[0])
 
     def specialized(self, state) -> Chain:
-        """The chain with its static choices made for this round (compression rates, on the host)."""
+        """The chain with its static choices made for this round (compression rates, on the
+        host)."""
         return self.uploads.specialize(state.uploads)
 
     def upload_bytes(self, state, template_bytes: int) -> int:
         return self.specialized(state).upload_bytes(template_bytes)
 
-    def __call__(self, state, cohort, key: jax.Array, round_index: int | None = None, client_states=None,
-                 uploads: Chain | None = None, noise_key: jax.Array | None = None,
-                 upload_client_states=None, step_noise=None) -> RoundResult:
-        """``uploads``: the chain already specialised for ``state`` (saves the host-side rate computation).
-        ``noise_key``: every DP noise draw of the round derives from it (a separate stream, ``core.rng``);
-        ``None`` derives the noise from ``key`` under purposes distinct from training.
-        ``upload_client_states``: the cohort's stacked states of the chain (``Chain.client_state_init``),
-        where a transform keeps per-client state. ``step_noise``: each slot's local DP-SGD noise multiplier, where
-        the algorithm's steps draw noise (``Requirements.step_noise``; ``STEP_NOISE``).
-        The result's ``releases`` are those of the chain that ran (``Chain.releases`` with the round's states)."""
+    def __call__(
+        self,
+        state,
+        cohort,
+        key: jax.Array,
+        round_index: int | None = None,
+        client_states=None,
+        uploads: Chain | None = None,
+        noise_key: jax.Array | None = None,
+        upload_client_states=None,
+        step_noise=None,
+    ) -> RoundResult:
+        """``uploads``: the chain already specialised for ``state`` (saves the host-side rate
+        computation). ``noise_key``: every DP noise draw of the round derives from it (a separate
+        stream, ``core.rng``); ``None`` derives the noise from ``key`` under purposes distinct from
+        training. ``upload_client_states``: the cohort's stacked states of the chain
+        (``Chain.client_state_init``), where a transform keeps per-client state. ``step_noise``:
+        each slot's local DP-SGD noise multiplier, where the algorithm's steps draw noise
+        (``Requirements.step_noise``; ``STEP_NOISE``). The result's ``releases`` are those of the
+        chain that ran (``Chain.releases`` with the round's states)."""
         noise_key = key if noise_key is None else noise_key
         if self.algorithm.requirements.client_state and client_states is None:
-            raise ValueError("this algorithm keeps per-client state: pass the cohort's stacked states "
-                             "(core.client_states.ClientStateStore.gather) as client_states")
+            raise ValueError(
+                "this algorithm keeps per-client state: pass the cohort's stacked states "
+                "(core.client_states.ClientStateStore.gather) as client_states"
+            )
         if self.algorithm.requirements.step_noise and step_noise is None:
-            raise ValueError(f"{type(self.algorithm).__name__}'s local steps draw DP noise: pass each slot's noise "
-                             "multiplier as step_noise (the privacy tracker's step_inputs)")
+            raise ValueError(
+                f"{type(self.algorithm).__name__}'s local steps draw DP noise: pass each slot's"
+                " noise multiplier as step_noise (the privacy tracker's step_inputs)"
+            )
         if self.uploads.keeps_client_state and upload_client_states is None:
-            raise ValueError("an upload transform keeps per-client state (error feedback): pass the cohort's stacked "
-                             "states (ClientStateStore(chain.client_state_init(template)).gather) as "
-                             "upload_client_states")
+            raise ValueError(
+                "an upload transform keeps per-client state (error feedback): pass the cohort's"
+                " stacked states (ClientStateStore(chain.client_state_init(template)).gather) as"
+                " upload_client_states"
+            )
         t = int(state.round) + 1 if round_index is None else round_index
         uploads = self.specialized(state) if uploads is None else uploads
         engine, server_step = self._program(uploads)
@@ -151,26 +200,47 @@ class FederatedRound:
         if step_noise is not None:
             clients[STEP_NOISE] = np.asarray(step_noise, np.float32)
         releases = uploads.releases(t, state.uploads)  # before the server step changes the states
-        engine_clients = _this_host_rows(clients, cohort["mask"].shape[0]) if engine.across_hosts else clients
-        sums, per_client = engine((self.algorithm.broadcast(state), state.uploads, inputs), engine_clients)
-        new_state, metrics = server_step(state, sums, per_client, key, noise_key, inputs,
-                                         (clients["noise_key"], clients["count_key"]))
+        engine_clients = (
+            _this_host_rows(clients, cohort["mask"].shape[0]) if engine.across_hosts else clients
+        )
+        sums, per_client = engine(
+            (self.algorithm.broadcast(state), state.uploads, inputs), engine_clients
+        )
+        new_state, metrics = server_step(
+            state,
+            sums,
+            per_client,
+            key,
+            noise_key,
+            inputs,
+            (clients["noise_key"], clients["count_key"]),
+        )
         present = np.asarray(cohort["num_examples"]) > 0
         dropped = present & ~np.asarray(per_client["finite"])
         metrics = {**metrics, "dropped_clients": int(dropped.sum())}
-        return RoundResult(new_state, metrics, dropped, per_client.get(CLIENT_STATE), per_client.get(UPLOAD_CLIENT_STATE),
-                           releases)
+        return RoundResult(
+            new_state,
+            metrics,
+            dropped,
+            per_client.get(CLIENT_STATE),
+            per_client.get(UPLOAD_CLIENT_STATE),
+            releases,
+        )
 
     def round(self, state, cohort, key: jax.Array, client_states=None):
-        """``(new_state, metrics)``: the round without per-slot details, for notebooks and short scripts."""
+        """``(new_state, metrics)``: the round without per-slot details, for notebooks and short
+        scripts."""
         result = self(state, cohort, key, client_states=client_states)
         return result.state, result.metrics
 
     def _program(self, uploads: Chain):
         key = uploads.static_key()
         if key not in self._programs:
-            engine = CohortEngine(self._client_fn(uploads), failed_fn=self._failed_client_fn(uploads),
-                                  **self._engine_options)
+            engine = CohortEngine(
+                self._client_fn(uploads),
+                failed_fn=self._failed_client_fn(uploads),
+                **self._engine_options,
+            )
             self._programs[key] = (engine, jax.jit(self._server_fn(uploads)))
         return self._programs[key]
 
@@ -180,7 +250,9 @@ class FederatedRound:
 
         def client_fn(shared, client):
             algorithm_shared, states, inputs = shared
-            out = algorithm.client_update(algorithm_shared, client, client.get(CLIENT_STATE), client["key"])
+            out = algorithm.client_update(
+                algorithm_shared, client, client.get(CLIENT_STATE), client["key"]
+            )
             return _send(uploads, states, inputs, client, out, out.ok)
 
         return client_fn
@@ -193,8 +265,13 @@ class FederatedRound:
 
         def failed_fn(shared, client):
             algorithm_shared, states, inputs = shared
-            shapes = jax.eval_shape(algorithm.client_update, algorithm_shared, client, client.get(CLIENT_STATE),
-                                    client["key"])
+            shapes = jax.eval_shape(
+                algorithm.client_update,
+                algorithm_shared,
+                client,
+                client.get(CLIENT_STATE),
+                client["key"],
+            )
             out = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
             if client.get(CLIENT_STATE) is not None:  # the old state, unchanged
                 out = out._replace(client_state=client[CLIENT_STATE])
@@ -218,13 +295,34 @@ class FederatedRound:
                 bound = t.bound_after(bound, states[i], inputs[i])
             total = sums.get("upload")
             if split < len(uploads):
-                total, bound, tail_stats = _cohort_level(uploads, split, states, inputs, bound, key, noise_key, kept,
-                                                         per_client, noise_keys, bounds)
+                total, bound, tail_stats = _cohort_level(
+                    uploads,
+                    split,
+                    states,
+                    inputs,
+                    bound,
+                    key,
+                    noise_key,
+                    kept,
+                    per_client,
+                    noise_keys,
+                    bounds,
+                )
                 stats += tail_stats
                 extras += [{}] * (len(uploads) - split)
             new_states, metrics = list(states), {}
             for i in reversed(range(len(uploads))):
-                ctx = ServerContext(states[i], inputs[i], bounds[i], key, extras[i], stats[i], present, kept, noise_key)
+                ctx = ServerContext(
+                    states[i],
+                    inputs[i],
+                    bounds[i],
+                    key,
+                    extras[i],
+                    stats[i],
+                    present,
+                    kept,
+                    noise_key,
+                )
                 total, new_states[i], transform_metrics = uploads[i].server(total, ctx)
                 metrics.update(transform_metrics)
             weight = sums["weight"]
@@ -232,10 +330,13 @@ class FederatedRound:
             if fixed and weighting.schedule:  # D_t of a rate schedule, a traced input
                 denominator = inputs[list(uploads).index(weighting)]["denominator"]
             else:
-                denominator = jnp.float32(weighting.denominator) if fixed else jnp.maximum(weight, 1e-12)
+                denominator = (
+                    jnp.float32(weighting.denominator) if fixed else jnp.maximum(weight, 1e-12)
+                )
             aggregate = Aggregate(total, denominator, jnp.sum(kept), fixed)
-            new_state, algorithm_metrics = algorithm.server_update(state.replace(uploads=tuple(new_states)), aggregate,
-                                                                   key)
+            new_state, algorithm_metrics = algorithm.server_update(
+                state.replace(uploads=tuple(new_states)), aggregate, key
+            )
             metrics.update(algorithm_metrics)
             metrics["train_loss"] = sums["loss"] / jnp.maximum(weight, 1e-12)
             if "data_loss" in sums:
@@ -248,8 +349,8 @@ class FederatedRound:
 
 
 def _send(uploads: Chain, states, inputs, client, out, ok):
-    """A client's ``ClientOut`` through the client sides of the chain: zeroed unless ``ok`` and real,
-    clipped, noised, compressed, weighted (see the module docstring, steps 2-3)."""
+    """A client's ``ClientOut`` through the client sides of the chain: zeroed unless ``ok`` and
+    real, clipped, noised, compressed, weighted (see the module docstring, steps 2-3)."""
     split, uniform = uploads.split, uploads.weighting is not None
     present = client["num_examples"] > 0
     keep = ok & present
@@ -259,18 +360,39 @@ def _send(uploads: Chain, states, inputs, client, out, ok):
     new_client_states = [None] * len(uploads)
     for i, t in enumerate(uploads[:split]):
         own = client_states[i] if client_states is not None else None
-        flow = t.client(upload, ClientContext(states[i], inputs[i], bound, client["noise_key"], present, keep,
-                                             client["client_id"], own, client["count_key"]))
+        flow = t.client(
+            upload,
+            ClientContext(
+                states[i],
+                inputs[i],
+                bound,
+                client["noise_key"],
+                present,
+                keep,
+                client["client_id"],
+                own,
+                client["count_key"],
+            ),
+        )
         upload, bound = flow.upload, flow.bound
         extras.append(flow.extras)
         stats.append(flow.stats)
         new_client_states[i] = flow.client_state
-    weight = keep.astype(jnp.float32) if uniform else jnp.where(keep, out.weight.astype(jnp.float32), 0.0)
+    weight = (
+        keep.astype(jnp.float32)
+        if uniform
+        else jnp.where(keep, out.weight.astype(jnp.float32), 0.0)
+    )
     summed = {"weight": weight, "loss": jnp.where(keep, out.loss * weight, 0.0), "extras": extras}
     if out.data_loss is not None:
         summed["data_loss"] = jnp.where(keep, out.data_loss * weight, 0.0)
-    per_client = {"finite": ok | ~present, "kept": keep, "present": present, "stats": stats,
-                  "update_norm": tree.l2_norm(upload)}
+    per_client = {
+        "finite": ok | ~present,
+        "kept": keep,
+        "present": present,
+        "stats": stats,
+        "update_norm": tree.l2_norm(upload),
+    }
     if split == len(uploads):
         summed["upload"] = jax.tree_util.tree_map(lambda u: u * weight, upload)
     else:
@@ -283,8 +405,8 @@ def _send(uploads: Chain, states, inputs, client, out, ok):
 
 
 def _this_host_rows(clients, num_slots: int):
-    """This process's rows of every per-client input: a leaf holding every slot is cut to ``hosts.host_rows``, one
-    packed on this host alone (``batches``) already holds only them."""
+    """This process's rows of every per-client input: a leaf holding every slot is cut to
+    ``hosts.host_rows``, one packed on this host alone (``batches``) already holds only them."""
     rows = hosts.host_rows(num_slots)
     share = rows.stop - rows.start
 
@@ -293,8 +415,10 @@ def _this_host_rows(clients, num_slots: int):
             return x[rows]
         if x.shape[0] == share:
             return x
-        raise ValueError(f"a per-client input has {x.shape[0]} rows: neither the cohort's {num_slots} slots nor "
-                         f"this host's {share}")
+        raise ValueError(
+            f"a per-client input has {x.shape[0]} rows: neither the cohort's {num_slots} slots nor "
+            f"this host's {share}"
+        )
 
     return jax.tree_util.tree_map(cut, clients)
 
@@ -303,11 +427,22 @@ def _masked_mean(values, mask):
     return jnp.sum(jnp.where(mask, values, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
-def _cohort_level(uploads: Chain, split: int, states, inputs, bound, key, noise_key, kept, per_client, noise_keys,
-                  bounds):
-    """A cohort-level transform (server-side clip) on the stacked uploads, then the client sides of the
-    transforms after it (vmapped over the cohort) and the sum. Weights are uniform here (``chain``
-    requires them with any clip), so the sum is over kept clients."""
+def _cohort_level(
+    uploads: Chain,
+    split: int,
+    states,
+    inputs,
+    bound,
+    key,
+    noise_key,
+    kept,
+    per_client,
+    noise_keys,
+    bounds,
+):
+    """A cohort-level transform (server-side clip) on the stacked uploads, then the client sides of
+    the transforms after it (vmapped over the cohort) and the sum. Weights are uniform here
+    (``chain`` requires them with any clip), so the sum is over kept clients."""
     t = uploads[split]
     ctx = ServerContext(states[split], inputs[split], bound, key, {}, {}, kept, kept, noise_key)
     stacked, bound, cohort_stats = t.cohort(per_client["upload"], ctx)
@@ -317,14 +452,20 @@ def _cohort_level(uploads: Chain, split: int, states, inputs, bound, key, noise_
         bounds.append(bound)
 
         def one(upload, noise_key, count_key, keep, i=i, bound=bound):
-            flow = uploads[i].client(upload, ClientContext(states[i], inputs[i], bound, noise_key, keep, keep,
-                                                           count_key=count_key))
+            flow = uploads[i].client(
+                upload,
+                ClientContext(
+                    states[i], inputs[i], bound, noise_key, keep, keep, count_key=count_key
+                ),
+            )
             return flow.upload, flow.stats
 
         stacked, transform_stats = jax.vmap(one)(stacked, *noise_keys, kept)
         bound = uploads[i].bound_after(bound, states[i], inputs[i])
         stats.append(transform_stats)
-    total = jax.tree_util.tree_map(lambda u: jnp.sum(jnp.where(_rows(kept, u), u, 0.0), axis=0), stacked)
+    total = jax.tree_util.tree_map(
+        lambda u: jnp.sum(jnp.where(_rows(kept, u), u, 0.0), axis=0), stacked
+    )
     return total, bound, stats
 
 

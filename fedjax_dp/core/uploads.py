@@ -1,25 +1,27 @@
-"""Upload transforms: what happens to a client's upload between ``client_update`` and the server step,
-composed like ``optax.chain``, each declaring what it releases.
+"""Upload transforms: what happens to a client's upload between ``client_update`` and the server
+step, composed like ``optax.chain``, each declaring what it releases.
 
-A transform has a client side (inside the cohort map: clip, local noise, compress) run in chain order,
-an optional cohort side (on the stacked uploads at the server before summing: Geyer's median clip,
-which needs every norm) and a server side (on the summed uploads: central noise, reconstruction) run in
-REVERSE chain order, as a decoder undoes the last encoding first: ``chain(clip, compress, gaussian)``
-clips x, measures y = Phi x, noises y, and the server noises the sum of y before reconstructing it.
+A transform has a client side (inside the cohort map: clip, local noise, compress) run in chain
+order, an optional cohort side (on the stacked uploads at the server before summing: Geyer's median
+clip, which needs every norm) and a server side (on the summed uploads: central noise,
+reconstruction) run in REVERSE chain order, as a decoder undoes the last encoding first:
+``chain(clip, compress, gaussian)`` clips x, measures y = Phi x, noises y, and the server noises the
+sum of y before reconstructing it.
 
-Each transform declares ``releases``: the mechanisms it runs in a round (``core.release.Release``: its
-dp_accounting event, sensitivity and neighbouring relation, central or local, formal or not). The round
-returns the releases of the chain that ran (``Chain.releases`` with the round's states, so a bound that
-is state, an adaptive clip's, is a number); the privacy tracker composes those; nothing re-derives them
-from the configuration.
+Each transform declares ``releases``: the mechanisms it runs in a round (``core.release.Release``:
+its dp_accounting event, sensitivity and neighbouring relation, central or local, formal or not).
+The round returns the releases of the chain that ran (``Chain.releases`` with the round's states, so
+a bound that is state, an adaptive clip's, is a number); the privacy tracker composes those; nothing
+re-derives them from the configuration.
 
-A transform may keep per-client state between rounds (``keeps_client_state``: error feedback's residual):
-the loop stores it per client like an algorithm's (``core.client_states``), the round passes each client
-its own in ``ClientContext.client_state`` and keeps the ``Flow.client_state`` it returns.
+A transform may keep per-client state between rounds (``keeps_client_state``: error feedback's
+residual): the loop stores it per client like an algorithm's (``core.client_states``), the round
+passes each client its own in ``ClientContext.client_state`` and keeps the ``Flow.client_state`` it
+returns.
 
-The per-client L2 bound flows forward through the chain: it starts unbounded, a clip sets it, a noise
-transform calibrates its standard deviation to it (std = z * bound), a transform that changes norms
-maps it (``bound_after``).
+The per-client L2 bound flows forward through the chain: it starts unbounded, a clip sets it, a
+noise transform calibrates its standard deviation to it (std = z * bound), a transform that changes
+norms maps it (``bound_after``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.core.release import Claim, Release  # noqa: F401  (re-exported: transforms state releases)
+# re-exported: transforms state releases
+from fedjax_dp.core.release import Claim, Release  # noqa: F401
 from fedjax_dp.core.schedules import schedule_value
 
 UNBOUNDED = math.inf
@@ -45,8 +48,10 @@ class ClientContext(NamedTuple):
     present: Any  # a real client (not a padding slot)
     keep: Any  # present and finite: its upload enters the sum
     client_id: Any = 0  # the client's population index (0 in padding slots): per-client mechanisms
-    client_state: Any = None  # this transform's state for this client (``client_state_init``; None: none)
-    count_key: Any = None  # this client's count-noise key (a local adaptive clip's counts: ``core.rng``)
+    # this transform's state for this client (``client_state_init``; None: none)
+    client_state: Any = None
+    # this client's count-noise key (a local adaptive clip's counts: ``core.rng``)
+    count_key: Any = None
 
 
 class ServerContext(NamedTuple):
@@ -62,9 +67,9 @@ class ServerContext(NamedTuple):
 
 
 class Flow(NamedTuple):
-    """A client-side result: the upload, its bound, summed extras, per-client stats and, for a transform
-    with per-client state, the client's new state (kept only if its upload is: a dropped client keeps
-    its old one)."""
+    """A client-side result: the upload, its bound, summed extras, per-client stats and, for a
+    transform with per-client state, the client's new state (kept only if its upload is: a dropped
+    client keeps its old one)."""
 
     upload: Any
     bound: Any
@@ -85,7 +90,8 @@ class UploadTransform:
 
     @property
     def keeps_client_state(self) -> bool:
-        """Whether each client keeps state for this transform between rounds (error feedback's residual)."""
+        """Whether each client keeps state for this transform between rounds (error feedback's
+        residual)."""
         return False
 
     def client_state_init(self, upload_template) -> Any:
@@ -94,11 +100,13 @@ class UploadTransform:
         return None
 
     def inputs(self, round_index: int) -> dict:
-        """Host-side per-round values passed to both sides (traced, so a schedule does not recompile)."""
+        """Host-side per-round values passed to both sides (traced, so a schedule does not
+        recompile)."""
         return {}
 
     def specialize(self, state) -> "UploadTransform":
-        """The transform with its static choices made from its state on the host (compression rates)."""
+        """The transform with its static choices made from its state on the host (compression
+        rates)."""
         return self
 
     def static_key(self) -> tuple:
@@ -111,8 +119,8 @@ class UploadTransform:
         return Flow(upload, ctx.bound)
 
     def cohort(self, uploads, ctx: ServerContext):
-        """``(uploads, bound, stats)`` from the stacked, zeroed uploads (used where ``cohort_level``;
-        the identity otherwise)."""
+        """``(uploads, bound, stats)`` from the stacked, zeroed uploads (used where
+        ``cohort_level``; the identity otherwise)."""
         return uploads, ctx.bound, {}
 
     def server(self, total, ctx: ServerContext):
@@ -120,15 +128,16 @@ class UploadTransform:
         return total, ctx.state, {}
 
     def releases(self, inputs: dict, bound: float = math.nan) -> tuple[Release, ...]:
-        """The mechanisms this transform runs with ``inputs``; ``bound``: the per-client L2 bound of the upload it
-        receives, as a number where the chain knows it (``Chain.releases`` with the states), else nan."""
+        """The mechanisms this transform runs with ``inputs``; ``bound``: the per-client L2 bound of
+        the upload it receives, as a number where the chain knows it (``Chain.releases`` with the
+        states), else nan."""
         return ()
 
     def key_uses(self) -> tuple:
         """The round keys this transform draws from (``core.rng.Purpose``: ``CLIENT_NOISE`` is
         ``ClientContext.noise_key``, ``CLIENT_COUNT_NOISE`` its ``count_key``, ``SERVER_NOISE`` and
-        ``CLIP_ADAPTATION`` purposes of ``ServerContext.noise_key``). Each key has one consumer, so a chain
-        refuses two transforms that name the same one."""
+        ``CLIP_ADAPTATION`` purposes of ``ServerContext.noise_key``). Each key has one consumer, so
+        a chain refuses two transforms that name the same one."""
         return ()
 
     def upload_bytes(self, template_bytes: int) -> int:
@@ -139,36 +148,44 @@ class UploadTransform:
 @dataclasses.dataclass(frozen=True)
 class UniformWeights(UploadTransform):
     """Every kept client weighs 1 and the sum is divided by ``denominator`` when it is > 0, else by
-    the count of kept clients. Bounded-sensitivity mechanisms need it: an example-weighted upload n_k
-    Delta_k is not bounded by a clip of Delta_k."""
+    the count of kept clients. Bounded-sensitivity mechanisms need it: an example-weighted upload
+    n_k Delta_k is not bounded by a clip of Delta_k."""
 
     kind: ClassVar[str] = "weighting"
     denominator: float = 0.0  # > 0: fixed (DP-FedAvg's m or qK, never the realised count)
-    schedule: tuple = ()  # ((first round, D_t), ...): a fixed denominator per round (q_t K of a rate schedule)
+    # ((first round, D_t), ...): a fixed denominator per round (q_t K of a rate schedule)
+    schedule: tuple = ()
 
     def __post_init__(self):
         if not self.denominator >= 0:
-            raise ValueError(f"fixed denominator must be > 0 (0 = count of kept clients), got {self.denominator}")
+            raise ValueError(
+                f"fixed denominator must be > 0 (0 = count of kept clients), got {self.denominator}"
+            )
         if self.schedule and not (self.denominator > 0 and all(d > 0 for _, d in self.schedule)):
-            raise ValueError(f"a denominator schedule needs fixed denominators > 0, got {self.schedule!r}")
+            raise ValueError(
+                f"a denominator schedule needs fixed denominators > 0, got {self.schedule!r}"
+            )
 
     def inputs(self, round_index: int) -> dict:
-        """Round t's fixed denominator D_t where it follows a schedule (traced: one program for every D_t)."""
+        """Round t's fixed denominator D_t where it follows a schedule (traced: one program for
+        every D_t)."""
         return {"denominator": schedule_value(self.schedule, round_index)} if self.schedule else {}
 
 
 def fixed_denominator(denominator: float, schedule: tuple = ()) -> UniformWeights:
     """Geyer et al. / McMahan et al. 2018: divide the clipped sum by a FIXED D (m for fixed-size
     sampling, qK for Poisson sampling), so the realised cohort size is never released; ``schedule``
-    ((first round, D_t), ...): Geyer et al.'s 1 / m_t with m_t = q_t K of a sampling-rate schedule."""
+    ((first round, D_t), ...): Geyer et al.'s 1 / m_t with m_t = q_t K of a sampling-rate
+    schedule."""
     if not denominator > 0:
         raise ValueError(f"fixed denominator must be > 0, got {denominator}")
     return UniformWeights(float(denominator), tuple((int(t), float(d)) for t, d in schedule))
 
 
 def _traced_input(value):
-    """A transform's per-round input as the round receives it: host numbers as float32 (one program for
-    every value), device arrays (a materialised measurement matrix) as they are, tuples element-wise."""
+    """A transform's per-round input as the round receives it: host numbers as float32 (one program
+    for every value), device arrays (a materialised measurement matrix) as they are, tuples
+    element-wise."""
     if isinstance(value, tuple):
         return tuple(_traced_input(v) for v in value)
     if value is None or isinstance(value, jax.Array):
@@ -188,7 +205,8 @@ class Chain(tuple):
         return tuple(t.init(upload_template) for t in self)
 
     def client_state_init(self, upload_template) -> tuple | None:
-        """Per transform, each client's initial state; None when no transform keeps per-client state."""
+        """Per transform, each client's initial state; None when no transform keeps per-client
+        state."""
         if not self.keeps_client_state:
             return None
         return tuple(t.client_state_init(upload_template) for t in self)
@@ -207,14 +225,19 @@ class Chain(tuple):
         return tuple((type(t).__name__, t.static_key()) for t in self)
 
     def releases(self, round_index: int, states=None) -> list[Release]:
-        """Every transform's releases in round ``round_index``; with the chain's ``states`` (the server state's
-        ``uploads``) each is given the numeric bound of what it receives (an adaptive clip's current norm)."""
+        """Every transform's releases in round ``round_index``; with the chain's ``states`` (the
+        server state's ``uploads``) each is given the numeric bound of what it receives (an adaptive
+        clip's current norm)."""
         out, bound = [], UNBOUNDED if states is not None else math.nan
         for i, t in enumerate(self):
             inputs = t.inputs(round_index)
             out += t.releases(inputs, bound)
             if states is not None:
-                bound = float(t.bound_after(bound, states[i], {k: _traced_input(v) for k, v in inputs.items()}))
+                bound = float(
+                    t.bound_after(
+                        bound, states[i], {k: _traced_input(v) for k, v in inputs.items()}
+                    )
+                )
         return out
 
     def key_uses(self) -> tuple:
@@ -233,17 +256,20 @@ class Chain(tuple):
 
     @property
     def split(self) -> int:
-        """Index of the cohort-level transform (len(self) if none): client sides before it run per client."""
+        """Index of the cohort-level transform (len(self) if none): client sides before it run per
+        client."""
         return next((i for i, t in enumerate(self) if t.cohort_level), len(self))
 
 
 CHAIN_RULES: list = []
-"""Further checks a chain must pass, registered by the layers that know them (``register_chain_rule``): the privacy
-rules live in ``privacy.mechanisms.chain_rules``, not here."""
+"""Further checks a chain must pass, registered by the layers that know them
+(``register_chain_rule``): the privacy rules live in ``privacy.mechanisms.chain_rules``, not
+here."""
 
 
 def register_chain_rule(rule):
-    """Adds ``rule(transforms, names)`` (it raises ``ValueError`` for a composition it refuses) to every ``chain()``."""
+    """Adds ``rule(transforms, names)`` (it raises ``ValueError`` for a composition it refuses) to
+    every ``chain()``."""
     if rule not in CHAIN_RULES:
         CHAIN_RULES.append(rule)
     return rule
@@ -252,22 +278,23 @@ def register_chain_rule(rule):
 def chain(*transforms: UploadTransform) -> Chain:
     """Composes upload transforms; refuses compositions that make no sense.
 
-    Refused here: anything but upload transforms, more than one weighting, compressor or cohort-level transform,
-    two transforms drawing one key, and per-client state after the server-side clip. The privacy rules (a noise
-    transform without a clip before it, two noise transforms, a clip or noise without uniform weights, central
-    noise divided by the realised count, compression between the clip and the noise, local noise after a
-    server-side clip) are registered by ``privacy.mechanisms.chain_rules`` (``CHAIN_RULES``).
+    Refused here: anything but upload transforms, more than one weighting, compressor or
+    cohort-level transform, two transforms drawing one key, and per-client state after the
+    server-side clip. The privacy rules (a noise transform without a clip before it, two noise
+    transforms, a clip or noise without uniform weights, central noise divided by the realised
+    count, compression between the clip and the noise, local noise after a server-side clip) are
+    registered by ``privacy.mechanisms.chain_rules`` (``CHAIN_RULES``).
 
-    DP-FedAvg's chain (Geyer et al. 2017, Alg. 1: clip to S, Gaussian noise of std z S on the sum, divide by the
-    fixed expected cohort), and a chain refused before anything runs:
+    DP-FedAvg's chain (Geyer et al. 2017, Alg. 1: clip to S, Gaussian noise of std z S on the sum,
+    divide by the fixed expected cohort), and a chain refused before anything runs:
 
     >>> from fedjax_dp.privacy import FlatClip, GaussianNoise
     >>> dp_fedavg = chain(FlatClip(1.0), GaussianNoise(((1, 1.0),)), fixed_denominator(100.0))
     >>> [type(t).__name__ for t in dp_fedavg]
     ['FlatClip', 'GaussianNoise', 'UniformWeights']
-    >>> chain(GaussianNoise(((1, 1.0),)), FlatClip(1.0))
+    >>> chain(GaussianNoise(((1, 1.0),)), FlatClip(1.0))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: upload chain chain(GaussianNoise, FlatClip): noise before any clip (its scale would be relative to no sensitivity bound); put a clip transform first
+    ValueError: upload chain chain(GaussianNoise, FlatClip): noise before any clip ...
     """
     for t in transforms:
         if not isinstance(t, UploadTransform):
@@ -275,19 +302,27 @@ def chain(*transforms: UploadTransform) -> Chain:
     kinds = [t.kind for t in transforms]
     for kind in ("weighting", "compress"):
         if kinds.count(kind) > 1:
-            raise ValueError(f"upload chain {_names(transforms)} has {kinds.count(kind)} {kind} transforms; at most one")
+            raise ValueError(
+                f"upload chain {_names(transforms)} has {kinds.count(kind)} {kind} transforms; at"
+                " most one"
+            )
     if sum(t.cohort_level for t in transforms) > 1:
         raise ValueError(f"upload chain {_names(transforms)} has more than one server-side clip")
     uses = [use for t in transforms for use in t.key_uses()]
     shared = sorted({use.name for use in uses if uses.count(use) > 1})
     if shared:
-        raise ValueError(f"upload chain {_names(transforms)}: more than one transform draws from the {shared} key; "
-                         "a key has one consumer (core.rng), so two such transforms would share their noise")
+        raise ValueError(
+            f"upload chain {_names(transforms)}: more than one transform draws from the {shared}"
+            " key; a key has one consumer (core.rng), so two such transforms would share their"
+            " noise"
+        )
     split = next((i for i, t in enumerate(transforms) if t.cohort_level), len(transforms))
     stateful = [t for t in transforms[split:] if t.keeps_client_state]
     if stateful:
-        raise ValueError(f"upload chain {_names(transforms)}: {type(stateful[0]).__name__} keeps per-client state, "
-                         "which only a transform before the server-side clip can (those run per client)")
+        raise ValueError(
+            f"upload chain {_names(transforms)}: {type(stateful[0]).__name__} keeps per-client"
+            " state, which only a transform before the server-side clip can (those run per client)"
+        )
     for rule in CHAIN_RULES:
         rule(transforms, _names(transforms))
     return Chain(transforms)

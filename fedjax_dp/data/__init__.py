@@ -7,5 +7,13 @@ from fedjax_dp.data.embedded import load_mnist_5k
 from fedjax_dp.data.federated_dataset import FederatedDataset
 from fedjax_dp.data.packing import pack_cohort
 
-__all__ = ["PARTITIONS", "SOURCES", "build_dataset", "build_server_set", "describe", "load_mnist_5k",
-           "FederatedDataset", "pack_cohort"]
+__all__ = [
+    "PARTITIONS",
+    "SOURCES",
+    "build_dataset",
+    "build_server_set",
+    "describe",
+    "load_mnist_5k",
+    "FederatedDataset",
+    "pack_cohort",
+]

@@ -18,7 +18,9 @@ import numpy as np
 
 
 def default_cache_dir() -> str:
-    return os.environ.get("FEDJAX_DP_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "fedjax_dp"))
+    return os.environ.get(
+        "FEDJAX_DP_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "fedjax_dp")
+    )
 
 
 def cache_key(name: str, source_paths: list[str], params: dict | None = None) -> str:
@@ -30,8 +32,13 @@ def cache_key(name: str, source_paths: list[str], params: dict | None = None) ->
     return f"{name}-{hashlib.sha256(blob).hexdigest()[:16]}"
 
 
-def cached_arrays(name: str, source_paths: list[str], build: Callable[[], dict[str, np.ndarray]],
-                  cache_dir: str | None = None, params: dict | None = None) -> dict[str, np.ndarray]:
+def cached_arrays(
+    name: str,
+    source_paths: list[str],
+    build: Callable[[], dict[str, np.ndarray]],
+    cache_dir: str | None = None,
+    params: dict | None = None,
+) -> dict[str, np.ndarray]:
     """Returns ``build()``'s dict of arrays, from ``cache_dir`` when an entry for the same sources
     exists. Writes are atomic (temporary file, then rename), so an interrupted run never leaves a
     truncated entry behind."""

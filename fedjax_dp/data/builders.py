@@ -1,7 +1,8 @@
 """Builds a ``FederatedDataset`` from a data configuration (source + partition).
 
-Sources: ``mnist_5k`` (embedded, no download), ``mnist``, ``cifar10``, ``cifar100`` (a non-canonical split: ``cifar_files``), ``femnist``, ``shakespeare``
-(local files under ``data.data_dir``) and ``tfds:<name>`` (tensorflow-datasets).
+Sources: ``mnist_5k`` (embedded, no download), ``mnist``, ``cifar10``, ``cifar100`` (a non-canonical
+split: ``cifar_files``), ``femnist``, ``shakespeare`` (local files under ``data.data_dir``) and
+``tfds:<name>`` (tensorflow-datasets).
 Partitions: label-based ``iid``, ``shards``, ``dirichlet`` (clients hold out ``test_fraction`` of
 their own data), ``iid_split``, ``acid``, ``alid`` (clients get local test data from the test
 split), and ``natural`` (one client per writer or speaking role).
@@ -51,9 +52,14 @@ def load_source(cfg):
         return (*load_cifar10(data_dir, _cache_dir(cfg), source), NUM_CLASSES[source])
     if source.startswith("tfds:"):
         from fedjax_dp.data.tfds_source import load_tfds
-        return load_tfds(source[5:], data_dir, cfg.get("download", False), cfg.get("manual_dir", ""))
+
+        return load_tfds(
+            source[5:], data_dir, cfg.get("download", False), cfg.get("manual_dir", "")
+        )
     if source in NATURAL_SOURCES:
-        raise ValueError(f"source {source!r} is partitioned by its natural clients: set data.partition='natural'")
+        raise ValueError(
+            f"source {source!r} is partitioned by its natural clients: set data.partition='natural'"
+        )
     raise ValueError(f"unknown data source {source!r}; available: {SOURCES}")
 
 
@@ -68,28 +74,57 @@ def _label_partition(labels: np.ndarray, cfg, rng: np.random.Generator) -> list[
 def _natural(cfg, rng) -> FederatedDataset:
     name = f"{cfg.source}/natural"
     if cfg.source not in NATURAL_SOURCES:
-        raise ValueError(f"partition 'natural' needs a source with natural clients {NATURAL_SOURCES}, got {cfg.source!r}")
+        raise ValueError(
+            f"partition 'natural' needs a source with natural clients {NATURAL_SOURCES}, got"
+            f" {cfg.source!r}"
+        )
     train, test = _natural_splits(cfg)
     min_train = int(cfg.get("min_train_per_client", 0))
     if cfg.source == "femnist":
-        return natural_partition(train, test, cfg.num_clients, FEMNIST_CLASSES, rng, name=name, kind="writer",
-                                 min_train=min_train)
+        return natural_partition(
+            train,
+            test,
+            cfg.num_clients,
+            FEMNIST_CLASSES,
+            rng,
+            name=name,
+            kind="writer",
+            min_train=min_train,
+        )
     seq = int(cfg.get("sequence_length", SEQUENCE_LENGTH))
-    return natural_partition(train, test, cfg.num_clients, VOCAB_SIZE, rng, name=name, kind="role",
-                             metadata={"pad_id": PAD_ID, "sequence_length": seq}, min_train=min_train)
+    return natural_partition(
+        train,
+        test,
+        cfg.num_clients,
+        VOCAB_SIZE,
+        rng,
+        name=name,
+        kind="role",
+        metadata={"pad_id": PAD_ID, "sequence_length": seq},
+        min_train=min_train,
+    )
 
 
 def _from_splits(cfg, x, y, x_test, y_test, num_classes, rng) -> FederatedDataset:
     """Clients get local train data from the train split and local test data from the test split."""
     if x_test is None:
-        raise ValueError(f"partition {cfg.partition!r} needs a source with a test split; {cfg.source!r} has none")
+        raise ValueError(
+            f"partition {cfg.partition!r} needs a source with a test split; {cfg.source!r} has none"
+        )
     name, metadata = f"{cfg.source}/{cfg.partition}", {}
     if cfg.partition == "iid_split":
         train, test = partition.iid_split(len(y), len(y_test), cfg.num_clients, rng)
     else:
         train, test, class_sets = class_partitions.acid(
-            y, y_test, cfg.num_clients, cfg.classes_per_client, num_classes, rng,
-            cfg.get("max_train_per_client", 0), cfg.get("max_test_per_client", 0))
+            y,
+            y_test,
+            cfg.num_clients,
+            cfg.classes_per_client,
+            num_classes,
+            rng,
+            cfg.get("max_train_per_client", 0),
+            cfg.get("max_test_per_client", 0),
+        )
         name += f"{cfg.classes_per_client}"
         metadata["client_classes"] = tuple(c.tolist() for c in class_sets)
     test = [t + len(y) for t in test]
@@ -97,10 +132,15 @@ def _from_splits(cfg, x, y, x_test, y_test, num_classes, rng) -> FederatedDatase
     central = np.arange(len(y), len(y_all))
     if cfg.partition == "alid":
         maps = class_partitions.label_permutations(cfg.num_clients, num_classes, rng)
-        y_all = class_partitions.apply_label_maps(y_all, [[a, b] for a, b in zip(train, test)], maps)
+        y_all = class_partitions.apply_label_maps(
+            y_all, [[a, b] for a, b in zip(train, test)], maps
+        )
         metadata["label_maps"] = maps
-        central = np.sort(np.concatenate(test))  # relabelled per client: only client test sets are meaningful
-    return FederatedDataset(x_all, y_all, tuple(train), tuple(test), central, num_classes, name=name, metadata=metadata)
+        # relabelled per client: only client test sets are meaningful
+        central = np.sort(np.concatenate(test))
+    return FederatedDataset(
+        x_all, y_all, tuple(train), tuple(test), central, num_classes, name=name, metadata=metadata
+    )
 
 
 def build_dataset(cfg, seed: int) -> FederatedDataset:
@@ -126,23 +166,30 @@ def build_dataset(cfg, seed: int) -> FederatedDataset:
         central = np.sort(np.concatenate(test))
     else:
         raise ValueError(f"source {cfg.source!r} has no test split: set data.test_fraction > 0")
-    return FederatedDataset(x, y, tuple(train), tuple(test), central, num_classes, name=f"{cfg.source}/{cfg.partition}")
+    return FederatedDataset(
+        x, y, tuple(train), tuple(test), central, num_classes, name=f"{cfg.source}/{cfg.partition}"
+    )
 
 
 def _natural_splits(cfg):
     if cfg.source == "femnist":
         return load_femnist(cfg.data_dir, bool(cfg.get("invert", False)))
-    return load_shakespeare(cfg.data_dir, int(cfg.get("sequence_length", SEQUENCE_LENGTH)), _cache_dir(cfg))
+    return load_shakespeare(
+        cfg.data_dir, int(cfg.get("sequence_length", SEQUENCE_LENGTH)), _cache_dir(cfg)
+    )
 
 
-def build_server_set(data_cfg, server_cfg, dataset: FederatedDataset, seed: int) -> tuple[ServerSet, FederatedDataset]:
-    """``(server-held set, dataset)``: the set (FedMeta's D_meta, FedShare's shared set, a validation
-    set) is ``server_cfg.fraction`` of the clients' training examples in size. ``server_cfg.overlap``
-    < 0 draws it IID from the training clients' data (the paper's default; the dataset is unchanged, so
-    the set is the clients' own data). ``overlap`` in [0, 1] on natural partitions draws it from
-    ``num_writers`` writers of whom exactly that fraction are training clients (seed 002 §4.4);
-    ``overlap`` = 0 on a label partition holds the drawn examples OUT of the clients' training data
-    (the returned dataset no longer has them), so the set is disjoint from every client's data."""
+def build_server_set(
+    data_cfg, server_cfg, dataset: FederatedDataset, seed: int
+) -> tuple[ServerSet, FederatedDataset]:
+    """``(server-held set, dataset)``: the set (FedMeta's D_meta, FedShare's shared set, a
+    validation set) is ``server_cfg.fraction`` of the clients' training examples in size.
+    ``server_cfg.overlap`` < 0 draws it IID from the training clients' data (the paper's default;
+    the dataset is unchanged, so the set is the clients' own data). ``overlap`` in [0, 1] on natural
+    partitions draws it from ``num_writers`` writers of whom exactly that fraction are training
+    clients (seed 002 §4.4); ``overlap`` = 0 on a label partition holds the drawn examples OUT of
+    the clients' training data (the returned dataset no longer has them), so the set is disjoint
+    from every client's data."""
     rng = np.random.default_rng([seed, 7])
     size = default_size(int(dataset.train_sizes().sum()), server_cfg.fraction)
     if server_cfg.overlap < 0:
@@ -150,17 +197,31 @@ def build_server_set(data_cfg, server_cfg, dataset: FederatedDataset, seed: int)
         return iid_server_set(dataset.x[pool], dataset.y[pool], size, rng), dataset
     if data_cfg.partition != "natural":
         if server_cfg.overlap != 0:
-            raise ValueError(f"server_data.overlap={server_cfg.overlap} needs writers: partition 'natural' "
-                             f"(femnist or shakespeare), got {data_cfg.partition!r}; 0 holds the set out of the clients")
+            raise ValueError(
+                f"server_data.overlap={server_cfg.overlap} needs writers: partition 'natural'"
+                f" (femnist or shakespeare), got {data_cfg.partition!r}; 0 holds the set out of the"
+                " clients"
+            )
         return held_out_server_set(dataset, size, rng)
     train, test = _natural_splits(data_cfg)
-    return writer_server_set(train, test, list(dataset.metadata["client_ids"]), size, server_cfg.overlap, rng,
-                             server_cfg.num_writers), dataset
+    return (
+        writer_server_set(
+            train,
+            test,
+            list(dataset.metadata["client_ids"]),
+            size,
+            server_cfg.overlap,
+            rng,
+            server_cfg.num_writers,
+        ),
+        dataset,
+    )
 
 
 def held_out_server_set(dataset: FederatedDataset, size: int, rng: np.random.Generator):
     """``size`` training examples drawn uniformly from the clients' pooled training data and removed
-    from it: ``(ServerSet, the dataset without them)``. A client left with no example is an error."""
+    from it: ``(ServerSet, the dataset without them)``. A client left with no example is an
+    error."""
     pool = np.concatenate(dataset.client_train)
     if not 1 <= size < len(pool):
         raise ValueError(f"server set size {size} must lie in [1, {len(pool)})")
@@ -168,7 +229,9 @@ def held_out_server_set(dataset: FederatedDataset, size: int, rng: np.random.Gen
     train = tuple(np.setdiff1d(idx, taken) for idx in dataset.client_train)
     emptied = [k for k, idx in enumerate(train) if len(idx) == 0]
     if emptied:
-        raise ValueError(f"holding out {size} examples for the server (server_data.fraction) leaves clients {emptied[:10]} "
-                         "without training data; lower server_data.fraction")
+        raise ValueError(
+            f"holding out {size} examples for the server (server_data.fraction) leaves clients"
+            f" {emptied[:10]} without training data; lower server_data.fraction"
+        )
     remaining = dataclasses.replace(dataset, client_train=train)
     return ServerSet(dataset.x[taken], dataset.y[taken]), remaining

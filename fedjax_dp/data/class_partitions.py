@@ -13,11 +13,15 @@ from __future__ import annotations
 import numpy as np
 
 
-def assign_classes(num_clients: int, num_classes: int, classes_per_client: int,
-                   rng: np.random.Generator) -> list[np.ndarray]:
+def assign_classes(
+    num_clients: int, num_classes: int, classes_per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """c distinct classes per client; each class is held by floor or ceil of N*c/C clients."""
     if not 1 <= classes_per_client <= num_classes:
-        raise ValueError(f"classes_per_client={classes_per_client} must lie in [1, {num_classes}] (the number of classes)")
+        raise ValueError(
+            f"classes_per_client={classes_per_client} must lie in [1, {num_classes}] (the number of"
+            " classes)"
+        )
     counts = np.zeros(num_classes, dtype=int)
     out = []
     for _ in range(num_clients):
@@ -29,8 +33,12 @@ def assign_classes(num_clients: int, num_classes: int, classes_per_client: int,
     return out
 
 
-def deal_by_class(labels: np.ndarray, class_sets: list[np.ndarray], rng: np.random.Generator,
-                  max_per_client: int = 0) -> list[np.ndarray]:
+def deal_by_class(
+    labels: np.ndarray,
+    class_sets: list[np.ndarray],
+    rng: np.random.Generator,
+    max_per_client: int = 0,
+) -> list[np.ndarray]:
     """Deals every class's examples without replacement, evenly, to the clients holding it."""
     parts = [[] for _ in class_sets]
     for c in np.unique(labels):
@@ -46,8 +54,16 @@ def deal_by_class(labels: np.ndarray, class_sets: list[np.ndarray], rng: np.rand
     return out
 
 
-def acid(train_labels: np.ndarray, test_labels: np.ndarray, num_clients: int, classes_per_client: int,
-         num_classes: int, rng: np.random.Generator, max_train_per_client: int = 0, max_test_per_client: int = 0):
+def acid(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    num_clients: int,
+    classes_per_client: int,
+    num_classes: int,
+    rng: np.random.Generator,
+    max_train_per_client: int = 0,
+    max_test_per_client: int = 0,
+):
     """Returns ``(train_parts, test_parts, class_sets)``; test indices index the test split."""
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -56,8 +72,10 @@ def acid(train_labels: np.ndarray, test_labels: np.ndarray, num_clients: int, cl
     test = deal_by_class(test_labels, class_sets, rng, max_test_per_client)
     starved = [k for k, p in enumerate(train) if len(p) == 0]
     if starved:
-        raise ValueError(f"acid: clients {starved[:10]} got no training examples; lower num_clients or raise "
-                         f"classes_per_client (N*c/C clients share each class)")
+        raise ValueError(
+            f"acid: clients {starved[:10]} got no training examples; lower num_clients or raise "
+            "classes_per_client (N*c/C clients share each class)"
+        )
     return train, test, class_sets
 
 
@@ -66,15 +84,21 @@ def label_permutations(num_clients: int, num_classes: int, rng: np.random.Genera
     return np.stack([rng.permutation(num_classes) for _ in range(num_clients)])
 
 
-def apply_label_maps(y: np.ndarray, client_parts: list[list[np.ndarray]], maps: np.ndarray) -> np.ndarray:
-    """A relabelled copy of ``y``: client k's examples (train and test parts alike) get ``maps[k][y]``.
-    Examples must belong to at most one client (true for acid), else the maps would collide."""
+def apply_label_maps(
+    y: np.ndarray, client_parts: list[list[np.ndarray]], maps: np.ndarray
+) -> np.ndarray:
+    """A relabelled copy of ``y``: client k's examples (train and test parts alike) get
+    ``maps[k][y]``. Examples must belong to at most one client (true for acid), else the maps would
+    collide."""
     out = y.copy()
     seen = np.zeros(len(y), dtype=bool)
     for k, parts in enumerate(client_parts):
         for idx in parts:
             if seen[idx].any():
-                raise ValueError(f"example {int(idx[seen[idx]][0])} belongs to two clients; cannot relabel per client")
+                raise ValueError(
+                    f"example {int(idx[seen[idx]][0])} belongs to two clients; cannot relabel per"
+                    " client"
+                )
             seen[idx] = True
             out[idx] = maps[k][y[idx]]
     return out

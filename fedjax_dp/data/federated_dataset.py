@@ -57,12 +57,19 @@ def validate(ds: FederatedDataset) -> None:
         bad = int(np.flatnonzero((~np.isfinite(ds.x.reshape(ds.x.shape[0], -1))).any(axis=1))[0])
         raise ValueError(f"x contains NaN or Inf (first at example {bad})")
     if len(ds.y) and (ds.y.min() < 0 or ds.y.max() >= ds.num_classes):
-        raise ValueError(f"labels must lie in [0, {ds.num_classes}); found range [{ds.y.min()}, {ds.y.max()}]")
+        raise ValueError(
+            f"labels must lie in [0, {ds.num_classes}); found range [{ds.y.min()}, {ds.y.max()}]"
+        )
     if len(ds.client_test) != len(ds.client_train):
-        raise ValueError(f"{len(ds.client_train)} clients have train data but {len(ds.client_test)} have test lists")
+        raise ValueError(
+            f"{len(ds.client_train)} clients have train data but {len(ds.client_test)} have test"
+            " lists"
+        )
     empty = [k for k, idx in enumerate(ds.client_train) if len(idx) == 0]
     if empty:
-        raise ValueError(f"clients {empty[:10]} have no training examples; drop them or change the partition")
+        raise ValueError(
+            f"clients {empty[:10]} have no training examples; drop them or change the partition"
+        )
     n = ds.x.shape[0]
     for name, lists in (("client_train", ds.client_train), ("client_test", ds.client_test)):
         for k, idx in enumerate(lists):

@@ -28,7 +28,9 @@ def read_idx(path: str) -> np.ndarray:
     dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(dims)):
-        raise ValueError(f"{path}: header says {dims} = {int(np.prod(dims))} values but it holds {body.size}")
+        raise ValueError(
+            f"{path}: header says {dims} = {int(np.prod(dims))} values but it holds {body.size}"
+        )
     return body.reshape(dims)
 
 
@@ -38,11 +40,14 @@ def _locate(data_dir: str, name: str) -> str:
 
 @functools.lru_cache(maxsize=4)
 def load_mnist(data_dir: str):
-    """Returns ``(x_train, y_train, x_test, y_test)``: float32 (N, 28, 28, 1) in [0, 1], int32 labels."""
+    """Returns ``(x_train, y_train, x_test, y_test)``: float32 (N, 28, 28, 1) in [0, 1], int32
+    labels."""
     out = []
     for split in ("train", "test"):
         images, labels = (read_idx(_locate(data_dir, name)) for name in MNIST_FILES[split])
         if images.shape[0] != labels.shape[0]:
-            raise ValueError(f"MNIST {split}: {images.shape[0]} images but {labels.shape[0]} labels")
+            raise ValueError(
+                f"MNIST {split}: {images.shape[0]} images but {labels.shape[0]} labels"
+            )
         out += [(images.astype(np.float32) / 255.0)[..., None], labels.astype(np.int32)]
     return tuple(out)

@@ -17,13 +17,17 @@ from fedjax_dp.data.federated_dataset import FederatedDataset
 @dataclasses.dataclass(frozen=True)
 class GroupedSplit:
     """Examples ``x``/``y`` of one split and ``client[i]``, the natural client of example i."""
+
     x: np.ndarray
     y: np.ndarray
     client: np.ndarray
 
     def __post_init__(self):
         if not len(self.x) == len(self.y) == len(self.client):
-            raise ValueError(f"x, y and client ids differ in length: {len(self.x)}, {len(self.y)}, {len(self.client)}")
+            raise ValueError(
+                f"x, y and client ids differ in length: {len(self.x)}, {len(self.y)},"
+                f" {len(self.client)}"
+            )
 
     def client_ids(self) -> np.ndarray:
         return np.unique(self.client)
@@ -34,27 +38,46 @@ class GroupedSplit:
         return dict(zip(names.tolist(), np.split(order, starts[1:])))
 
 
-def select_clients(train: GroupedSplit, test: GroupedSplit, num_clients: int, rng: np.random.Generator,
-                   require_test: bool = True, kind: str = "client", min_train: int = 0) -> list[str]:
-    """``num_clients`` ids (all eligible ones when 0) with train data (at least ``min_train`` examples,
-    LEAF's minimum-samples filter), and test data if required."""
+def select_clients(
+    train: GroupedSplit,
+    test: GroupedSplit,
+    num_clients: int,
+    rng: np.random.Generator,
+    require_test: bool = True,
+    kind: str = "client",
+    min_train: int = 0,
+) -> list[str]:
+    """``num_clients`` ids (all eligible ones when 0) with train data (at least ``min_train``
+    examples, LEAF's minimum-samples filter), and test data if required."""
     names, counts = np.unique(train.client, return_counts=True)
     eligible = set(names[counts >= max(1, min_train)].tolist())
     if require_test:
         eligible &= set(test.client_ids().tolist())
     eligible = sorted(eligible)
     if num_clients < 0 or num_clients > len(eligible):
-        raise ValueError(f"num_clients={num_clients} but only {len(eligible)} {kind}s have training data"
-                         + (f" (at least {min_train} examples)" if min_train > 1 else "")
-                         + (" and test data" if require_test else "") + " (0 selects all of them)")
+        raise ValueError(
+            f"num_clients={num_clients} but only {len(eligible)} {kind}s have training data"
+            + (f" (at least {min_train} examples)" if min_train > 1 else "")
+            + (" and test data" if require_test else "")
+            + " (0 selects all of them)"
+        )
     if num_clients == 0:
         return eligible
     return sorted(rng.choice(np.array(eligible), num_clients, replace=False).tolist())
 
 
-def natural_partition(train: GroupedSplit, test: GroupedSplit, num_clients: int, num_classes: int,
-                      rng: np.random.Generator, require_test: bool = True, name: str = "natural",
-                      kind: str = "client", metadata: dict | None = None, min_train: int = 0) -> FederatedDataset:
+def natural_partition(
+    train: GroupedSplit,
+    test: GroupedSplit,
+    num_clients: int,
+    num_classes: int,
+    rng: np.random.Generator,
+    require_test: bool = True,
+    name: str = "natural",
+    kind: str = "client",
+    metadata: dict | None = None,
+    min_train: int = 0,
+) -> FederatedDataset:
     """A ``FederatedDataset`` of the selected natural clients. The central test set is the union of
     the selected clients' test examples (the LEAF/TFF convention)."""
     chosen = select_clients(train, test, num_clients, rng, require_test, kind, min_train)
@@ -65,5 +88,13 @@ def natural_partition(train: GroupedSplit, test: GroupedSplit, num_clients: int,
     client_test = tuple(test_idx.get(c, empty) + offset for c in chosen)
     central = np.sort(np.concatenate(client_test)) if client_test else empty
     meta = {"client_ids": tuple(chosen), "client_kind": kind, **(metadata or {})}
-    return FederatedDataset(np.concatenate([train.x, test.x]), np.concatenate([train.y, test.y]), client_train,
-                            client_test, central, num_classes, name=name, metadata=meta)
+    return FederatedDataset(
+        np.concatenate([train.x, test.x]),
+        np.concatenate([train.y, test.y]),
+        client_train,
+        client_test,
+        central,
+        num_classes,
+        name=name,
+        metadata=meta,
+    )

@@ -2,7 +2,8 @@
 
 * ``iid``: shuffle, deal into equal parts.
 * ``shards``: McMahan et al. 2017 / Geyer et al. 2017 non-IID split: sort by label, cut into
-  ``num_clients * shards_per_client`` equal shards, give each client ``shards_per_client`` random ones.
+  ``num_clients * shards_per_client`` equal shards, give each client ``shards_per_client`` random
+  ones.
 * ``dirichlet``: for every class, split its examples across clients in proportions drawn from
   Dirichlet(alpha) (Hsu et al. 2019); small alpha = skewed clients.
 
@@ -27,8 +28,11 @@ def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[
     return [np.sort(p) for p in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 
-def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Sort by label, cut into equal shards, ``shards_per_client`` random shards per client (McMahan et al. 2017).
+def shards(
+    labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Sort by label, cut into equal shards, ``shards_per_client`` random shards per client (McMahan
+    et al. 2017).
 
     >>> labels = np.repeat(np.arange(10), 100)
     >>> parts = shards(labels, num_clients=50, shards_per_client=2, rng=np.random.default_rng(0))
@@ -40,17 +44,26 @@ def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np
     num_shards = num_clients * shards_per_client
     _check_clients(num_clients, len(labels))
     if num_shards > len(labels):
-        raise ValueError(f"num_clients x shards_per_client = {num_clients} x {shards_per_client} = {num_shards} shards "
-                         f"exceed the {len(labels)} examples available")
+        raise ValueError(
+            f"num_clients x shards_per_client = {num_clients} x {shards_per_client} = {num_shards}"
+            f" shards exceed the {len(labels)} examples available"
+        )
     order = np.argsort(labels, kind="stable")
     shard_list = np.array_split(order, num_shards)
     assignment = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
     return [np.sort(np.concatenate([shard_list[s] for s in row])) for row in assignment]
 
 
-def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator,
-              min_examples: int = 1, max_tries: int = 100) -> list[np.ndarray]:
-    """Per-class Dirichlet(alpha) proportions (Hsu et al. 2019); redraws until every client has ``min_examples``.
+def dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    min_examples: int = 1,
+    max_tries: int = 100,
+) -> list[np.ndarray]:
+    """Per-class Dirichlet(alpha) proportions (Hsu et al. 2019); redraws until every client has
+    ``min_examples``.
 
     >>> labels = np.repeat(np.arange(10), 100)
     >>> parts = dirichlet(labels, num_clients=20, alpha=0.1, rng=np.random.default_rng(0))
@@ -64,20 +77,23 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random
         parts = [[] for _ in range(num_clients)]
         for c in np.unique(labels):
             idx = rng.permutation(np.flatnonzero(labels == c))
-            cuts = (np.cumsum(rng.dirichlet(np.full(num_clients, alpha))) * len(idx)).astype(int)[:-1]
+            cuts = (np.cumsum(rng.dirichlet(np.full(num_clients, alpha))) * len(idx)).astype(int)[
+                :-1
+            ]
             for k, piece in enumerate(np.split(idx, cuts)):
                 parts[k].append(piece)
         parts = [np.sort(np.concatenate(p)) for p in parts]
         if min(len(p) for p in parts) >= min_examples:
             return parts
     raise ValueError(
-        f"dirichlet(alpha={alpha}) left a client with fewer than {min_examples} examples in {max_tries} draws; "
-        "raise alpha or lower num_clients"
+        f"dirichlet(alpha={alpha}) left a client with fewer than {min_examples} examples in"
+        f" {max_tries} draws; raise alpha or lower num_clients"
     )
 
 
 def split_train_test(parts: list[np.ndarray], test_fraction: float, rng: np.random.Generator):
-    """Splits every client's indices into local train and test parts (each client keeps >= 1 train)."""
+    """Splits every client's indices into local train and test parts (each client keeps >= 1
+    train)."""
     if not 0 <= test_fraction < 1:
         raise ValueError(f"test_fraction must lie in [0, 1), got {test_fraction}")
     train, test = [], []

@@ -19,7 +19,9 @@ from fedjax_dp.data.array_cache import cached_arrays
 from fedjax_dp.data.local_files import find_file, open_hdf5
 from fedjax_dp.data.natural_clients import GroupedSplit
 
-CHAR_VOCAB = 'dhlptx@DHLPTX $(,048cgkoswCGKOSW[_#\'/37;?bfjnrvzBFJNRVZ"&*.26:\naeimquyAEIMQUY]!%)-159\r'
+CHAR_VOCAB = (
+    "dhlptx@DHLPTX $(,048cgkoswCGKOSW[_#'/37;?bfjnrvzBFJNRVZ\"&*.26:\naeimquyAEIMQUY]!%)-159\r"
+)
 PAD_ID, OOV_ID, BOS_ID, EOS_ID = 0, len(CHAR_VOCAB) + 1, len(CHAR_VOCAB) + 2, len(CHAR_VOCAB) + 3
 VOCAB_SIZE = len(CHAR_VOCAB) + 4
 SEQUENCE_LENGTH = 80
@@ -28,12 +30,16 @@ _BYTE_TO_ID = np.full(256, OOV_ID, dtype=np.int32)
 _BYTE_TO_ID[[ord(c) for c in CHAR_VOCAB]] = np.arange(1, len(CHAR_VOCAB) + 1)
 
 
-def snippet_windows(snippet: bytes, sequence_length: int = SEQUENCE_LENGTH) -> tuple[np.ndarray, np.ndarray]:
+def snippet_windows(
+    snippet: bytes, sequence_length: int = SEQUENCE_LENGTH
+) -> tuple[np.ndarray, np.ndarray]:
     """One snippet -> ``(inputs, targets)``, each ``(num_windows, sequence_length)`` int32."""
     ids = _BYTE_TO_ID[np.frombuffer(snippet, dtype=np.uint8)]
     tokens = np.concatenate([[BOS_ID], ids, [EOS_ID]]).astype(np.int32)
     split = sequence_length + 1
-    tokens = np.concatenate([tokens, np.full(-len(tokens) % split, PAD_ID, np.int32)]).reshape(-1, split)
+    tokens = np.concatenate([tokens, np.full(-len(tokens) % split, PAD_ID, np.int32)]).reshape(
+        -1, split
+    )
     return tokens[:, :-1], tokens[:, 1:]
 
 
@@ -48,7 +54,9 @@ def read_snippets(path: str) -> dict[str, list[bytes]]:
     with open_hdf5(path, "data.source=shakespeare") as f:
         if "examples" not in f:
             raise ValueError(f"{path} is not a TFF Shakespeare file: it has no 'examples' group")
-        return {role: [bytes(s) for s in f["examples"][role]["snippets"][()]] for role in f["examples"]}
+        return {
+            role: [bytes(s) for s in f["examples"][role]["snippets"][()]] for role in f["examples"]
+        }
 
 
 def _read_split(path: str, sequence_length: int) -> dict[str, np.ndarray]:
@@ -65,15 +73,21 @@ def _read_split(path: str, sequence_length: int) -> dict[str, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=2)
-def load_shakespeare(data_dir: str, sequence_length: int = SEQUENCE_LENGTH,
-                     cache_dir: str | None = None) -> tuple[GroupedSplit, GroupedSplit]:
+def load_shakespeare(
+    data_dir: str, sequence_length: int = SEQUENCE_LENGTH, cache_dir: str | None = None
+) -> tuple[GroupedSplit, GroupedSplit]:
     """Returns ``(train, test)`` token windows grouped by speaking role."""
     if sequence_length < 1:
         raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
     out = []
     for split in ("train", "test"):
         path = find_file(data_dir, (f"shakespeare_{split}.h5",), "Shakespeare")
-        arrays = cached_arrays(f"shakespeare_{split}", [path], lambda: _read_split(path, sequence_length),
-                               cache_dir, params={"sequence_length": sequence_length})
+        arrays = cached_arrays(
+            f"shakespeare_{split}",
+            [path],
+            lambda: _read_split(path, sequence_length),
+            cache_dir,
+            params={"sequence_length": sequence_length},
+        )
         out.append(GroupedSplit(arrays["x"], arrays["y"], arrays["client"]))
     return out[0], out[1]

@@ -1,7 +1,7 @@
-"""A shared set mixed into every client's data: the data side of FedShare (Zhao et al. 2018, "Federated
-Learning with Non-IID Data", §4), chosen by an algorithm's registry entry (``shares_server_set``).
-In seed 002's baselines the shared set has the size of FedMeta's D_meta (about 1 % of the data); its
-examples are public to every client.
+"""A shared set mixed into every client's data: the data side of FedShare (Zhao et al. 2018,
+"Federated Learning with Non-IID Data", §4), chosen by an algorithm's registry entry
+(``shares_server_set``). In seed 002's baselines the shared set has the size of FedMeta's D_meta
+(about 1 % of the data); its examples are public to every client.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ def share_with_clients(dataset: FederatedDataset, shared: ServerSet) -> Federate
     if len(shared.y) == 0:
         raise ValueError("the shared set is empty: FedShare needs at least one shared example")
     if shared.x.shape[1:] != dataset.x.shape[1:] or shared.y.shape[1:] != dataset.y.shape[1:]:
-        raise ValueError(f"shared examples have shape {shared.x.shape[1:]} / labels {shared.y.shape[1:]}, "
-                         f"the dataset {dataset.x.shape[1:]} / {dataset.y.shape[1:]}")
+        raise ValueError(
+            f"shared examples have shape {shared.x.shape[1:]} / labels {shared.y.shape[1:]}, "
+            f"the dataset {dataset.x.shape[1:]} / {dataset.y.shape[1:]}"
+        )
     start = len(dataset.y)
     shared_idx = np.arange(start, start + len(shared.y))
     return dataclasses.replace(

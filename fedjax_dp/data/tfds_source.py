@@ -48,7 +48,9 @@ def split_arrays(source, image_key: str, label_key: str) -> tuple[np.ndarray, np
 def load_tfds(name: str, data_dir: str = "", download: bool = False, manual_dir: str = ""):
     """Returns ``(x_train, y_train, x_test, y_test, num_classes)`` for a supported TFDS dataset."""
     if name not in SUPPORTED:
-        raise ValueError(f"TFDS dataset {name!r} is not supported; choose one of {sorted(SUPPORTED)}")
+        raise ValueError(
+            f"TFDS dataset {name!r} is not supported; choose one of {sorted(SUPPORTED)}"
+        )
     import tensorflow_datasets as tfds  # heavy import, only on this path
 
     image_key, label_key, num_classes = SUPPORTED[name]
@@ -60,12 +62,15 @@ def load_tfds(name: str, data_dir: str = "", download: bool = False, manual_dir:
     for split in ("train", "test"):
         try:
             source = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
-        # tfds raises NotImplementedError when the split exists only as TFRecord (no random access), KeyError
+        # tfds raises NotImplementedError when the split exists only as TFRecord (no random access),
+        # KeyError
         # when its folder (the default one too) holds no generated split
         except (NotImplementedError, FileNotFoundError, AssertionError, KeyError) as e:
             raise FileNotFoundError(
-                f"TFDS dataset {name!r} split {split!r} is not prepared in ArrayRecord format under "
-                f"{builder.data_dir!r}; set data.download=True on a machine with internet (or prepare it with "
-                f"`tfds build {name} --file_format=array_record`), or use a local-file source") from e
+                f"TFDS dataset {name!r} split {split!r} is not prepared in ArrayRecord format under"
+                f" {builder.data_dir!r}; set data.download=True on a machine with internet (or"
+                f" prepare it with `tfds build {name} --file_format=array_record`), or use a"
+                " local-file source"
+            ) from e
         out += split_arrays(source, image_key, label_key)
     return (*out, num_classes)

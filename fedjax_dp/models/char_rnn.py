@@ -34,12 +34,14 @@ class CharGRU(nn.Module):
 
 @dataclasses.dataclass(frozen=True)
 class SequenceModel(Model):
-    """A ``Model`` whose labels are per-position targets ``(B, T)``; ``pad_id`` targets are ignored."""
+    """A ``Model`` whose labels are per-position targets ``(B, T)``; ``pad_id`` targets are
+    ignored."""
 
     pad_id: int = 0
 
     def init(self, key: jax.Array):
-        # eager, not ``base.init_params``: compiled whole, the embedding's initializer differs in the last bit
+        # eager, not ``base.init_params``: compiled whole, the embedding's initializer differs in
+        # the last bit
         return self.module.init(key, jnp.zeros((1,) + self.input_shape, jnp.int32))["params"]
 
     def _mask(self, y):
@@ -59,8 +61,19 @@ class SequenceModel(Model):
         return (hits * mask).sum(axis=-1) / count
 
 
-def char_gru(sequence_length: int, vocab_size: int, pad_id: int = 0, hidden: Sequence[int] = (256, 256),
-             name: str = "char_gru") -> SequenceModel:
-    """``char_gru``: GRU 256 x 2 (the paper's and TFF's); ``char_gru_small``: one GRU of 128 units."""
-    return SequenceModel(name, CharGRU(vocab_size, hidden=tuple(hidden)), (sequence_length,), vocab_size,
-                         pad_id=pad_id)
+def char_gru(
+    sequence_length: int,
+    vocab_size: int,
+    pad_id: int = 0,
+    hidden: Sequence[int] = (256, 256),
+    name: str = "char_gru",
+) -> SequenceModel:
+    """``char_gru``: GRU 256 x 2 (the paper's and TFF's); ``char_gru_small``: one GRU of 128
+    units."""
+    return SequenceModel(
+        name,
+        CharGRU(vocab_size, hidden=tuple(hidden)),
+        (sequence_length,),
+        vocab_size,
+        pad_id=pad_id,
+    )

@@ -1,11 +1,12 @@
-"""2x2, stride-2 max pooling as a reshape and a max: the same values as ``flax.linen.max_pool(x, (2, 2),
-strides=(2, 2))`` (VALID: an odd last row or column is dropped), with a cheaper gradient.
+"""2x2, stride-2 max pooling as a reshape and a max: the same values as ``flax.linen.max_pool(x, (2,
+2), strides=(2, 2))`` (VALID: an odd last row or column is dropped), with a cheaper gradient.
 
-``nn.max_pool`` is a ``reduce_window``; its gradient on XLA:CPU goes through select-and-scatter. The max
-over axes of a ``(b, h/2, 2, w/2, 2, c)`` view differentiates into an elementwise mask instead. The two
-gradients are equal except where a window holds tied maxima (``reduce_window`` sends the gradient to one
-of them, this splits it evenly): after a ReLU the only likely ties are zeros, whose ReLU gradient is zero
-either way. Measured on workload W's CNN (issue 20, ``benchmarks/RESULTS.md``).
+``nn.max_pool`` is a ``reduce_window``; its gradient on XLA:CPU goes through select-and-scatter. The
+max over axes of a ``(b, h/2, 2, w/2, 2, c)`` view differentiates into an elementwise mask instead.
+The two gradients are equal except where a window holds tied maxima (``reduce_window`` sends the
+gradient to one of them, this splits it evenly): after a ReLU the only likely ties are zeros, whose
+ReLU gradient is zero either way. Measured on workload W's CNN (issue 20,
+``benchmarks/RESULTS.md``).
 """
 
 import jax

@@ -1,5 +1,5 @@
-"""The experiment loop and what surrounds it: building a round from a config, validation, evaluation,
-checkpoints, results files, plots, multi-seed summaries."""
+"""The experiment loop and what surrounds it: building a round from a config, validation,
+evaluation, checkpoints, results files, plots, multi-seed summaries."""
 
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.default_config import default_config

@@ -1,5 +1,6 @@
 """From a configuration to a ``FederatedRound``: the registered algorithm and its upload chain, the
-registered wrappers, compressed uploads, and the cohort engine. Names no algorithm: it asks the registry."""
+registered wrappers, compressed uploads, and the cohort engine. Names no algorithm: it asks the
+registry."""
 
 from __future__ import annotations
 
@@ -24,14 +25,23 @@ from fedjax_dp.privacy.tracker import PrivacyTracker, tracker_for
 from fedjax_dp.training.cohorts import expected_cohort, make_packer
 
 
-def resolve_engine(cfg, has_conv: bool, cohort_size: int, loop_free_steps: int | None = None,
-                   per_example: bool = False) -> StrategyChoice:
+def resolve_engine(
+    cfg,
+    has_conv: bool,
+    cohort_size: int,
+    loop_free_steps: int | None = None,
+    per_example: bool = False,
+) -> StrategyChoice:
     """``auto`` fields replaced by the measured choice (``core.strategy``); explicit values kept."""
-    auto = choose_strategy(has_conv, cohort_size, loop_free_steps=loop_free_steps, per_example=per_example)
-    if hosts.distributed() and auto.strategy == "loop":  # several hosts: one traced program over the global mesh
+    auto = choose_strategy(
+        has_conv, cohort_size, loop_free_steps=loop_free_steps, per_example=per_example
+    )
+    # several hosts: one traced program over the global mesh
+    if hosts.distributed() and auto.strategy == "loop":
         auto = dataclasses.replace(auto, strategy="sequential")
     e = cfg.engine
-    if hosts.distributed():  # every process's devices (config_validation allows num_devices 0 or all of them)
+    # every process's devices (config_validation allows num_devices 0 or all of them)
+    if hosts.distributed():
         return dataclasses.replace(_resolved(e, auto), devices=jax.device_count())
     return _resolved(e, auto)
 
@@ -40,24 +50,27 @@ def _resolved(e, auto: StrategyChoice) -> StrategyChoice:
     return StrategyChoice(
         strategy=auto.strategy if e.strategy == "auto" else e.strategy,
         chunk_size=(auto.chunk_size if e.strategy == "auto" else (e.chunk_size or None)),
-        unroll=auto.unroll if e.unroll == "auto" else (True if e.unroll == "full" else int(e.unroll)),
+        unroll=(
+            auto.unroll if e.unroll == "auto" else (True if e.unroll == "full" else int(e.unroll))
+        ),
         conv_impl=auto.conv_impl if e.conv_impl == "auto" else e.conv_impl,
         devices=e.num_devices or (auto.devices if e.strategy == "auto" else 1),
     )
 
 
 def local_steps(cfg, requirements, train_sizes) -> int:
-    """The local steps of a client's round: the algorithm's sampled steps, or epochs x batches of the largest
-    client."""
+    """The local steps of a client's round: the algorithm's sampled steps, or epochs x batches of
+    the largest client."""
     if requirements.sampled_steps:
         return int(requirements.sampled_steps)
     return num_steps(int(max(train_sizes)), cfg.client.batch_size, cfg.client.epochs)
 
 
 def client_program_is_loop_free(cfg, dataset, model, runner: FederatedRound) -> bool:
-    """Whether ``runner``'s client program runs no loop once its local steps are unrolled (``core.loops``; the
-    local-training scan is the one the engine's ``unroll`` reaches, so it is traced with every step unrolled).
-    Traced, not compiled, on one client of the data: what the algorithm does decides, not what it declares."""
+    """Whether ``runner``'s client program runs no loop once its local steps are unrolled
+    (``core.loops``; the local-training scan is the one the engine's ``unroll`` reaches, so it is
+    traced with every step unrolled). Traced, not compiled, on one client of the data: what the
+    algorithm does decides, not what it declares."""
     algorithm = runner.algorithm
     requirements = algorithm.requirements
     cohort = make_packer(cfg, dataset, requirements)([0], np.random.default_rng(0), None)
@@ -66,32 +79,50 @@ def client_program_is_loop_free(cfg, dataset, model, runner: FederatedRound) -> 
         client[STEP_NOISE] = np.float32(1.0)
     params = jax.eval_shape(model.init, jax.random.key(0))
     shared = jax.eval_shape(lambda p: algorithm.broadcast(runner.init(p)), params)
-    state = jax.eval_shape(algorithm.client_state_init, params) if requirements.client_state else None
-    return not loops_left(jax.make_jaxpr(algorithm.client_update)(shared, client, state, client["key"]))
+    state = (
+        jax.eval_shape(algorithm.client_state_init, params) if requirements.client_state else None
+    )
+    return not loops_left(
+        jax.make_jaxpr(algorithm.client_update)(shared, client, state, client["key"])
+    )
 
 
 def build_model_and_round(cfg, dataset, server_set=None):
-    """``(choice, model, round)`` for ``dataset``. On a CPU the engine's choice for a conv model depends on
-    whether the client program is loop-free once unrolled (``client_program_is_loop_free``, traced) and takes
-    per-example gradients (the algorithm's requirements): the round is built with the default choice, and again
-    when these change the choice (building traces shapes only)."""
-    has_conv = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes).has_conv  # probed with the data's shape
+    """``(choice, model, round)`` for ``dataset``. On a CPU the engine's choice for a conv model
+    depends on whether the client program is loop-free once unrolled
+    (``client_program_is_loop_free``, traced) and takes per-example gradients (the algorithm's
+    requirements): the round is built with the default choice, and again when these change the
+    choice (building traces shapes only)."""
+    # probed with the data's shape
+    has_conv = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes).has_conv
     cohort = int(expected_cohort(cfg, dataset.num_clients))
 
     def build(choice):
-        model = get_model(cfg.model.name, dataset.example_shape, dataset.num_classes, conv_impl=choice.conv_impl,
-                          compute_dtype=cfg.model.compute_dtype or None)
-        return model, build_round(cfg, model, choice, dataset.num_clients, server_set, dataset.train_sizes())
+        model = get_model(
+            cfg.model.name,
+            dataset.example_shape,
+            dataset.num_classes,
+            conv_impl=choice.conv_impl,
+            compute_dtype=cfg.model.compute_dtype or None,
+        )
+        return model, build_round(
+            cfg, model, choice, dataset.num_clients, server_set, dataset.train_sizes()
+        )
 
     first = resolve_engine(cfg, has_conv, cohort)
     model, runner = build(first)
     requirements = runner.algorithm.requirements
-    steps = None  # the local steps of a loop-free client program, the only case where ``auto`` unrolls them
+    # the local steps of a loop-free client program, the only case where ``auto`` unrolls them
+    steps = None
     if has_conv and jax.default_backend() == "cpu" and not requirements.per_example_gradients:
         candidate = local_steps(cfg, requirements, dataset.train_sizes())
         if candidate <= MAX_UNROLLED_CONV_STEPS:
             unrolled_model, unrolled = build(dataclasses.replace(first, unroll=True))
-            steps = candidate if client_program_is_loop_free(cfg, dataset, unrolled_model, unrolled) else None
+            steps = (
+                candidate
+                if client_program_is_loop_free(cfg, dataset, unrolled_model, unrolled)
+                else None
+            )
     choice = resolve_engine(cfg, has_conv, cohort, steps, requirements.per_example_gradients)
     if choice != first:
         model, runner = build(choice)
@@ -100,24 +131,37 @@ def build_model_and_round(cfg, dataset, server_set=None):
 
 def with_compression(uploads: Chain, c) -> Chain:
     """Compressed-sensing uploads (``compression`` section) added to a chain. Without DP the server
-    reconstructs each upload (exact for non-linear Rec); with a clip in the chain the client measures
-    first, the clip bounds the measurements, the noise covers them, and the server reconstructs the
-    noised sum (the only thing it sees under central DP). A noise transform that needs no clip (CUAG-PFL's
-    paper mode) is placed after the compression the same way: Alg. 4 noises the measurements."""
-    options = dict(rates=c.rates, r_min=c.r_min, r_max=c.r_max, operator=c.kind, method=c.method, seed=c.seed,
-                   materialize_gb=float(c.materialize_gb), error_feedback=bool(c.error_feedback), refresh=c.refresh,
-                   signs=c.signs)
+    reconstructs each upload (exact for non-linear Rec); with a clip in the chain the client
+    measures first, the clip bounds the measurements, the noise covers them, and the server
+    reconstructs the noised sum (the only thing it sees under central DP). A noise transform that
+    needs no clip (CUAG-PFL's paper mode) is placed after the compression the same way: Alg. 4
+    noises the measurements."""
+    options = dict(
+        rates=c.rates,
+        r_min=c.r_min,
+        r_max=c.r_max,
+        operator=c.kind,
+        method=c.method,
+        seed=c.seed,
+        materialize_gb=float(c.materialize_gb),
+        error_feedback=bool(c.error_feedback),
+        refresh=c.refresh,
+        signs=c.signs,
+    )
     privatising = [i for i, t in enumerate(uploads) if t.kind in ("clip", "noise")]
     if not privatising:
         return chain(*uploads, CompressedSensing(**options, reconstruct="each"))
     first = privatising[0]
-    return chain(*uploads[:first], CompressedSensing(**options, reconstruct="aggregate"), *uploads[first:])
+    return chain(
+        *uploads[:first], CompressedSensing(**options, reconstruct="aggregate"), *uploads[first:]
+    )
 
 
-def build_round(cfg, model, choice: StrategyChoice, num_clients: int, server_set=None,
-                client_sizes=None) -> FederatedRound:
-    """The configured algorithm, wrapped by each enabled wrapper, with its uploads (``client_sizes``: each
-    client's training-set size, for mechanisms calibrated per client)."""
+def build_round(
+    cfg, model, choice: StrategyChoice, num_clients: int, server_set=None, client_sizes=None
+) -> FederatedRound:
+    """The configured algorithm, wrapped by each enabled wrapper, with its uploads
+    (``client_sizes``: each client's training-set size, for mechanisms calibrated per client)."""
     params_template = jax.eval_shape(model.init, jax.random.key(0))
     sizes = None if client_sizes is None else tuple(int(n) for n in client_sizes)
     context = registry.BuildContext(cfg, model, num_clients, choice.unroll, params_template, sizes)
@@ -128,14 +172,21 @@ def build_round(cfg, model, choice: StrategyChoice, num_clients: int, server_set
             algorithm = wrapper.wrap(context, algorithm, server_set)
     if cfg.compression.enabled:
         uploads = with_compression(uploads, cfg.compression)
-    return FederatedRound(algorithm, uploads, choice.strategy, choice.chunk_size,
-                          stream_size=cfg.engine.stream_clients or None,
-                          max_replicated_bytes=int(cfg.engine.max_replicated_gb * 2**30), **spread(choice))
+    return FederatedRound(
+        algorithm,
+        uploads,
+        choice.strategy,
+        choice.chunk_size,
+        stream_size=cfg.engine.stream_clients or None,
+        max_replicated_bytes=int(cfg.engine.max_replicated_gb * 2**30),
+        **spread(choice),
+    )
 
 
 def spread(choice: StrategyChoice) -> dict:
-    """The engine's ``devices`` (``loop``: clients round-robin) or ``mesh`` (traced strategies: ``shard_map``) for
-    ``choice.devices`` > 1; nothing for one device. Under several processes: a mesh over every process's devices."""
+    """The engine's ``devices`` (``loop``: clients round-robin) or ``mesh`` (traced strategies:
+    ``shard_map``) for ``choice.devices`` > 1; nothing for one device. Under several processes: a
+    mesh over every process's devices."""
     if hosts.distributed():
         return {"mesh": client_mesh()}
     if choice.devices <= 1:
@@ -144,35 +195,44 @@ def spread(choice: StrategyChoice) -> dict:
         return {"mesh": client_mesh(choice.devices)}
     devices = jax.local_devices()
     if choice.devices > len(devices):
-        raise ValueError(f"engine.num_devices={choice.devices} but {len(devices)} local devices exist")
-    return {"devices": tuple(devices[:choice.devices])}
+        raise ValueError(
+            f"engine.num_devices={choice.devices} but {len(devices)} local devices exist"
+        )
+    return {"devices": tuple(devices[: choice.devices])}
 
 
 def shares_server_set(cfg) -> bool:
-    """The algorithm's data side mixes the server-held set into every client (a shared-data baseline)."""
+    """The algorithm's data side mixes the server-held set into every client (a shared-data
+    baseline)."""
     return registry.get(cfg.algorithm).shares_server_set
 
 
 def needs_server_set(cfg) -> bool:
-    return (shares_server_set(cfg) or registry.get(cfg.algorithm).server_validation
-            or any(w.needs_server_set and w.enabled(cfg) for w in registry.wrappers()))
+    return (
+        shares_server_set(cfg)
+        or registry.get(cfg.algorithm).server_validation
+        or any(w.needs_server_set and w.enabled(cfg) for w in registry.wrappers())
+    )
 
 
 def validates_on_server_set(cfg) -> bool:
-    """Each evaluation also scores the global model on the held-out server set (``validation_accuracy``)."""
+    """Each evaluation also scores the global model on the held-out server set
+    (``validation_accuracy``)."""
     return registry.get(cfg.algorithm).server_validation
 
 
 def privacy_tracker(cfg, runner: FederatedRound, dataset):
-    """The run's privacy tracker (one kind for every algorithm): on the algorithm's own ledger where it declares
-    one (example-level DP in its local steps), else on a central or local ledger over the releases its upload
-    chain states; None where nothing private is released."""
+    """The run's privacy tracker (one kind for every algorithm): on the algorithm's own ledger where
+    it declares one (example-level DP in its local steps), else on a central or local ledger over
+    the releases its upload chain states; None where nothing private is released."""
     settings = PrivacySettings.from_config(cfg)
     own = registry.get(cfg.algorithm).ledger
     if own is not None:
         return PrivacyTracker(own(cfg, dataset, runner.algorithm), settings)
     if runner.uploads.releases_anything:
-        return tracker_for(runner.uploads.releases(1), settings, client_sampler(cfg.sampling, dataset.num_clients))
+        return tracker_for(
+            runner.uploads.releases(1), settings, client_sampler(cfg.sampling, dataset.num_clients)
+        )
     return None
 
 
@@ -180,28 +240,39 @@ def server_set_notes(cfg) -> list[str]:
     """What ``privacy.json`` says about a server-held set the run used."""
     notes = [w.privacy_note for w in registry.wrappers() if w.enabled(cfg) and w.privacy_note]
     if registry.get(cfg.algorithm).shares_server_set:
-        notes.append("the shared set is distributed to every client: those examples are public to all clients")
+        notes.append(
+            "the shared set is distributed to every client: those examples are public to all"
+            " clients"
+        )
     return notes
 
 
 def server_set_breaches(cfg) -> list[str]:
-    """Why a server-held set voids the client-level guarantee (issue 16, finding 1): it is drawn from the
-    protected clients' own examples (IID, ``server_data.overlap`` < 0) or partly from their writers
-    (overlap > 0), and is used without noise. Held-out writers only (overlap 0) keep the guarantee."""
+    """Why a server-held set voids the client-level guarantee (issue 16, finding 1): it is drawn
+    from the protected clients' own examples (IID, ``server_data.overlap`` < 0) or partly from their
+    writers (overlap > 0), and is used without noise. Held-out writers only (overlap 0) keep the
+    guarantee."""
     if not needs_server_set(cfg):
         return []
     overlap = cfg.server_data.overlap
     if overlap < 0:
-        return [f"the server-held set (D_meta / shared set) is drawn IID from the training clients' own examples "
-                f"(server_data.overlap={overlap}) and used without noise: those clients' data is not protected; "
-                "use server_data.overlap=0 (held-out writers, natural partitions) for a formal guarantee"]
+        return [
+            "the server-held set (D_meta / shared set) is drawn IID from the training clients' own"
+            f" examples (server_data.overlap={overlap}) and used without noise: those clients' data"
+            " is not protected; use server_data.overlap=0 (held-out writers, natural partitions)"
+            " for a formal guarantee"
+        ]
     if overlap > 0:
-        return [f"the server-held set comes {overlap:.0%} from training clients' writers (server_data.overlap="
-                f"{overlap}) and is used without noise: those clients' data is not protected"]
+        return [
+            f"the server-held set comes {overlap:.0%} from training clients' writers"
+            f" (server_data.overlap={overlap}) and is used without noise: those clients' data is"
+            " not protected"
+        ]
     return []
 
 
 def compression_rates(uploads: Chain) -> list[float] | None:
-    """The layer rates a specialised chain's compressor uses (logged per round), or None without one."""
+    """The layer rates a specialised chain's compressor uses (logged per round), or None without
+    one."""
     compressors = [t for t in uploads if t.kind == "compress"]
     return compressors[0].layer_rates() if compressors else None

@@ -1,14 +1,16 @@
-"""Hooks around the training loop (issue 73; pfl-research's ``TrainingProcessCallback`` shape): evaluation,
-divergence, the progress bar, results and TensorBoard, checkpoints and plots are callbacks on a short loop
-(``training.loop.train``), and a user passes their own from Python (``run_experiment(..., callbacks=[...])``,
-``Experiment.run(..., callbacks=[...])``): log every row to their tracker, stop on a metric (``StopWhen``).
+"""Hooks around the training loop (issue 73; pfl-research's ``TrainingProcessCallback`` shape):
+evaluation, divergence, the progress bar, results and TensorBoard, checkpoints and plots are
+callbacks on a short loop (``training.loop.train``), and a user passes their own from Python
+(``run_experiment(..., callbacks=[...])``, ``Experiment.run(..., callbacks=[...])``): log every row
+to their tracker, stop on a metric (``StopWhen``).
 
-Each hook gets the ``RunContext``. ``after_round`` gets the round's row and may add to it (an evaluation's
-metrics) or return a reason to stop after this round. Callbacks run in list order: evaluation and divergence
-first, then a user's callbacks (``run_experiment`` puts them there: what they add to the row is written), then
-``Results`` writes the row, then ``Checkpoints`` saves (a row is always written before the checkpoint of its
-round, so a resume never lacks one). At the end ``Results`` writes ``privacy.json`` and ``summary.json`` before
-``Checkpoints`` saves the final state (a full disk must not cost the results).
+Each hook gets the ``RunContext``. ``after_round`` gets the round's row and may add to it (an
+evaluation's metrics) or return a reason to stop after this round. Callbacks run in list order:
+evaluation and divergence first, then a user's callbacks (``run_experiment`` puts them there: what
+they add to the row is written), then ``Results`` writes the row, then ``Checkpoints`` saves (a row
+is always written before the checkpoint of its round, so a resume never lacks one). At the end
+``Results`` writes ``privacy.json`` and ``summary.json`` before ``Checkpoints`` saves the final
+state (a full disk must not cost the results).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ class Callback:
         pass
 
     def after_round(self, run: RunContext, t: int, row: dict) -> str | None:
-        """After round t ran (before its row is written): add to ``row``; return a reason to stop after it."""
+        """After round t ran (before its row is written): add to ``row``; return a reason to stop
+        after it."""
         return None
 
     def on_train_end(self, run: RunContext) -> None:
@@ -43,14 +46,20 @@ class Callback:
 
 
 class Evaluation(Callback):
-    """Round 0 (the initial model), every ``eval_every`` rounds and the last round; a final evaluation where the
-    run stopped between evaluations."""
+    """Round 0 (the initial model), every ``eval_every`` rounds and the last round; a final
+    evaluation where the run stopped between evaluations."""
 
     def on_train_begin(self, run):
         if run.cfg.eval_initial and not run.resumed:  # before any client has been read
             run.loop.evaluated(0, run.evaluate())
-            run.writer.log({"round": 0, **run.loop.last_eval, "client_updates": 0,
-                            **({"epsilon": 0.0} if run.tracker else {})})
+            run.writer.log(
+                {
+                    "round": 0,
+                    **run.loop.last_eval,
+                    "client_updates": 0,
+                    **({"epsilon": 0.0} if run.tracker else {}),
+                }
+            )
 
     def after_round(self, run, t, row):
         if t % run.cfg.eval_every == 0 or t == run.cfg.rounds:
@@ -59,7 +68,12 @@ class Evaluation(Callback):
 
     def on_train_end(self, run):
         rounds = run.loop.rounds_run
-        if not run.interruption and rounds and rounds % run.cfg.eval_every and rounds != run.cfg.rounds:
+        if (
+            not run.interruption
+            and rounds
+            and rounds % run.cfg.eval_every
+            and rounds != run.cfg.rounds
+        ):
             run.loop.evaluated(rounds, run.evaluate())
             run.writer.log({"round": rounds, "final_evaluation": True, **run.loop.last_eval})
 
@@ -73,7 +87,8 @@ class Divergence(Callback):
     def on_train_begin(self, run):
         self.monitor.load(run.loop.divergence)
         if not run.resumed:
-            self.monitor.start(run.loop.last_eval.get("test_loss"))  # the initial model's, where round 0 ran
+            # the initial model's, where round 0 ran
+            self.monitor.start(run.loop.last_eval.get("test_loss"))
 
     def after_round(self, run, t, row):
         reason = self.monitor.observe(t, row.get("train_loss"))
@@ -90,8 +105,13 @@ class Progress(Callback):
         self.enabled, self.bar = enabled, None
 
     def on_train_begin(self, run):
-        self.bar = tqdm(total=run.cfg.rounds, initial=run.loop.rounds_run, disable=not self.enabled,
-                        desc=run.cfg.algorithm, unit="round")
+        self.bar = tqdm(
+            total=run.cfg.rounds,
+            initial=run.loop.rounds_run,
+            disable=not self.enabled,
+            desc=run.cfg.algorithm,
+            unit="round",
+        )
 
     def after_round(self, run, t, row):
         self.bar.update(1)
@@ -103,8 +123,9 @@ class Progress(Callback):
 
 
 class Results(Callback):
-    """Each round's row into ``metrics.jsonl`` (and TensorBoard); at the end ``client_accuracies.json``,
-    ``privacy.json`` and ``summary.json``, and the run's ``RunSummary``."""
+    """Each round's row into ``metrics.jsonl`` (and TensorBoard); at the end
+    ``client_accuracies.json``, ``privacy.json`` and ``summary.json``, and the run's
+    ``RunSummary``."""
 
     def after_round(self, run, t, row):
         row["client_updates"] = run.loop.client_updates
@@ -112,8 +133,11 @@ class Results(Callback):
 
     def on_train_end(self, run):
         loop = run.loop
-        self.final = loop.last_evaluation if loop.last_evaluation_round == loop.rounds_run else run.evaluate(
-            with_validation=False)  # interrupted: not yet evaluated
+        self.final = (
+            loop.last_evaluation
+            if loop.last_evaluation_round == loop.rounds_run
+            else run.evaluate(with_validation=False)
+        )  # interrupted: not yet evaluated
         # process 0 writes the files; every process gets its summary (several hosts: ``core.hosts``)
         summary = hosts.on_primary(self._write, run, share=True)
         run.summary = RunSummary(**summary) if isinstance(summary, dict) else summary
@@ -121,42 +145,82 @@ class Results(Callback):
     def _write(self, run):
         loop, cfg, dataset, tracker, final = run.loop, run.cfg, run.dataset, run.tracker, self.final
         if cfg.eval_client_data:
-            run.writer.write_json("client_accuracies.json", {
-                "measured": final.per_client_label, "round": loop.rounds_run,
-                "client_ids": [i for i, t in enumerate(dataset.client_test) if len(t)], "accuracy": final.per_client})
+            run.writer.write_json(
+                "client_accuracies.json",
+                {
+                    "measured": final.per_client_label,
+                    "round": loop.rounds_run,
+                    "client_ids": [i for i, t in enumerate(dataset.client_test) if len(t)],
+                    "accuracy": final.per_client,
+                },
+            )
         run.writer.close()
         metrics = results.read_metrics(run.workdir)
         seconds = run.seconds()
-        summary = RunSummary(run.workdir, loop.rounds_run, loop.last_eval, loop.best[0], loop.best[1],
-                             loop.client_updates, seconds, dropped_updates=results.dropped_updates(metrics),
-                             uplink_gb=loop.meter.uplink / 1e9,
-                             traffic_gb=(loop.meter.uplink + loop.meter.downlink) / 1e9, stop_reason=run.stop_reason,
-                             interrupted=bool(run.interruption), diverged=run.diverged, stopped_early=run.diverged,
-                             seconds_total=loop.seconds_total(seconds))
-        record = privacy_record(tracker, server_set_notes(cfg), metrics, server_set_breaches(cfg),
-                                secure_rng=cfg.privacy.secure_rng, client_test_set=central_test_from_clients(dataset),
-                                wrote_client_accuracies=bool(cfg.eval_client_data))
+        summary = RunSummary(
+            run.workdir,
+            loop.rounds_run,
+            loop.last_eval,
+            loop.best[0],
+            loop.best[1],
+            loop.client_updates,
+            seconds,
+            dropped_updates=results.dropped_updates(metrics),
+            uplink_gb=loop.meter.uplink / 1e9,
+            traffic_gb=(loop.meter.uplink + loop.meter.downlink) / 1e9,
+            stop_reason=run.stop_reason,
+            interrupted=bool(run.interruption),
+            diverged=run.diverged,
+            stopped_early=run.diverged,
+            seconds_total=loop.seconds_total(seconds),
+        )
+        record = privacy_record(
+            tracker,
+            server_set_notes(cfg),
+            metrics,
+            server_set_breaches(cfg),
+            secure_rng=cfg.privacy.secure_rng,
+            client_test_set=central_test_from_clients(dataset),
+            wrote_client_accuracies=bool(cfg.eval_client_data),
+        )
         run.writer.write_json("privacy.json", record)
         if tracker is not None:
             report = tracker.report()
-            summary.epsilon, summary.formal, summary.delta = report.epsilon, record["formal"], report.delta
+            summary.epsilon, summary.formal, summary.delta = (
+                report.epsilon,
+                record["formal"],
+                report.delta,
+            )
             if "calibrated_epsilon" in report.accounting:
                 target = report.accounting["calibrated_epsilon"]
-                summary.calibration = (f"epsilon {target:.4g} for {report.accounting['calibrated_for']}; realised "
-                                       + (f"max over clients {report.epsilon:.4g}" if tracker.local else
-                                          f"{report.epsilon:.4g}"))
+                summary.calibration = (
+                    f"epsilon {target:.4g} for {report.accounting['calibrated_for']}; realised "
+                    + (
+                        f"max over clients {report.epsilon:.4g}"
+                        if tracker.local
+                        else f"{report.epsilon:.4g}"
+                    )
+                )
             summary.stopped_early = run.diverged or tracker.stopped_at is not None
-        run.writer.write_json("summary.json", {
-            **dataclasses.asdict(summary),
-            "engine": {**dataclasses.asdict(run.choice), "ran_on_one_device": run.runner.ran_on_one_device},
-            "backend": jax.default_backend(), "processes": jax.process_count()})
+        run.writer.write_json(
+            "summary.json",
+            {
+                **dataclasses.asdict(summary),
+                "engine": {
+                    **dataclasses.asdict(run.choice),
+                    "ran_on_one_device": run.runner.ran_on_one_device,
+                },
+                "backend": jax.default_backend(),
+                "processes": jax.process_count(),
+            },
+        )
         return dataclasses.asdict(summary) if hosts.distributed() else summary
 
 
 class Checkpoints(Callback):
-    """A checkpoint every ``checkpoint_every`` rounds (none after the round the run stops in: the final one is
-    written at the end, after the results), and one at the end; a diverged model is never saved (the run keeps
-    the last good state)."""
+    """A checkpoint every ``checkpoint_every`` rounds (none after the round the run stops in: the
+    final one is written at the end, after the results), and one at the end; a diverged model is
+    never saved (the run keeps the last good state)."""
 
     def after_round(self, run, t, row):
         every = run.cfg.checkpoint_every
@@ -178,23 +242,41 @@ class Plots(Callback):
         if not hosts.is_primary():
             return
         final = self.results.final
-        plots.plot_run(results.read_metrics(run.workdir), os.path.join(run.workdir, "results.png"),
-                       run_title(run.cfg, run.dataset.name, run.dataset.num_clients,
-                                 run.tracker.report() if run.tracker else None),
-                       final.per_client, final.per_client_label, [len(t) for t in run.dataset.client_test if len(t)])
+        plots.plot_run(
+            results.read_metrics(run.workdir),
+            os.path.join(run.workdir, "results.png"),
+            run_title(
+                run.cfg,
+                run.dataset.name,
+                run.dataset.num_clients,
+                run.tracker.report() if run.tracker else None,
+            ),
+            final.per_client,
+            final.per_client_label,
+            [len(t) for t in run.dataset.client_test if len(t)],
+        )
 
 
 def default_callbacks(cfg, progress: bool, extra=()) -> list[Callback]:
-    """The loop's own callbacks in the order they run, a user's ``extra`` ones before the row is written."""
+    """The loop's own callbacks in the order they run, a user's ``extra`` ones before the row is
+    written."""
     written = Results()
-    return [Evaluation(), Divergence(cfg.divergence_rounds), Progress(progress), *extra, written, Checkpoints(),
-            Plots(written)]
+    return [
+        Evaluation(),
+        Divergence(cfg.divergence_rounds),
+        Progress(progress),
+        *extra,
+        written,
+        Checkpoints(),
+        Plots(written),
+    ]
 
 
 @dataclasses.dataclass
 class StopWhen(Callback):
-    """Stops the run once ``metric`` reaches ``at_least`` (or falls to ``at_most``) in a round's row: a user's
-    callback, e.g. ``run_experiment(cfg, workdir, callbacks=[StopWhen("test_accuracy", at_least=0.9)])``."""
+    """Stops the run once ``metric`` reaches ``at_least`` (or falls to ``at_most``) in a round's
+    row: a user's callback, e.g. ``run_experiment(cfg, workdir, callbacks=[StopWhen("test_accuracy",
+    at_least=0.9)])``."""
 
     metric: str
     at_least: float = math.inf

@@ -1,7 +1,8 @@
-"""What every config key means (``fedjax-dp --help`` prints these beside the defaults): the generic sections'
-here, the ``privacy`` section's from ``privacy.settings``, and each algorithm's section from where it is
-registered (``registry.register_section(docs=...)``): adding an algorithm edits no file of ``training/``. A test
-checks that each key of ``default_config()`` has its line and that no line is stale."""
+"""What every config key means (``fedjax-dp --help`` prints these beside the defaults): the generic
+sections' here, the ``privacy`` section's from ``privacy.settings``, and each algorithm's section
+from where it is registered (``registry.register_section(docs=...)``): adding an algorithm edits no
+file of ``training/``. A test checks that each key of ``default_config()`` has its line and that no
+line is stale."""
 
 from __future__ import annotations
 
@@ -9,107 +10,190 @@ from fedjax_dp.algorithms import registry
 from fedjax_dp.privacy.settings import DOCS as PRIVACY_DOCS
 
 GENERIC_DOCS = {
-    "seed": "seed of every random stream (model init, sampling, shuffles, noise; see privacy.secure_rng)",
+    "seed": (
+        "seed of every random stream (model init, sampling, shuffles, noise; see"
+        " privacy.secure_rng)"
+    ),
     "rounds": "federated rounds T",
     "eval_every": "evaluate the global (and personalised) models every this many rounds",
-    "divergence_rounds": "stop the run, DP or not, once the training loss is non-finite or 1e6 x round 1's for this many "
-                         "rounds in a row (training.divergence; the CLI exits 3); 0 turns the rule off",
+    "divergence_rounds": (
+        "stop the run, DP or not, once the training loss is non-finite or 1e6 x round 1's for this"
+        " many rounds in a row (training.divergence; the CLI exits 3); 0 turns the rule off"
+    ),
     "eval_initial": "also evaluate the initial model, logged as round 0",
-    "eval_client_data": "score models on the clients' own test data too (per-client and personalised accuracy, "
-                        "client_accuracies.json: outside the DP guarantee, listed in privacy.json); False keeps every "
-                        "published figure inside it",
-    "eval_prototypes": "also report the personalised accuracy of each client's prototype classifier on the global "
-                       "model's penultimate features (Proto adaptation: seed 004's metric for SCAFFOLD); for "
-                       "algorithms without their own personalised models",
+    "eval_client_data": (
+        "score models on the clients' own test data too (per-client and personalised accuracy,"
+        " client_accuracies.json: outside the DP guarantee, listed in privacy.json); False keeps"
+        " every published figure inside it"
+    ),
+    "eval_prototypes": (
+        "also report the personalised accuracy of each client's prototype classifier on the global "
+        "model's penultimate features (Proto adaptation: seed 004's metric for SCAFFOLD); for "
+        "algorithms without their own personalised models"
+    ),
     "checkpoint_every": "orbax checkpoint every k rounds (0: only at exit); continue with --resume",
-    "checkpoint_keep": "how many of the newest checkpoints to keep (0: every one, e.g. to analyse each round's model "
-                       "afterwards)",
-    "data.source": "mnist_5k (embedded, no download) | mnist | cifar10 | cifar100 | femnist | shakespeare | tfds:<name>",
+    "checkpoint_keep": (
+        "how many of the newest checkpoints to keep (0: every one, e.g. to analyse each round's"
+        " model afterwards)"
+    ),
+    "data.source": (
+        "mnist_5k (embedded, no download) | mnist | cifar10 | cifar100 | femnist | shakespeare |"
+        " tfds:<name>"
+    ),
     "data.data_dir": "folder of the local files, or the TFDS data_dir",
-    "data.cache_dir": "decoded-array cache: '' = $FEDJAX_DP_CACHE or ~/.cache/fedjax_dp, 'off' = none",
+    "data.cache_dir": (
+        "decoded-array cache: '' = $FEDJAX_DP_CACHE or ~/.cache/fedjax_dp, 'off' = none"
+    ),
     "data.download": "TFDS only: allow downloading",
     "data.manual_dir": "TFDS only: manual download folder",
-    "data.normalize": "none ([0, 1] pixels) | channel: (x - mean) / std per colour channel with the dataset's published "
-                      "constants (cifar10, cifar100, mnist, mnist_5k and their tfds: sources), as PFLDyn's authors do; no privacy cost",
-    "data.augment": "none | crop_flip: every drawn training image randomly cropped after zero padding of 4 and flipped "
-                    "left-right (CIFAR sources only), as PFLDyn's authors do; evaluation data never",
-    "data.partition": "iid | shards (McMahan's label shards) | dirichlet | iid_split | acid | alid | natural (by writer/role)",
+    "data.normalize": (
+        "none ([0, 1] pixels) | channel: (x - mean) / std per colour channel with the dataset's"
+        " published constants (cifar10, cifar100, mnist, mnist_5k and their tfds: sources), as"
+        " PFLDyn's authors do; no privacy cost"
+    ),
+    "data.augment": (
+        "none | crop_flip: every drawn training image randomly cropped after zero padding of 4 and"
+        " flipped left-right (CIFAR sources only), as PFLDyn's authors do; evaluation data never"
+    ),
+    "data.partition": (
+        "iid | shards (McMahan's label shards) | dirichlet | iid_split | acid | alid | natural (by"
+        " writer/role)"
+    ),
     "data.num_clients": "number of clients K",
     "data.shards_per_client": "shards partition: label-sorted shards per client",
     "data.alpha": "dirichlet partition: concentration (smaller = more skewed)",
     "data.test_fraction": "fraction of each client's examples held out as its own test data",
     "data.classes_per_client": "acid / alid partitions: classes each client holds",
     "data.max_train_per_client": "acid / alid: cap on a client's training examples (0 = none)",
-    "data.min_train_per_client": "natural: select only writers / roles with at least this many training examples (0 = all)",
+    "data.min_train_per_client": (
+        "natural: select only writers / roles with at least this many training examples (0 = all)"
+    ),
     "data.max_test_per_client": "acid / alid: cap on a client's test examples (0 = none)",
     "data.invert": "femnist: invert the pixel convention",
     "data.sequence_length": "shakespeare: characters per training window",
-    "model.name": "logistic | mlp_2nn | mlp_600_100 | cnn_fedavg | cnn_pfl | vgg16 | vgg16_gn (VGG16 + GroupNorm) | char_gru (GRU 256 x 2) | char_gru_small (one GRU of 128)",
-    "model.compute_dtype": "'' (float32) or 'bfloat16' (mixed precision; parameters and DP noise stay float32)",
+    "model.name": (
+        "logistic | mlp_2nn | mlp_600_100 | cnn_fedavg | cnn_pfl | vgg16 | vgg16_gn (VGG16 +"
+        " GroupNorm) | char_gru (GRU 256 x 2) | char_gru_small (one GRU of 128)"
+    ),
+    "model.compute_dtype": (
+        "'' (float32) or 'bfloat16' (mixed precision; parameters and DP noise stay float32)"
+    ),
     "client.optimizer": "local optimizer: sgd (with client.momentum) | adam",
     "client.learning_rate": "local learning rate eta",
     "client.momentum": "local momentum (sgd with momentum > 0)",
-    "client.batch_size": "local batch size B (with client.epochs, B at or above a client's data size is its whole data: one step an epoch)",
+    "client.batch_size": (
+        "local batch size B (with client.epochs, B at or above a client's data size is its whole"
+        " data: one step an epoch)"
+    ),
     "client.epochs": "local epochs E",
     "client.lr_decay": "local learning rate x lr_decay**t in round t",
-    "client.weight_decay": "local L2 weight decay: weight_decay * w added to every local step's gradient (0 = off)",
-    "client.grad_clip_norm": "clip every local step's gradient to this global L2 norm before the step (0 = off; "
-                             "FedDyn's code uses 10); training only, not a DP clip",
-    "server.optimizer": "server optimizer applied to the aggregate (FedOpt): sgd (with server.momentum) | adam",
+    "client.weight_decay": (
+        "local L2 weight decay: weight_decay * w added to every local step's gradient (0 = off)"
+    ),
+    "client.grad_clip_norm": (
+        "clip every local step's gradient to this global L2 norm before the step (0 = off; "
+        "FedDyn's code uses 10); training only, not a DP clip"
+    ),
+    "server.optimizer": (
+        "server optimizer applied to the aggregate (FedOpt): sgd (with server.momentum) | adam"
+    ),
     "server.learning_rate": "server learning rate eta_g (1.0 with sgd = plain FedAvg)",
     "server.momentum": "server momentum",
     "server.lr_decay": "server learning rate x lr_decay**t in round t",
-    "compression.enabled": "compressed-sensing uploads (CUAG-PFL Alg. 2-3), composable with any algorithm and DP",
+    "compression.enabled": (
+        "compressed-sensing uploads (CUAG-PFL Alg. 2-3), composable with any algorithm and DP"
+    ),
     "compression.kind": "measurement operator: block (Alg. 3, O(I)) | gaussian | bernoulli",
     "compression.rates": "'dynamic' (Alg. 2, layer-wise) or a fixed rate such as '0.5'",
     "compression.r_min": "Alg. 2: the least measurement rate",
     "compression.r_max": "Alg. 2: the largest measurement rate",
     "compression.method": "server reconstruction: min_norm | ista_dct",
     "compression.seed": "seed of the measurement matrices (shared by clients and server)",
-    "compression.materialize_gb": "gaussian/bernoulli: hold the round's matrices in memory up to this many GB (float32; "
-                                  "one generation a round instead of one a product); 0 = regenerate tile by tile",
-    "compression.refresh": "fixed: the same measurement matrices every round (Alg. 3 as written: the model moves only "
-                           "in their fixed row space) | round: each layer's entries permuted per round from the shared "
-                           "seed (not in seed 004; same traffic)",
-    "compression.signs": "none: Alg. 3 as written (its block rows sum to all-ones, so each layer's mean shift is kept "
-                         "whole: measured to collapse CIFAR-100) | random: a shared +-1 per entry before measuring, "
-                         "so every direction is kept alike (not in seed 004; same cost and traffic)",
-    "compression.error_feedback": "keep each client's residual x - Rec(Phi x) and add it to its next upload (error "
-                                  "feedback, Karimireddy et al. 2019; not in seed 004; needs refresh='round'; with partial "
-                                  "participation the residuals go stale (Li & Li 2023): it lowered seed 004's accuracy)",
-    "server_data.fraction": "server-held set (FedMeta's D_meta, FedShare's shared set): fraction of training examples",
-    "server_data.overlap": "< 0: drawn IID from the clients (no formal DP); 0-1: writer overlap on natural partitions "
-                           "(0 keeps the guarantee)",
+    "compression.materialize_gb": (
+        "gaussian/bernoulli: hold the round's matrices in memory up to this many GB (float32; "
+        "one generation a round instead of one a product); 0 = regenerate tile by tile"
+    ),
+    "compression.refresh": (
+        "fixed: the same measurement matrices every round (Alg. 3 as written: the model moves only"
+        " in their fixed row space) | round: each layer's entries permuted per round from the"
+        " shared seed (not in seed 004; same traffic)"
+    ),
+    "compression.signs": (
+        "none: Alg. 3 as written (its block rows sum to all-ones, so each layer's mean shift is"
+        " kept whole: measured to collapse CIFAR-100) | random: a shared +-1 per entry before"
+        " measuring, so every direction is kept alike (not in seed 004; same cost and traffic)"
+    ),
+    "compression.error_feedback": (
+        "keep each client's residual x - Rec(Phi x) and add it to its next upload (error "
+        "feedback, Karimireddy et al. 2019; not in seed 004; needs refresh='round'; with partial "
+        "participation the residuals go stale (Li & Li 2023): it lowered seed 004's accuracy)"
+    ),
+    "server_data.fraction": (
+        "server-held set (FedMeta's D_meta, FedShare's shared set): fraction of training examples"
+    ),
+    "server_data.overlap": (
+        "< 0: drawn IID from the clients (no formal DP); 0-1: writer overlap on natural partitions "
+        "(0 keeps the guarantee)"
+    ),
     "server_data.num_writers": "writers drawn for the server-held set on natural partitions",
-    "sampling.method": "uniform (exactly m clients, replace-one) | poisson (each client with probability q, add/remove-one) "
-                       "| min_separation (clients check in at random; one inside its b-round window or with k rounds "
-                       "is refused) | single (each client at most once) | cyclic (b fixed groups in turn) | "
-                       "cyclic_poisson (b groups in turn, members with probability q: amplified BandMF). The last four "
-                       "are the participation schemes correlated noise (dp.noise) is calibrated for",
-    "sampling.cohort_size": "uniform sampling: clients per round m; min_separation / single: the most a round takes "
-                            "(and the fixed denominator)",
-    "sampling.rate": "poisson sampling: probability q that a client takes part in a round; cyclic_poisson: that a "
-                     "member of the round's group does",
-    "sampling.rate_schedule": "poisson sampling: per-round rates '1:q1,t2:q2,...' (from round t on, replacing "
-                              "sampling.rate; Geyer et al. 2017's m_t = q_t K), each round accounted at its own q_t; "
-                              "DP-FedAvg divides by q_t K",
-    "sampling.min_separation": "b: min_separation: the fewest rounds between two of one client's; cyclic schemes: "
-                               "the number of groups",
-    "sampling.max_participations": "k: min_separation: a client's most rounds (0 = as many as b and the rounds allow)",
-    "sampling.check_in_rate": "min_separation / single: the chance a client checks in (is available) in a round",
-    "engine.strategy": "how clients run: auto | vmap | chunked | sequential | loop (same numbers, different speed)",
+    "sampling.method": (
+        "uniform (exactly m clients, replace-one) | poisson (each client with probability q,"
+        " add/remove-one) | min_separation (clients check in at random; one inside its b-round"
+        " window or with k rounds is refused) | single (each client at most once) | cyclic (b fixed"
+        " groups in turn) | cyclic_poisson (b groups in turn, members with probability q: amplified"
+        " BandMF). The last four are the participation schemes correlated noise (dp.noise) is"
+        " calibrated for"
+    ),
+    "sampling.cohort_size": (
+        "uniform sampling: clients per round m; min_separation / single: the most a round takes "
+        "(and the fixed denominator)"
+    ),
+    "sampling.rate": (
+        "poisson sampling: probability q that a client takes part in a round; cyclic_poisson: that"
+        " a member of the round's group does"
+    ),
+    "sampling.rate_schedule": (
+        "poisson sampling: per-round rates '1:q1,t2:q2,...' (from round t on, replacing "
+        "sampling.rate; Geyer et al. 2017's m_t = q_t K), each round accounted at its own q_t; "
+        "DP-FedAvg divides by q_t K"
+    ),
+    "sampling.min_separation": (
+        "b: min_separation: the fewest rounds between two of one client's; cyclic schemes: "
+        "the number of groups"
+    ),
+    "sampling.max_participations": (
+        "k: min_separation: a client's most rounds (0 = as many as b and the rounds allow)"
+    ),
+    "sampling.check_in_rate": (
+        "min_separation / single: the chance a client checks in (is available) in a round"
+    ),
+    "engine.strategy": (
+        "how clients run: auto | vmap | chunked | sequential | loop (same numbers, different speed)"
+    ),
     "engine.chunk_size": "chunked strategy: clients per vmapped chunk",
     "engine.unroll": "local-training scan unroll: auto | full | an integer",
-    "engine.conv_impl": "convolutions: auto | xla | im2col | space_to_depth (a thin first layer on 2x2 blocks, XLA elsewhere; opt-in) | per_layer (each layer by its shape)",
-    "engine.num_devices": "spread the cohort over this many devices: loop, clients round-robin; vmap / chunked / "
-                          "sequential, a mesh (0 = auto: a CPU device per core for auto's loop, else one)",
-    "engine.stream_clients": "send the cohort to the device this many clients at a time, so device memory is "
-                             "bounded by the slice, not the cohort (0 = all at once)",
-    "engine.max_replicated_gb": "spread over devices only while the copies of the round's shared inputs (model, state, "
-                                "held random matrices) on the other devices fit this many GB; else one device (same numbers, slower)",
-    "engine.deferred_dense": "on: plain-SGD clients update a large dense kernel once, at the end of local training, "
-                             "from the layer's inputs and output gradients (core/deferred_dense.py; equal up to float "
-                             "rounding) | auto: on CPU and GPU backends (where it was measured) | off",
+    "engine.conv_impl": (
+        "convolutions: auto | xla | im2col | space_to_depth (a thin first layer on 2x2 blocks, XLA"
+        " elsewhere; opt-in) | per_layer (each layer by its shape)"
+    ),
+    "engine.num_devices": (
+        "spread the cohort over this many devices: loop, clients round-robin; vmap / chunked / "
+        "sequential, a mesh (0 = auto: a CPU device per core for auto's loop, else one)"
+    ),
+    "engine.stream_clients": (
+        "send the cohort to the device this many clients at a time, so device memory is "
+        "bounded by the slice, not the cohort (0 = all at once)"
+    ),
+    "engine.max_replicated_gb": (
+        "spread over devices only while the copies of the round's shared inputs (model, state, held"
+        " random matrices) on the other devices fit this many GB; else one device (same numbers,"
+        " slower)"
+    ),
+    "engine.deferred_dense": (
+        "on: plain-SGD clients update a large dense kernel once, at the end of local training, "
+        "from the layer's inputs and output gradients (core/deferred_dense.py; equal up to float "
+        "rounding) | auto: on CPU and GPU backends (where it was measured) | off"
+    ),
 }
 
 
@@ -120,7 +204,8 @@ def key_docs() -> dict[str, str]:
 
 
 class _KeyDocs(dict):
-    """``KEY_DOCS`` read at use, so sections registered after import (a test's toy algorithm) are in it."""
+    """``KEY_DOCS`` read at use, so sections registered after import (a test's toy algorithm) are in
+    it."""
 
     def _all(self):
         return key_docs()
@@ -151,7 +236,8 @@ KEY_DOCS = _KeyDocs()
 
 
 def describe_keys(cfg=None) -> str:
-    """Every key of ``cfg`` (default: ``default_config()``) with its default and meaning, one per line."""
+    """Every key of ``cfg`` (default: ``default_config()``) with its default and meaning, one per
+    line."""
     from fedjax_dp.configs import all_keys
     from fedjax_dp.training.default_config import default_config
 

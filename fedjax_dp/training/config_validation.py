@@ -26,15 +26,22 @@ from fedjax_dp.privacy.settings import check_privacy
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.unread_keys import check_unread_keys
 
-
-KNOWN_INPUT_SHAPES = {"mnist_5k": (28, 28, 1), "mnist": (28, 28, 1), "femnist": (28, 28, 1),
-                      "fashion_mnist": (28, 28, 1), "cifar10": (32, 32, 3), "cifar100": (32, 32, 3)}
-"""Example shapes known from a source's name alone, so a model that cannot take them is refused before loading."""
+KNOWN_INPUT_SHAPES = {
+    "mnist_5k": (28, 28, 1),
+    "mnist": (28, 28, 1),
+    "femnist": (28, 28, 1),
+    "fashion_mnist": (28, 28, 1),
+    "cifar10": (32, 32, 3),
+    "cifar100": (32, 32, 3),
+}
+"""Example shapes known from a source's name alone, so a model that cannot take them is refused
+before loading."""
 
 
 def validate_config(cfg, overridden=()) -> None:
-    """Raises ``ValueError`` listing each invalid value of ``cfg`` (not only the first); ``overridden``:
-    the dotted keys a user set over the config (refused where ``cfg`` does not read them)."""
+    """Raises ``ValueError`` listing each invalid value of ``cfg`` (not only the first);
+    ``overridden``: the dotted keys a user set over the config (refused where ``cfg`` does not read
+    them)."""
     errors = []
 
     def need(ok: bool, message: str):
@@ -42,59 +49,122 @@ def validate_config(cfg, overridden=()) -> None:
             errors.append(message)
 
     for key, value in _numbers(cfg):  # first, alone: every check below assumes finite numbers
-        need(math.isfinite(value), f"{key}={value!r}: must be a finite number (no key takes inf or nan)")
+        need(
+            math.isfinite(value),
+            f"{key}={value!r}: must be a finite number (no key takes inf or nan)",
+        )
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
     need(cfg.rounds >= 1, f"rounds must be >= 1, got {cfg.rounds}")
     need(cfg.seed >= 0, f"seed must be >= 0 (numpy and JAX seed from it), got {cfg.seed}")
     need(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
-    need(cfg.divergence_rounds >= 0, f"divergence_rounds must be >= 0 (0: off), got {cfg.divergence_rounds}")
-    need(cfg.eval_client_data or not cfg.eval_prototypes,
-         "eval_prototypes=True scores prototype classifiers on the clients' own data; eval_client_data=False forbids it")
-    need(not cfg.eval_prototypes or cfg.model.name in PENULTIMATE_MODELS,
-         f"eval_prototypes needs a model with a hidden layer ({PENULTIMATE_MODELS}), got model.name={cfg.model.name!r}")
-    need(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0 = only at exit), got {cfg.checkpoint_every}")
-    need(cfg.checkpoint_keep >= 0, f"checkpoint_keep must be >= 0 (0 = keep every checkpoint), got {cfg.checkpoint_keep}")
+    need(
+        cfg.divergence_rounds >= 0,
+        f"divergence_rounds must be >= 0 (0: off), got {cfg.divergence_rounds}",
+    )
+    need(
+        cfg.eval_client_data or not cfg.eval_prototypes,
+        "eval_prototypes=True scores prototype classifiers on the clients' own data;"
+        " eval_client_data=False forbids it",
+    )
+    need(
+        not cfg.eval_prototypes or cfg.model.name in PENULTIMATE_MODELS,
+        f"eval_prototypes needs a model with a hidden layer ({PENULTIMATE_MODELS}), got"
+        f" model.name={cfg.model.name!r}",
+    )
+    need(
+        cfg.checkpoint_every >= 0,
+        f"checkpoint_every must be >= 0 (0 = only at exit), got {cfg.checkpoint_every}",
+    )
+    need(
+        cfg.checkpoint_keep >= 0,
+        f"checkpoint_keep must be >= 0 (0 = keep every checkpoint), got {cfg.checkpoint_keep}",
+    )
     need(cfg.data.num_clients >= 1, f"data.num_clients must be >= 1, got {cfg.data.num_clients}")
-    need(0 <= cfg.data.test_fraction < 1, f"data.test_fraction must lie in [0, 1), got {cfg.data.test_fraction}")
-    need(cfg.data.normalize in NORMALIZATIONS, f"data.normalize {cfg.data.normalize!r} unknown; available: {NORMALIZATIONS}")
-    need(cfg.data.normalize != "channel" or cfg.data.source in CHANNEL_STATS,
-         f"data.normalize='channel' has published constants for {sorted(CHANNEL_STATS)}, not for "
-         f"data.source={cfg.data.source!r}: use data.normalize='none'")
-    need(cfg.data.augment in AUGMENTATIONS, f"data.augment {cfg.data.augment!r} unknown; available: {AUGMENTATIONS}")
-    need(cfg.data.augment == "none" or cfg.data.source in FLIPPABLE_SOURCES,
-         f"data.augment={cfg.data.augment!r} crops and mirrors natural images: for {FLIPPABLE_SOURCES}, not "
-         f"data.source={cfg.data.source!r} (a mirrored digit or character is another symbol)")
-    need(cfg.data.partition in PARTITIONS, f"data.partition {cfg.data.partition!r} unknown; available: {PARTITIONS}")
-    need(cfg.data.source in SOURCES or cfg.data.source.startswith("tfds:"),
-         f"data.source {cfg.data.source!r} unknown; available: {SOURCES}")
-    need(cfg.data.source not in NATURAL_SOURCES or cfg.data.partition == "natural",
-         f"data.source {cfg.data.source!r} is partitioned by its natural clients: set data.partition='natural', "
-         f"got {cfg.data.partition!r}")
-    need(cfg.data.source != "shakespeare" or importlib.util.find_spec("h5py") is not None,
-         'data.source=shakespeare needs h5py: pip install "fedjax_dp[shakespeare]"')
-    need(cfg.data.partition != "dirichlet" or cfg.data.alpha > 0, f"data.alpha must be > 0, got {cfg.data.alpha}")
-    need(cfg.data.partition not in ("acid", "alid") or cfg.data.classes_per_client >= 1,
-         f"data.classes_per_client must be >= 1 for partition {cfg.data.partition!r}, got {cfg.data.classes_per_client}")
+    need(
+        0 <= cfg.data.test_fraction < 1,
+        f"data.test_fraction must lie in [0, 1), got {cfg.data.test_fraction}",
+    )
+    need(
+        cfg.data.normalize in NORMALIZATIONS,
+        f"data.normalize {cfg.data.normalize!r} unknown; available: {NORMALIZATIONS}",
+    )
+    need(
+        cfg.data.normalize != "channel" or cfg.data.source in CHANNEL_STATS,
+        f"data.normalize='channel' has published constants for {sorted(CHANNEL_STATS)}, not for "
+        f"data.source={cfg.data.source!r}: use data.normalize='none'",
+    )
+    need(
+        cfg.data.augment in AUGMENTATIONS,
+        f"data.augment {cfg.data.augment!r} unknown; available: {AUGMENTATIONS}",
+    )
+    need(
+        cfg.data.augment == "none" or cfg.data.source in FLIPPABLE_SOURCES,
+        f"data.augment={cfg.data.augment!r} crops and mirrors natural images: for"
+        f" {FLIPPABLE_SOURCES}, not data.source={cfg.data.source!r} (a mirrored digit or character"
+        " is another symbol)",
+    )
+    need(
+        cfg.data.partition in PARTITIONS,
+        f"data.partition {cfg.data.partition!r} unknown; available: {PARTITIONS}",
+    )
+    need(
+        cfg.data.source in SOURCES or cfg.data.source.startswith("tfds:"),
+        f"data.source {cfg.data.source!r} unknown; available: {SOURCES}",
+    )
+    need(
+        cfg.data.source not in NATURAL_SOURCES or cfg.data.partition == "natural",
+        f"data.source {cfg.data.source!r} is partitioned by its natural clients: set"
+        f" data.partition='natural', got {cfg.data.partition!r}",
+    )
+    need(
+        cfg.data.source != "shakespeare" or importlib.util.find_spec("h5py") is not None,
+        'data.source=shakespeare needs h5py: pip install "fedjax_dp[shakespeare]"',
+    )
+    need(
+        cfg.data.partition != "dirichlet" or cfg.data.alpha > 0,
+        f"data.alpha must be > 0, got {cfg.data.alpha}",
+    )
+    need(
+        cfg.data.partition not in ("acid", "alid") or cfg.data.classes_per_client >= 1,
+        f"data.classes_per_client must be >= 1 for partition {cfg.data.partition!r}, got"
+        f" {cfg.data.classes_per_client}",
+    )
     for key in ("max_train_per_client", "max_test_per_client"):
-        need(cfg.data[key] >= 0, f"data.{key} must be >= 0 (0 = all of a client's examples), got {cfg.data[key]}")
-    need(cfg.data.min_train_per_client >= 0,
-         f"data.min_train_per_client must be >= 0 (0 = every client), got {cfg.data.min_train_per_client}")
-    need(cfg.data.min_train_per_client == 0 or cfg.data.partition == "natural",
-         f"data.min_train_per_client={cfg.data.min_train_per_client} selects natural clients (writers, roles); "
-         f"data.partition={cfg.data.partition!r} makes its own clients")
-    need(cfg.model.name in MODEL_NAMES, f"model.name {cfg.model.name!r} unknown; available: {MODEL_NAMES}")
+        need(
+            cfg.data[key] >= 0,
+            f"data.{key} must be >= 0 (0 = all of a client's examples), got {cfg.data[key]}",
+        )
+    need(
+        cfg.data.min_train_per_client >= 0,
+        "data.min_train_per_client must be >= 0 (0 = every client), got"
+        f" {cfg.data.min_train_per_client}",
+    )
+    need(
+        cfg.data.min_train_per_client == 0 or cfg.data.partition == "natural",
+        f"data.min_train_per_client={cfg.data.min_train_per_client} selects natural clients"
+        f" (writers, roles); data.partition={cfg.data.partition!r} makes its own clients",
+    )
+    need(
+        cfg.model.name in MODEL_NAMES,
+        f"model.name {cfg.model.name!r} unknown; available: {MODEL_NAMES}",
+    )
     shape = KNOWN_INPUT_SHAPES.get(cfg.data.source.removeprefix("tfds:"))
     if shape is not None and cfg.model.name in MODEL_NAMES:
         try:
             check_input_shape(cfg.model.name, shape)
         except ValueError as error:
             need(False, f"{error} (data.source={cfg.data.source!r})")
-    need((cfg.model.compute_dtype or None) in COMPUTE_DTYPES,
-         f"model.compute_dtype {cfg.model.compute_dtype!r} unknown; use '' (float32) or 'bfloat16'")
+    need(
+        (cfg.model.compute_dtype or None) in COMPUTE_DTYPES,
+        f"model.compute_dtype {cfg.model.compute_dtype!r} unknown; use '' (float32) or 'bfloat16'",
+    )
     for side in ("client", "server"):
         opt = cfg[side]
-        need(opt.optimizer in OPTIMIZERS, f"{side}.optimizer {opt.optimizer!r} unknown; available: {OPTIMIZERS}")
+        need(
+            opt.optimizer in OPTIMIZERS,
+            f"{side}.optimizer {opt.optimizer!r} unknown; available: {OPTIMIZERS}",
+        )
         need(opt.learning_rate > 0, f"{side}.learning_rate must be > 0, got {opt.learning_rate}")
         need(opt.momentum >= 0, f"{side}.momentum must be >= 0, got {opt.momentum}")
     need(cfg.client.batch_size >= 1, f"client.batch_size must be >= 1, got {cfg.client.batch_size}")
@@ -102,37 +172,76 @@ def validate_config(cfg, overridden=()) -> None:
     for key in ("weight_decay", "grad_clip_norm"):
         need(cfg.client[key] >= 0, f"client.{key} must be >= 0, got {cfg.client[key]}")
     for side in ("client", "server"):
-        need(0 < cfg[side].lr_decay <= 1, f"{side}.lr_decay must lie in (0, 1], got {cfg[side].lr_decay}")
+        need(
+            0 < cfg[side].lr_decay <= 1,
+            f"{side}.lr_decay must lie in (0, 1], got {cfg[side].lr_decay}",
+        )
     if cfg.compression.enabled:
         _validate_compression(cfg, need)
     else:
-        need(not cfg.compression.error_feedback, "compression.error_feedback=True feeds back the compression residual; "
-                                                 "it needs compression.enabled=True")
+        need(
+            not cfg.compression.error_feedback,
+            "compression.error_feedback=True feeds back the compression residual; "
+            "it needs compression.enabled=True",
+        )
     sd = cfg.server_data
     need(0 < sd.fraction <= 1, f"server_data.fraction must lie in (0, 1], got {sd.fraction}")
-    need(sd.overlap < 0 or sd.overlap <= 1, f"server_data.overlap must be < 0 (IID) or in [0, 1], got {sd.overlap}")
+    need(
+        sd.overlap < 0 or sd.overlap <= 1,
+        f"server_data.overlap must be < 0 (IID) or in [0, 1], got {sd.overlap}",
+    )
     _validate_sampling(cfg, need)
     e = cfg.engine
-    need(e.strategy in STRATEGIES + ("auto",), f"engine.strategy {e.strategy!r} unknown; available: {STRATEGIES + ('auto',)}")
-    need(e.strategy != "chunked" or e.chunk_size >= 1, f"engine.chunk_size must be >= 1 for 'chunked', got {e.chunk_size}")
-    need(e.unroll in ("auto", "full") or (str(e.unroll).isdigit() and int(e.unroll) >= 1),
-         f"engine.unroll must be 'auto', 'full' or a positive integer, got {e.unroll!r}")
-    need(e.conv_impl in CONV_IMPLS + ("auto",), f"engine.conv_impl {e.conv_impl!r} unknown; available: {CONV_IMPLS + ('auto',)}")
+    need(
+        e.strategy in STRATEGIES + ("auto",),
+        f"engine.strategy {e.strategy!r} unknown; available: {STRATEGIES + ('auto',)}",
+    )
+    need(
+        e.strategy != "chunked" or e.chunk_size >= 1,
+        f"engine.chunk_size must be >= 1 for 'chunked', got {e.chunk_size}",
+    )
+    need(
+        e.unroll in ("auto", "full") or (str(e.unroll).isdigit() and int(e.unroll) >= 1),
+        f"engine.unroll must be 'auto', 'full' or a positive integer, got {e.unroll!r}",
+    )
+    need(
+        e.conv_impl in CONV_IMPLS + ("auto",),
+        f"engine.conv_impl {e.conv_impl!r} unknown; available: {CONV_IMPLS + ('auto',)}",
+    )
     need(e.num_devices >= 0, f"engine.num_devices must be >= 0 (0 = auto), got {e.num_devices}")
-    if hosts.distributed():  # several processes (``core.hosts``): one traced program over every host's devices
-        need(e.strategy != "loop", "engine.strategy='loop' runs clients from Python on one host; under "
-                                   f"{jax.process_count()} processes choose vmap, chunked, sequential or auto")
-        need(e.num_devices in (0, jax.device_count()), f"engine.num_devices={e.num_devices}: under "
-             f"{jax.process_count()} processes the cohort spreads over all {jax.device_count()} devices (set 0)")
-    need(isinstance(e.stream_clients, int) and e.stream_clients >= 0,
-         f"engine.stream_clients must be an integer >= 0 (0 = the whole cohort at once), got {e.stream_clients!r}")
-    need(isinstance(e.max_replicated_gb, (int, float)) and e.max_replicated_gb >= 0,
-         f"engine.max_replicated_gb must be a number >= 0 (0 = never copy: one device), got {e.max_replicated_gb!r}")
-    need(e.deferred_dense in DEFERRED_DENSE, f"engine.deferred_dense {e.deferred_dense!r} unknown; available: {DEFERRED_DENSE}")
+    # several processes (``core.hosts``): one traced program over every host's devices
+    if hosts.distributed():
+        need(
+            e.strategy != "loop",
+            "engine.strategy='loop' runs clients from Python on one host; under "
+            f"{jax.process_count()} processes choose vmap, chunked, sequential or auto",
+        )
+        need(
+            e.num_devices in (0, jax.device_count()),
+            f"engine.num_devices={e.num_devices}: under {jax.process_count()} processes the cohort"
+            f" spreads over all {jax.device_count()} devices (set 0)",
+        )
+    need(
+        isinstance(e.stream_clients, int) and e.stream_clients >= 0,
+        "engine.stream_clients must be an integer >= 0 (0 = the whole cohort at once), got"
+        f" {e.stream_clients!r}",
+    )
+    need(
+        isinstance(e.max_replicated_gb, (int, float)) and e.max_replicated_gb >= 0,
+        "engine.max_replicated_gb must be a number >= 0 (0 = never copy: one device), got"
+        f" {e.max_replicated_gb!r}",
+    )
+    need(
+        e.deferred_dense in DEFERRED_DENSE,
+        f"engine.deferred_dense {e.deferred_dense!r} unknown; available: {DEFERRED_DENSE}",
+    )
     _refuse_unknown_keys(cfg, default_config(), "", need)
-    check_privacy(cfg, need)  # the privacy section itself; which of its keys the algorithm reads: the registry
-    check_unread_keys(cfg, overridden, need)  # an override where the chosen value of another key does not read it
-    registry.validate(cfg, need)  # the algorithm's own section, and sections it does not read left alone
+    # the privacy section itself; which of its keys the algorithm reads: the registry
+    check_privacy(cfg, need)
+    # an override where the chosen value of another key does not read it
+    check_unread_keys(cfg, overridden, need)
+    # the algorithm's own section, and sections it does not read left alone
+    registry.validate(cfg, need)
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
 
@@ -142,38 +251,68 @@ SAMPLING_METHODS = ("uniform", "poisson") + PARTICIPATION_SCHEMES
 
 def _validate_sampling(cfg, need) -> None:
     s, clients = cfg.sampling, cfg.data.num_clients
-    need(s.method in SAMPLING_METHODS, f"sampling.method {s.method!r} unknown; available: {SAMPLING_METHODS}")
+    need(
+        s.method in SAMPLING_METHODS,
+        f"sampling.method {s.method!r} unknown; available: {SAMPLING_METHODS}",
+    )
     if s.method in ("uniform", "min_separation", "single"):
-        need(1 <= s.cohort_size <= clients,
-             f"sampling.cohort_size must lie in [1, data.num_clients={clients}], got {s.cohort_size}")
+        need(
+            1 <= s.cohort_size <= clients,
+            f"sampling.cohort_size must lie in [1, data.num_clients={clients}], got"
+            f" {s.cohort_size}",
+        )
     if s.method in ("poisson", "cyclic_poisson"):
         need(0 < s.rate <= 1, f"sampling.rate q must lie in (0, 1], got {s.rate}")
         if s.method == "poisson" and s.rate_schedule:
             try:
-                for _, q in parse_schedule(s.rate_schedule, s.rate, key="sampling.rate_schedule", unit="q"):
-                    need(0 < q <= 1, f"sampling.rate_schedule={s.rate_schedule!r}: every q must lie in (0, 1], got {q}")
+                for _, q in parse_schedule(
+                    s.rate_schedule, s.rate, key="sampling.rate_schedule", unit="q"
+                ):
+                    need(
+                        0 < q <= 1,
+                        f"sampling.rate_schedule={s.rate_schedule!r}: every q must lie in (0, 1],"
+                        f" got {q}",
+                    )
             except ValueError as error:
                 need(False, str(error))
     if s.method in ("min_separation", "cyclic", "cyclic_poisson"):
-        need(isinstance(s.min_separation, int) and 1 <= s.min_separation <= max(cfg.rounds, 1),
-             f"sampling.min_separation b must be an integer in [1, rounds={cfg.rounds}], got {s.min_separation!r}")
+        need(
+            isinstance(s.min_separation, int) and 1 <= s.min_separation <= max(cfg.rounds, 1),
+            f"sampling.min_separation b must be an integer in [1, rounds={cfg.rounds}], got"
+            f" {s.min_separation!r}",
+        )
     if s.method in ("cyclic", "cyclic_poisson"):
-        need(not isinstance(s.min_separation, int) or s.min_separation <= clients,
-             f"sampling.min_separation={s.min_separation} cyclic groups need at least as many clients "
-             f"(data.num_clients={clients})")
-    need(isinstance(s.max_participations, int) and s.max_participations >= 0,
-         f"sampling.max_participations k must be an integer >= 0 (0 = no limit), got {s.max_participations!r}")
-    need(0 < s.check_in_rate <= 1, f"sampling.check_in_rate must lie in (0, 1], got {s.check_in_rate}")
+        need(
+            not isinstance(s.min_separation, int) or s.min_separation <= clients,
+            f"sampling.min_separation={s.min_separation} cyclic groups need at least as many"
+            f" clients (data.num_clients={clients})",
+        )
+    need(
+        isinstance(s.max_participations, int) and s.max_participations >= 0,
+        "sampling.max_participations k must be an integer >= 0 (0 = no limit), got"
+        f" {s.max_participations!r}",
+    )
+    need(
+        0 < s.check_in_rate <= 1,
+        f"sampling.check_in_rate must lie in (0, 1], got {s.check_in_rate}",
+    )
     if s.method in PARTICIPATION_SCHEMES:
-        need(registry.get(cfg.algorithm).participation if cfg.algorithm in registry.names() else True,
-             f"sampling.method={s.method!r} is a participation scheme for correlated noise (dp.noise), which "
-             f"algorithm={cfg.algorithm!r} does not run; algorithms that do: "
-             f"{[n for n in registry.names() if registry.get(n).participation]}")
+        need(
+            (
+                registry.get(cfg.algorithm).participation
+                if cfg.algorithm in registry.names()
+                else True
+            ),
+            f"sampling.method={s.method!r} is a participation scheme for correlated noise"
+            f" (dp.noise), which algorithm={cfg.algorithm!r} does not run; algorithms that do:"
+            f" {[n for n in registry.names() if registry.get(n).participation]}",
+        )
 
 
 def _numbers(cfg, prefix: str = ""):
-    """``(dotted key, value)`` of every float in ``cfg`` (issue 74, item 17: ``dp.clip_norm=inf`` passed the
-    ``> 0`` check, wrote the non-standard ``Infinity`` to config.json and failed in round 1)."""
+    """``(dotted key, value)`` of every float in ``cfg`` (issue 74, item 17: ``dp.clip_norm=inf``
+    passed the ``> 0`` check, wrote the non-standard ``Infinity`` to config.json and failed in round
+    1)."""
     for key, value in cfg.items():
         if hasattr(value, "items"):
             yield from _numbers(value, f"{prefix}{key}.")
@@ -182,8 +321,8 @@ def _numbers(cfg, prefix: str = ""):
 
 
 def _refuse_unknown_keys(cfg, defaults, prefix: str, need, root=None) -> None:
-    """Every key must be one the defaults define (a misspelt key would otherwise be silently ignored);
-    each unknown key is named with the closest known one."""
+    """Every key must be one the defaults define (a misspelt key would otherwise be silently
+    ignored); each unknown key is named with the closest known one."""
     from fedjax_dp.configs import unknown_key_message
 
     root = defaults if root is None else root
@@ -202,18 +341,28 @@ def _validate_compression(cfg, need) -> None:
     from fedjax_dp.compression.refresh import REFRESH
     from fedjax_dp.compression.signs import SIGNS
     from fedjax_dp.compression.upload_transform import FIXED_MATRIX_FEEDBACK
+
     c = cfg.compression
     need(c.kind in KINDS, f"compression.kind {c.kind!r} unknown; available: {KINDS}")
     need(c.method in METHODS, f"compression.method {c.method!r} unknown; available: {METHODS}")
-    need(0 < c.r_min <= 1 and 0 < c.r_max <= 1, f"compression rates must lie in (0, 1]; got r_min={c.r_min}, r_max={c.r_max}")
+    need(
+        0 < c.r_min <= 1 and 0 < c.r_max <= 1,
+        f"compression rates must lie in (0, 1]; got r_min={c.r_min}, r_max={c.r_max}",
+    )
     need(c.r_min <= c.r_max, f"compression.r_min={c.r_min} exceeds r_max={c.r_max}")
     need(c.seed >= 0, f"compression.seed must be >= 0, got {c.seed}")
-    need(c.materialize_gb >= 0, f"compression.materialize_gb must be >= 0 (0 = never), got {c.materialize_gb}")
+    need(
+        c.materialize_gb >= 0,
+        f"compression.materialize_gb must be >= 0 (0 = never), got {c.materialize_gb}",
+    )
     need(c.refresh in REFRESH, f"compression.refresh {c.refresh!r} unknown; available: {REFRESH}")
     need(c.signs in SIGNS, f"compression.signs {c.signs!r} unknown; available: {SIGNS}")
     need(not c.error_feedback or c.refresh != "fixed", FIXED_MATRIX_FEEDBACK)
     if c.rates != "dynamic":
         try:
-            need(0 < float(c.rates) <= 1, f"compression.rates must be 'dynamic' or a rate in (0, 1], got {c.rates!r}")
+            need(
+                0 < float(c.rates) <= 1,
+                f"compression.rates must be 'dynamic' or a rate in (0, 1], got {c.rates!r}",
+            )
         except ValueError:
             need(False, f"compression.rates must be 'dynamic' or a rate in (0, 1], got {c.rates!r}")

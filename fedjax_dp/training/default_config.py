@@ -1,6 +1,7 @@
 """Every configuration value an experiment can set, with its default; the shipped configs
 (``fedjax_dp/configs/``) start from ``default_config()`` and change what they need. The config comes
-back locked: assigning a key it does not have raises, naming the closest one (``ml_collections``)."""
+back locked: assigning a key it does not have raises, naming the closest one
+(``ml_collections``)."""
 
 import ml_collections
 
@@ -15,57 +16,127 @@ def default_config() -> ml_collections.ConfigDict:
     c.rounds = 100
     c.eval_every = 5
     c.eval_initial = True  # evaluate the initial model as round 0 (metrics.jsonl, the plots)
-    c.eval_client_data = True  # False: no figure from the clients' own data (per-client, personalised) is computed
-    c.eval_prototypes = False  # also score each client's prototype classifier on the global model's features
-    c.divergence_rounds = 5  # stop once the training loss is non-finite or 1e6x round 1's this many rounds running; 0: off
+    # False: no figure from the clients' own data (per-client, personalised) is computed
+    c.eval_client_data = True
+    # also score each client's prototype classifier on the global model's features
+    c.eval_prototypes = False
+    # stop once the training loss is non-finite or 1e6x round 1's this many rounds running; 0: off
+    c.divergence_rounds = 5
     c.checkpoint_every = 0  # > 0: checkpoint every k rounds (always at exit); resume with --resume
-    c.checkpoint_keep = 2  # the newest k checkpoints are kept; 0 keeps every one (for analysing each round after)
-    c.algorithm = fedjax_dp.algorithms.DEFAULT_ALGORITHM  # any registered name: algorithms.registry.names()
-    c.data = ml_collections.ConfigDict(dict(
-        source="mnist_5k",      # mnist_5k | mnist | cifar10 | cifar100 | femnist | shakespeare | tfds:<name>
-        data_dir="",            # folder of the local files (configs: $FEDJAX_DP_DATA/<dataset>) or TFDS data_dir
-        cache_dir="",           # decoded-array cache: "" = $FEDJAX_DP_CACHE or ~/.cache/fedjax_dp, "off" = none
-        download=False, manual_dir="",  # TFDS only
-        partition="shards",     # iid | shards | dirichlet | iid_split | acid | alid | natural
-        num_clients=100, shards_per_client=2, alpha=0.5, test_fraction=0.2,
-        classes_per_client=3, max_train_per_client=0, max_test_per_client=0,  # acid / alid
-        min_train_per_client=0,  # natural: only writers / roles with at least this many training examples
-        invert=False, sequence_length=80,  # femnist pixel convention; shakespeare window
-        normalize="none",       # none | channel: (x - mean) / std per channel, published constants (data/normalization.py)
-        augment="none"))        # none | crop_flip: each drawn CIFAR training image cropped (padding 4) and flipped
-    c.model = ml_collections.ConfigDict(dict(name="mlp_2nn", compute_dtype=""))  # "bfloat16": mixed precision
-    c.client = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=0.05, momentum=0.0, batch_size=10, epochs=5,
-                                              lr_decay=1.0,  # client lr x lr_decay**t in round t
-                                              weight_decay=0.0, grad_clip_norm=0.0))
-    c.server = ml_collections.ConfigDict(dict(optimizer="sgd", learning_rate=1.0, momentum=0.0, lr_decay=1.0))
-    c.compression = ml_collections.ConfigDict(dict(
-        enabled=False,          # compressed-sensing uploads (seed 004), composable with any algorithm and DP
-        kind="block",           # block | gaussian | bernoulli measurement operator
-        rates="dynamic",        # "dynamic" (Alg. 2) or a fixed rate such as "0.5"
-        r_min=0.2, r_max=0.5, method="min_norm", seed=0,  # Alg. 2 bounds; min_norm | ista_dct
-        materialize_gb=1.0,     # random matrices held in memory per round up to this size (0: never)
-        refresh="fixed",        # fixed: Alg. 3's matrices every round | round: permuted per round (not in seed 004)
-        signs="none",           # none: Alg. 3 | random: a shared +-1 per entry before measuring (not in seed 004)
-        error_feedback=False))  # keep each client's compression residual for its next upload (refresh='round')
-    c.server_data = ml_collections.ConfigDict(dict(
-        fraction=0.01,          # a server-held set (D_meta, a shared set): this fraction of the training examples
-        overlap=-1.0,           # < 0: IID from the training clients; [0, 1]: writer overlap (natural partitions)
-        num_writers=20))
-    c.sampling = ml_collections.ConfigDict(dict(
-        method="uniform",       # uniform | poisson | min_separation | single | cyclic | cyclic_poisson
-        cohort_size=10, rate=0.1,
-        rate_schedule="",       # poisson: "1:0.3,6:0.5" (q_t from that round on, replacing rate; Geyer et al.'s m_t)
-        min_separation=1,       # b: rounds between two of a client's (min_separation); groups (cyclic)
-        max_participations=0,   # k: a client's most rounds under min_separation (0 = as b and the rounds allow)
-        check_in_rate=1.0))     # min_separation / single: the chance a client checks in (is available) in a round
-    c.privacy = ml_collections.ConfigDict(dict(privacy_settings.SECTION))  # delta, accountant, budgets, stops, secure RNG
-    c.engine = ml_collections.ConfigDict(dict(strategy="auto", chunk_size=0, unroll="auto", conv_impl="auto", num_devices=0,
-                                              stream_clients=0, max_replicated_gb=1.0,
-                                              deferred_dense="auto"))
+    # the newest k checkpoints are kept; 0 keeps every one (for analysing each round after)
+    c.checkpoint_keep = 2
+    # any registered name: algorithms.registry.names()
+    c.algorithm = fedjax_dp.algorithms.DEFAULT_ALGORITHM
+    c.data = ml_collections.ConfigDict(
+        dict(
+            # mnist_5k | mnist | cifar10 | cifar100 | femnist | shakespeare | tfds:<name>
+            source="mnist_5k",
+            # folder of the local files (configs: $FEDJAX_DP_DATA/<dataset>) or TFDS data_dir
+            data_dir="",
+            # decoded-array cache: "" = $FEDJAX_DP_CACHE or ~/.cache/fedjax_dp, "off" = none
+            cache_dir="",
+            download=False,
+            manual_dir="",  # TFDS only
+            partition="shards",  # iid | shards | dirichlet | iid_split | acid | alid | natural
+            num_clients=100,
+            shards_per_client=2,
+            alpha=0.5,
+            test_fraction=0.2,
+            classes_per_client=3,
+            max_train_per_client=0,
+            max_test_per_client=0,  # acid / alid
+            # natural: only writers / roles with at least this many training examples
+            min_train_per_client=0,
+            invert=False,
+            sequence_length=80,  # femnist pixel convention; shakespeare window
+            # none | channel: (x - mean) / std per channel, published constants
+            # (data/normalization.py)
+            normalize="none",
+            # none | crop_flip: each drawn CIFAR training image cropped (padding 4) and flipped
+            augment="none",
+        )
+    )
+    # "bfloat16": mixed precision
+    c.model = ml_collections.ConfigDict(dict(name="mlp_2nn", compute_dtype=""))
+    c.client = ml_collections.ConfigDict(
+        dict(
+            optimizer="sgd",
+            learning_rate=0.05,
+            momentum=0.0,
+            batch_size=10,
+            epochs=5,
+            lr_decay=1.0,  # client lr x lr_decay**t in round t
+            weight_decay=0.0,
+            grad_clip_norm=0.0,
+        )
+    )
+    c.server = ml_collections.ConfigDict(
+        dict(optimizer="sgd", learning_rate=1.0, momentum=0.0, lr_decay=1.0)
+    )
+    c.compression = ml_collections.ConfigDict(
+        dict(
+            # compressed-sensing uploads (seed 004), composable with any algorithm and DP
+            enabled=False,
+            kind="block",  # block | gaussian | bernoulli measurement operator
+            rates="dynamic",  # "dynamic" (Alg. 2) or a fixed rate such as "0.5"
+            r_min=0.2,
+            r_max=0.5,
+            method="min_norm",
+            seed=0,  # Alg. 2 bounds; min_norm | ista_dct
+            # random matrices held in memory per round up to this size (0: never)
+            materialize_gb=1.0,
+            # fixed: Alg. 3's matrices every round | round: permuted per round (not in seed 004)
+            refresh="fixed",
+            # none: Alg. 3 | random: a shared +-1 per entry before measuring (not in seed 004)
+            signs="none",
+            # keep each client's compression residual for its next upload (refresh='round')
+            error_feedback=False,
+        )
+    )
+    c.server_data = ml_collections.ConfigDict(
+        dict(
+            # a server-held set (D_meta, a shared set): this fraction of the training examples
+            fraction=0.01,
+            # < 0: IID from the training clients; [0, 1]: writer overlap (natural partitions)
+            overlap=-1.0,
+            num_writers=20,
+        )
+    )
+    c.sampling = ml_collections.ConfigDict(
+        dict(
+            # uniform | poisson | min_separation | single | cyclic | cyclic_poisson
+            method="uniform",
+            cohort_size=10,
+            rate=0.1,
+            # poisson: "1:0.3,6:0.5" (q_t from that round on, replacing rate; Geyer et al.'s m_t)
+            rate_schedule="",
+            # b: rounds between two of a client's (min_separation); groups (cyclic)
+            min_separation=1,
+            # k: a client's most rounds under min_separation (0 = as b and the rounds allow)
+            max_participations=0,
+            # min_separation / single: the chance a client checks in (is available) in a round
+            check_in_rate=1.0,
+        )
+    )
+    # delta, accountant, budgets, stops, secure RNG
+    c.privacy = ml_collections.ConfigDict(dict(privacy_settings.SECTION))
+    c.engine = ml_collections.ConfigDict(
+        dict(
+            strategy="auto",
+            chunk_size=0,
+            unroll="auto",
+            conv_impl="auto",
+            num_devices=0,
+            stream_clients=0,
+            max_replicated_gb=1.0,
+            deferred_dense="auto",
+        )
+    )
     for name, section in registry.sections().items():  # each algorithm's and wrapper's own section
         c[name] = section
     c.lock()
     return c
 
 
-get_config = default_config  # lets ``ml_collections.config_flags`` load this file (the CLI's default)
+# lets ``ml_collections.config_flags`` load this file (the CLI's default)
+get_config = default_config

@@ -1,6 +1,7 @@
 """The experiment loop (issue 73): a short loop of rounds (``train``) with hooks around it
-(``training.callbacks``: evaluation, divergence, progress, results and TensorBoard, checkpoints, plots, and the
-user's own); ``training.run_context.RunContext`` holds the run and runs a round, privacy included.
+(``training.callbacks``: evaluation, divergence, progress, results and TensorBoard, checkpoints,
+plots, and the user's own); ``training.run_context.RunContext`` holds the run and runs a round,
+privacy included.
 
 It names no algorithm: the registry builds the round, the algorithm's ``requirements`` say what the
 data side must provide, and the upload chain's declared releases say whether privacy is tracked.
@@ -16,21 +17,31 @@ from fedjax_dp.training.callbacks import default_callbacks
 from fedjax_dp.training.checkpointing import Checkpointer, truncate_metrics  # noqa: F401
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.reporting import RunSummary, format_summary  # noqa: F401
-from fedjax_dp.training.run_context import (STALL_ROUNDS, RunContext, central_test_from_clients,  # noqa: F401
-                                            personalized_evaluator)
+from fedjax_dp.training.run_context import (
+    RunContext,
+    central_test_from_clients,  # noqa: F401
+)
 from fedjax_dp.training.workdir_lock import WorkdirLock
 
 
-def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = True,
-                   resume: bool = False, tensorboard: bool = False, callbacks=()) -> RunSummary:
+def run_experiment(
+    cfg,
+    workdir: str,
+    overwrite: bool = False,
+    progress: bool = True,
+    resume: bool = False,
+    tensorboard: bool = False,
+    callbacks=(),
+) -> RunSummary:
     """Runs one configured experiment and writes its results directory.
 
-    ``resume`` continues the run in ``workdir`` from its newest checkpoint: the result is identical to
-    an uninterrupted run. SIGINT / SIGTERM finish the round, checkpoint and return ``interrupted``.
-    ``tensorboard`` also writes every round's scalars under ``<workdir>/tensorboard`` (tensorboardX).
-    One run holds ``workdir`` at a time (``WorkdirLock``); ``overwrite`` first removes every artefact of the
-    earlier run there, checkpoints included. ``callbacks``: the user's ``training.callbacks.Callback``s, run after
-    the evaluation and before the row is written (``StopWhen`` stops on a metric).
+    ``resume`` continues the run in ``workdir`` from its newest checkpoint: the result is identical
+    to an uninterrupted run. SIGINT / SIGTERM finish the round, checkpoint and return
+    ``interrupted``. ``tensorboard`` also writes every round's scalars under
+    ``<workdir>/tensorboard`` (tensorboardX). One run holds ``workdir`` at a time (``WorkdirLock``);
+    ``overwrite`` first removes every artefact of the earlier run there, checkpoints included.
+    ``callbacks``: the user's ``training.callbacks.Callback``s, run after the evaluation and before
+    the row is written (``StopWhen`` stops on a metric).
     """
     validate_config(cfg)
     with _held_by_process_zero(workdir):
@@ -40,7 +51,8 @@ def run_experiment(cfg, workdir: str, overwrite: bool = False, progress: bool = 
 
 @contextlib.contextmanager
 def _held_by_process_zero(workdir: str):
-    """``WorkdirLock(workdir)`` held by process 0 (the one that writes); every process learns whether it was free."""
+    """``WorkdirLock(workdir)`` held by process 0 (the one that writes); every process learns
+    whether it was free."""
     lock = WorkdirLock(workdir)
     hosts.on_primary(lock.__enter__)
     try:
@@ -51,18 +63,20 @@ def _held_by_process_zero(workdir: str):
 
 
 def train(run: RunContext, callbacks) -> RunSummary:
-    """The loop: round after round until the last, a stop (privacy budget, divergence, a callback's reason) or an
-    interrupting signal; the callbacks around it (``training.callbacks``)."""
+    """The loop: round after round until the last, a stop (privacy budget, divergence, a callback's
+    reason) or an interrupting signal; the callbacks around it (``training.callbacks``)."""
     for callback in callbacks:
         callback.on_train_begin(run)
     with run.interruption.installed():
         for t in range(run.loop.rounds_run + 1, run.cfg.rounds + 1):
             row = run.round(t)
-            if hosts.distributed():  # what every process's callbacks see: a signal that reached one host stops all
+            # what every process's callbacks see: a signal that reached one host stops all
+            if hosts.distributed():
                 run.interruption.synchronize()
             if row is None:  # the privacy budget would be exceeded: round t does not run
                 break
-            if run.halted:  # a non-finite global model: the last good state is kept, nothing more is done
+            # a non-finite global model: the last good state is kept, nothing more is done
+            if run.halted:
                 run.writer.log(row)
                 break
             for callback in callbacks:
@@ -72,7 +86,10 @@ def train(run: RunContext, callbacks) -> RunSummary:
             if run.stop_reason:
                 break
             if run.interruption:
-                run.stop(f"interrupted by {run.interruption.signal_name or 'a signal to another process'}")
+                run.stop(
+                    "interrupted by"
+                    f" {run.interruption.signal_name or 'a signal to another process'}"
+                )
                 break
     for callback in callbacks:
         callback.on_train_end(run)

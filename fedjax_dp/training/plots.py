@@ -1,6 +1,7 @@
-"""Figures of a run and of a set of runs: ``results.png`` (accuracy, loss and epsilon against rounds,
-and the final per-client accuracy distribution), ``seeds.png`` (mean and 95 % confidence band over
-seeds) and accuracy against epsilon for sweeps. Every figure names its privacy parameters in the title."""
+"""Figures of a run and of a set of runs: ``results.png`` (accuracy, loss and epsilon against
+rounds, and the final per-client accuracy distribution), ``seeds.png`` (mean and 95 % confidence
+band over seeds) and accuracy against epsilon for sweeps. Every figure names its privacy parameters
+in the title."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import textwrap
 
 import numpy as np
 
-ACCURACY_CURVES = (("test_accuracy", "central test", "-", "o"),
-                   ("client_accuracy", "mean per-client (global model)", "--", "s"),
-                   ("personalized_accuracy", "mean personalised (own model, own test data)", "-", "^"),
-                   ("validation_accuracy", "server validation set", ":", "x"))
+ACCURACY_CURVES = (
+    ("test_accuracy", "central test", "-", "o"),
+    ("client_accuracy", "mean per-client (global model)", "--", "s"),
+    ("personalized_accuracy", "mean personalised (own model, own test data)", "-", "^"),
+    ("validation_accuracy", "server validation set", ":", "x"),
+)
 
 
 def _legend(ax) -> None:
@@ -22,7 +25,8 @@ def _legend(ax) -> None:
 
 
 def _figure(panels: int, width: float = 4.2, height: float = 3.6):
-    """A figure not registered with pyplot (no backend switch: a notebook's inline plots keep working)."""
+    """A figure not registered with pyplot (no backend switch: a notebook's inline plots keep
+    working)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width * panels, height))
@@ -34,30 +38,45 @@ def _series(rows: list[dict], key: str) -> tuple[list, list]:
     return ([p[0] for p in points], [p[1] for p in points]) if points else ([], [])
 
 
-def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
-             client_accuracy_label: str = "", client_test_sizes=None) -> str:
-    """One PNG with up to four panels: accuracy (every evaluated curve, round 0 = the initial model),
-    training loss, epsilon spent (where privacy is tracked; dashed where it has no formal guarantee),
-    and a histogram of the final per-client accuracies."""
+def plot_run(
+    rows: list[dict],
+    path: str,
+    title: str,
+    client_accuracies=None,
+    client_accuracy_label: str = "",
+    client_test_sizes=None,
+) -> str:
+    """One PNG with up to four panels: accuracy (every evaluated curve, round 0 = the initial
+    model), training loss, epsilon spent (where privacy is tracked; dashed where it has no formal
+    guarantee), and a histogram of the final per-client accuracies."""
     has_eps = any(r.get("epsilon") is not None for r in rows)
-    panels = ["accuracy", "loss"] + (["epsilon"] if has_eps else []) + (
-        ["clients"] if client_accuracies is not None and len(client_accuracies) else [])
+    panels = (
+        ["accuracy", "loss"]
+        + (["epsilon"] if has_eps else [])
+        + (["clients"] if client_accuracies is not None and len(client_accuracies) else [])
+    )
     fig, axes = _figure(len(panels))
     axes = dict(zip(panels, axes))
     ax = axes["accuracy"]
-    drawn = []  # (x, y, line) already plotted: an identical curve joins its label instead of hiding under it
+    # (x, y, line) already plotted: an identical curve joins its label instead of hiding under it
+    drawn = []
     for key, label, style, marker in ACCURACY_CURVES:
         x, y = _series(rows, key)
         same = [line for (x0, y0, line) in drawn if x0 == x and np.allclose(y0, y)]
         if same:
             same[0].set_label(f"{same[0].get_label()} = {label}")
         elif x:
-            drawn.append((x, y, ax.plot(x, y, linestyle=style, marker=marker, markersize=3, label=label)[0]))
+            drawn.append(
+                (x, y, ax.plot(x, y, linestyle=style, marker=marker, markersize=3, label=label)[0])
+            )
     ax.set(xlabel="round", ylabel="accuracy", title="accuracy")
     _legend(ax)
     ax = axes["loss"]
-    for key, label in (("train_loss", "cohort training loss"), ("train_data_loss", "its data term (no regulariser)"),
-                       ("test_loss", "central test loss")):
+    for key, label in (
+        ("train_loss", "cohort training loss"),
+        ("train_data_loss", "its data term (no regulariser)"),
+        ("test_loss", "central test loss"),
+    ):
         x, y = _series(rows, key)
         if x:
             ax.plot(x, y, label=label)
@@ -67,8 +86,12 @@ def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
         ax = axes["epsilon"]
         x, y = _series(rows, "epsilon")
         formal = all(r.get("formal", True) for r in rows if r.get("epsilon") is not None)
-        ax.plot(x, y, linestyle="-" if formal else "--",
-                label="epsilon spent" + ("" if formal else " (formal: false, no DP guarantee)"))
+        ax.plot(
+            x,
+            y,
+            linestyle="-" if formal else "--",
+            label="epsilon spent" + ("" if formal else " (formal: false, no DP guarantee)"),
+        )
         ax.set(xlabel="round", ylabel="epsilon", title="privacy spent")
         _legend(ax)
     if "clients" in axes:
@@ -76,8 +99,11 @@ def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
         values = np.asarray(client_accuracies, float)
         ax.hist(values, bins=min(20, max(5, len(values) // 5)), range=(0, 1))
         ax.axvline(values.mean(), color="k", linestyle="--", label=f"mean {values.mean():.3f}")
-        ax.set(xlabel=client_accuracy_label or "final accuracy per client", ylabel="clients",
-               title="per-client accuracy" + test_sizes_note(client_test_sizes))
+        ax.set(
+            xlabel=client_accuracy_label or "final accuracy per client",
+            ylabel="clients",
+            title="per-client accuracy" + test_sizes_note(client_test_sizes),
+        )
         _legend(ax)
     for ax in axes.values():
         ax.grid(alpha=0.3)
@@ -88,7 +114,8 @@ def plot_run(rows: list[dict], path: str, title: str, client_accuracies=None,
 
 
 def metric_range(metric: str) -> tuple[float, float]:
-    """The values ``metric`` can take: [0, 1] for an accuracy or a fraction, [0, inf) for a loss or epsilon."""
+    """The values ``metric`` can take: [0, 1] for an accuracy or a fraction, [0, inf) for a loss or
+    epsilon."""
     if "accuracy" in metric or "fraction" in metric:
         return 0.0, 1.0
     if "loss" in metric or "epsilon" in metric:
@@ -97,7 +124,8 @@ def metric_range(metric: str) -> tuple[float, float]:
 
 
 def seed_band(metric: str, low, high):
-    """A 95 % t-interval clipped to the metric's range (two seeds gave an accuracy band from -0.6 to 1.8)."""
+    """A 95 % t-interval clipped to the metric's range (two seeds gave an accuracy band from -0.6 to
+    1.8)."""
     lo, hi = metric_range(metric)
     return np.clip(np.asarray(low, float), lo, hi), np.clip(np.asarray(high, float), lo, hi)
 
@@ -109,13 +137,15 @@ def band_label(seeds: int) -> str:
 
 
 def plot_seeds(curves: dict[str, tuple], path: str, title: str, seeds: int = 0) -> str:
-    """``curves``: metric -> (rounds, mean, low, high) over ``seeds`` seeds; lines with their 95 % bands, clipped
-    to each metric's range (``seed_band``) and labelled with n (``band_label``)."""
+    """``curves``: metric -> (rounds, mean, low, high) over ``seeds`` seeds; lines with their 95 %
+    bands, clipped to each metric's range (``seed_band``) and labelled with n (``band_label``)."""
     fig, axes = _figure(len(curves))
     for ax, (metric, (x, mean, low, high)) in zip(axes, curves.items()):
         ax.plot(x, mean, label="mean over seeds")
         low, high = seed_band(metric, low, high)
-        ax.fill_between(x, low, high, alpha=0.25, label=band_label(seeds) if seeds else "95 % t-interval")
+        ax.fill_between(
+            x, low, high, alpha=0.25, label=band_label(seeds) if seeds else "95 % t-interval"
+        )
         ax.set(xlabel="round", ylabel=metric, title=metric)
         ax.grid(alpha=0.3)
         _legend(ax)
@@ -126,21 +156,31 @@ def plot_seeds(curves: dict[str, tuple], path: str, title: str, seeds: int = 0) 
 
 
 def test_sizes_note(sizes) -> str:
-    """How many test examples a client holds, for the per-client accuracy histogram (each bar's resolution)."""
+    """How many test examples a client holds, for the per-client accuracy histogram (each bar's
+    resolution)."""
     if sizes is None or not len(sizes):
         return ""
     sizes = np.asarray(sizes)
-    return f"\n({int(sizes.min())}-{int(sizes.max())} test examples per client, median {int(np.median(sizes))})"
+    return (
+        f"\n({int(sizes.min())}-{int(sizes.max())} test examples per client, median"
+        f" {int(np.median(sizes))})"
+    )
 
 
 def plot_accuracy_vs_epsilon(points: dict[str, list[tuple]], path: str, title: str) -> str:
-    """``points``: method -> [(epsilon, accuracy, half_width or 0), ...]; one line per method with error
-    bars (the 95 % interval over seeds where there are several)."""
+    """``points``: method -> [(epsilon, accuracy, half_width or 0), ...]; one line per method with
+    error bars (the 95 % interval over seeds where there are several)."""
     fig, (ax,) = _figure(1, 5, 3.8)
     for method, rows in points.items():
         rows = sorted(rows)
-        ax.errorbar([r[0] for r in rows], [r[1] for r in rows], yerr=[r[2] for r in rows], marker="o",
-                    capsize=3, label=method)
+        ax.errorbar(
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            yerr=[r[2] for r in rows],
+            marker="o",
+            capsize=3,
+            label=method,
+        )
     ax.set(xscale="log", xlabel="epsilon (at the run's delta)", ylabel="final accuracy")
     ax.set_title(textwrap.fill(title, 70), fontsize=8)
     ax.grid(alpha=0.3)

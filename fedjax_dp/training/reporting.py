@@ -13,12 +13,13 @@ from fedjax_dp.training.evaluation import headline_accuracy
 class RunSummary:
     """What a run ends with (``summary.json``; ``format()`` is the table the CLI prints).
 
-    ``final``: the last evaluation's metrics: ``test_accuracy`` and ``test_loss`` on the central test set and
-    ``client_accuracy`` (the mean over clients of the global model's accuracy on each client's own test data) for
-    a global classifier; ``personalized_accuracy`` with ``_std``, ``_min``, ``_p10``, ``_p50``, ``_p90`` and
-    ``personalized_unseen_fraction`` for a personalised algorithm (or with ``eval_prototypes``);
-    ``validation_accuracy`` on a server-held validation set where the algorithm has one.
-    ``client_updates``: the number of client updates the run used (Geyer et al.'s communication cost CC).
+    ``final``: the last evaluation's metrics: ``test_accuracy`` and ``test_loss`` on the central
+    test set and ``client_accuracy`` (the mean over clients of the global model's accuracy on each
+    client's own test data) for a global classifier; ``personalized_accuracy`` with ``_std``,
+    ``_min``, ``_p10``, ``_p50``, ``_p90`` and ``personalized_unseen_fraction`` for a personalised
+    algorithm (or with ``eval_prototypes``); ``validation_accuracy`` on a server-held validation set
+    where the algorithm has one. ``client_updates``: the number of client updates the run used
+    (Geyer et al.'s communication cost CC).
     """
 
     workdir: str
@@ -30,16 +31,21 @@ class RunSummary:
     seconds: float
     dropped_updates: int = 0  # client updates kept out of the model as non-finite, all rounds
     epsilon: float | None = None
-    formal: bool | None = None  # whether a DP proof covers that epsilon (False: a figure, no guarantee)
+    # whether a DP proof covers that epsilon (False: a figure, no guarantee)
+    formal: bool | None = None
     delta: float | None = None  # the delta that epsilon is at
-    calibration: str = ""  # what the noise was calibrated to, where it was (``privacy.target_epsilon``)
+    # what the noise was calibrated to, where it was (``privacy.target_epsilon``)
+    calibration: str = ""
     stopped_early: bool = False
     uplink_gb: float = 0.0  # bytes actually sent by clients (compression.traffic), all rounds
     traffic_gb: float = 0.0  # uplink + downlink
     stop_reason: str | None = None  # privacy budget, divergence, or an interrupting signal
-    interrupted: bool = False  # stopped by SIGINT / SIGTERM: resume with ``resume=True`` / ``--resume``
-    diverged: bool = False  # stopped because the training diverged (``training.divergence``; the CLI exits 3)
-    seconds_total: float = 0.0  # ``seconds`` plus the segments before a resume (``seconds``: this process only)
+    # stopped by SIGINT / SIGTERM: resume with ``resume=True`` / ``--resume``
+    interrupted: bool = False
+    # stopped because the training diverged (``training.divergence``; the CLI exits 3)
+    diverged: bool = False
+    # ``seconds`` plus the segments before a resume (``seconds``: this process only)
+    seconds_total: float = 0.0
 
     def format(self) -> str:
         """The table the CLI prints (``format_summary``)."""
@@ -48,54 +54,95 @@ class RunSummary:
 
 OUTSIDE_GUARANTEE = {
     "train_loss": "mean training loss of the cohort, from raw client data",
-    "train_data_loss": "the same loss without the local objective's regulariser, from raw client data",
+    "train_data_loss": (
+        "the same loss without the local objective's regulariser, from raw client data"
+    ),
     "clipped_fraction": "fraction of clients clipped, from raw update norms",
     "median_update_norm": "median of the raw update norms",
     "mean_update_norm": "mean of the update norms",
     "between_client_variance": "Geyer's V_c, from raw updates",
     "update_scale": "Geyer's U_s, from raw updates",
-    "cohort_size": "the realised cohort size (under Poisson sampling it reveals participation counts)",
+    "cohort_size": (
+        "the realised cohort size (under Poisson sampling it reveals participation counts)"
+    ),
     "dropped_client_ids": "ids of clients whose update was non-finite (a data-dependent event)",
     "dropped_clients": "the number of dropped clients",
-    "client_accuracy": "mean over clients of the global model's accuracy on each client's own test data",
-    "personalized_": "each client's personalised model (built from its own training data) scored on its own test "
-                     "data: the mean, spread and quantiles over clients, and the share of unseen test labels",
+    "client_accuracy": (
+        "mean over clients of the global model's accuracy on each client's own test data"
+    ),
+    "personalized_": (
+        "each client's personalised model (built from its own training data) scored on its own test"
+        " data: the mean, spread and quantiles over clients, and the share of unseen test labels"
+    ),
 }
-"""Statistics a run may publish beside its epsilon that no DP mechanism covers (issue 16, finding 9; issue 74,
-item 5): a key, or a prefix ending in ``_`` for a family. ``eval_client_data=False`` keeps every evaluation
-on client data out of a run (the global model is then scored on the central, server-held test set only)."""
-CLIENT_TEST_SET = {"test_accuracy": "accuracy on the central test set, which is the union of the clients' own test "
-                                    "data (the source has no test split)",
-                   "test_loss": "loss on that central test set (the clients' own test data)"}
-CLIENT_ACCURACIES_FILE = ("client_accuracies.json: each client's final accuracy on its own test data, one value per "
-                          "client")
+"""Statistics a run may publish beside its epsilon that no DP mechanism covers (issue 16, finding 9;
+issue 74, item 5): a key, or a prefix ending in ``_`` for a family. ``eval_client_data=False`` keeps
+every evaluation on client data out of a run (the global model is then scored on the central,
+server-held test set only)."""
+CLIENT_TEST_SET = {
+    "test_accuracy": (
+        "accuracy on the central test set, which is the union of the clients' own test "
+        "data (the source has no test split)"
+    ),
+    "test_loss": "loss on that central test set (the clients' own test data)",
+}
+CLIENT_ACCURACIES_FILE = (
+    "client_accuracies.json: each client's final accuracy on its own test data, one value per "
+    "client"
+)
 
 
 def outside_guarantee(rows, client_test_set: bool, wrote_client_accuracies: bool) -> list[str]:
-    """Every published value computed from client data that no mechanism covers (``OUTSIDE_GUARANTEE``);
-    ``client_test_set``: the central test set is the clients' own test data."""
+    """Every published value computed from client data that no mechanism covers
+    (``OUTSIDE_GUARANTEE``); ``client_test_set``: the central test set is the clients' own test
+    data."""
     published = {key for row in rows for key in row}
     listed = dict(OUTSIDE_GUARANTEE, **(CLIENT_TEST_SET if client_test_set else {}))
-    found = [f"{key.rstrip('_') + '*' if key.endswith('_') else key}: {why}" for key, why in listed.items()
-             if (key in published if not key.endswith("_") else any(k.startswith(key) for k in published))]
+    found = [
+        f"{key.rstrip('_') + '*' if key.endswith('_') else key}: {why}"
+        for key, why in listed.items()
+        if (
+            key in published if not key.endswith("_") else any(k.startswith(key) for k in published)
+        )
+    ]
     return found + ([CLIENT_ACCURACIES_FILE] if wrote_client_accuracies else [])
 
 
-SEEDED_RNG = ("seeded: the noise, sampling and shuffles are reproducible from config.json's seed (a simulation; "
-              "set privacy.secure_rng=True for OS entropy)")
-SECURE_RNG = ("secure: noise, client sampling and batch shuffles from OS entropy, never written; noise is a sum of "
-              f"{NOISE_DRAWS} float32 normal draws (privacy.mechanisms.gaussian); residual: float32 rounding of the noised "
-              "values (no discrete Gaussian); rounds re-run after a resume draw fresh noise")
+SEEDED_RNG = (
+    "seeded: the noise, sampling and shuffles are reproducible from config.json's seed (a"
+    " simulation; set privacy.secure_rng=True for OS entropy)"
+)
+SECURE_RNG = (
+    "secure: noise, client sampling and batch shuffles from OS entropy, never written; noise is a"
+    f" sum of {NOISE_DRAWS} float32 normal draws (privacy.mechanisms.gaussian); residual: float32"
+    " rounding of the noised values (no discrete Gaussian); rounds re-run after a resume draw"
+    " fresh noise"
+)
 
 
-def privacy_record(tracker, notes: list[str], rows: list[dict] = (), breaches: list[str] = (),
-                   secure_rng: bool = False, client_test_set: bool = False, wrote_client_accuracies: bool = False) -> dict:
-    """What ``privacy.json`` holds: the tracker's report (strict JSON; what the run published outside
-    the guarantee listed; ``formal`` false with each reason in ``breaches``), or for a run that
-    released nothing private an unbounded epsilon."""
+def privacy_record(
+    tracker,
+    notes: list[str],
+    rows: list[dict] = (),
+    breaches: list[str] = (),
+    secure_rng: bool = False,
+    client_test_set: bool = False,
+    wrote_client_accuracies: bool = False,
+) -> dict:
+    """What ``privacy.json`` holds: the tracker's report (strict JSON; what the run published
+    outside the guarantee listed; ``formal`` false with each reason in ``breaches``), or for a run
+    that released nothing private an unbounded epsilon."""
     if tracker is None:
-        return {"mechanism": "none", "epsilon": None, "epsilon_unbounded": True, "formal": False,
-                "notes": ["no upload transform adds noise: no differential privacy (epsilon unbounded)"] + notes}
+        return {
+            "mechanism": "none",
+            "epsilon": None,
+            "epsilon_unbounded": True,
+            "formal": False,
+            "notes": (
+                ["no upload transform adds noise: no differential privacy (epsilon unbounded)"]
+                + notes
+            ),
+        }
     record = _strict(dataclasses.asdict(tracker.report()))
     record["noise_rng"] = "secure" if secure_rng else "seeded"
     record["notes"] = record["notes"] + [SECURE_RNG if secure_rng else SEEDED_RNG] + notes
@@ -110,7 +157,13 @@ def _strict(value):
     """Strict JSON: a non-finite number (an unbounded epsilon) becomes null, flagged beside it."""
     if isinstance(value, dict):
         out = {k: _strict(v) for k, v in value.items()}
-        out.update({f"{k}_unbounded": True for k, v in value.items() if isinstance(v, float) and not math.isfinite(v)})
+        out.update(
+            {
+                f"{k}_unbounded": True
+                for k, v in value.items()
+                if isinstance(v, float) and not math.isfinite(v)
+            }
+        )
         return out
     if isinstance(value, list):
         return [_strict(v) for v in value]
@@ -118,16 +171,23 @@ def _strict(value):
 
 
 def format_summary(summary: RunSummary) -> str:
-    """The table printed at the end of a run (keys padded to the longest, so none runs into its value)."""
+    """The table printed at the end of a run (keys padded to the longest, so none runs into its
+    value)."""
     width = max([22] + [len("final " + k) + 2 for k in summary.final])
     lines = [
         f"{'workdir':<{width}}{summary.workdir}",
-        f"{'rounds':<{width}}{summary.rounds}" + (f"  (stopped: {summary.stop_reason})" if summary.stop_reason else ""),
-        f"{'client updates (CC)':<{width}}{summary.client_updates} (communication cost: updates sent)",
+        f"{'rounds':<{width}}{summary.rounds}"
+        + (f"  (stopped: {summary.stop_reason})" if summary.stop_reason else ""),
+        (
+            f"{'client updates (CC)':<{width}}{summary.client_updates} (communication cost: updates"
+            " sent)"
+        ),
     ]
     if summary.dropped_updates:
-        lines.append(f"{'dropped updates':<{width}}{summary.dropped_updates} of {summary.client_updates} "
-                     "(non-finite, kept out of the model)")
+        lines.append(
+            f"{'dropped updates':<{width}}{summary.dropped_updates} of {summary.client_updates} "
+            "(non-finite, kept out of the model)"
+        )
     lines += [
         f"{'best accuracy':<{width}}{summary.best_accuracy:.4f} (round {summary.best_round})",
         f"{'traffic (GB)':<{width}}{summary.uplink_gb:.4f} up, {summary.traffic_gb:.4f} total",
@@ -135,9 +195,14 @@ def format_summary(summary: RunSummary) -> str:
     lines += [f"{'final ' + k:<{width}}{v:.4f}" for k, v in summary.final.items()]
     if summary.epsilon is not None:
         at = f" at delta {summary.delta:g}" if summary.delta is not None else ""
-        lines.append(f"{'epsilon spent':<{width}}{summary.epsilon:.4f}{at}" + (
-            "  (formal: false: NO differential-privacy guarantee, see privacy.json)" if summary.formal is False
-            else "  (formal: true)"))
+        lines.append(
+            f"{'epsilon spent':<{width}}{summary.epsilon:.4f}{at}"
+            + (
+                "  (formal: false: NO differential-privacy guarantee, see privacy.json)"
+                if summary.formal is False
+                else "  (formal: true)"
+            )
+        )
         if summary.calibration:
             lines.append(f"{'calibrated':<{width}}{summary.calibration}")
     lines.append(f"{'wall time':<{width}}{summary.seconds:.1f} s")
@@ -146,9 +211,14 @@ def format_summary(summary: RunSummary) -> str:
 
 def progress_postfix(evaluation: dict, row: dict, tracker) -> dict:
     """What the progress bar shows after an evaluation: accuracy, loss, epsilon spent."""
-    postfix = {"acc": f"{headline_accuracy(evaluation):.4f}", "loss": f"{row.get('train_loss', float('nan')):.4f}"}
+    postfix = {
+        "acc": f"{headline_accuracy(evaluation):.4f}",
+        "loss": f"{row.get('train_loss', float('nan')):.4f}",
+    }
     if tracker is not None:
-        postfix["eps"] = f"{row['epsilon']:.3f}" + ("" if row.get("formal", True) else " (formal: false)")
+        postfix["eps"] = f"{row['epsilon']:.3f}" + (
+            "" if row.get("formal", True) else " (formal: false)"
+        )
     return postfix
 
 
@@ -156,17 +226,41 @@ def run_title(cfg, dataset_name: str, num_clients: int, report=None) -> str:
     """A figure title naming the setting and its privacy parameters: algorithm, model, data, K, the
     cohort (m, or Poisson q), E and B, and with privacy z, S, epsilon, delta and the accountant."""
     s = cfg.sampling
-    cohort = (f"m={s.cohort_size}" if s.method == "uniform" else f"Poisson q_t={s.rate_schedule}"
-              if s.get("rate_schedule", "") and s.method == "poisson" else f"Poisson q={s.rate:g}")
-    title = (f"{cfg.algorithm}: {cfg.model.name} on {dataset_name}, K={num_clients}, {cohort}, "
-             f"E={cfg.client.epochs}, B={cfg.client.batch_size}")
+    cohort = (
+        f"m={s.cohort_size}"
+        if s.method == "uniform"
+        else (
+            f"Poisson q_t={s.rate_schedule}"
+            if s.get("rate_schedule", "") and s.method == "poisson"
+            else f"Poisson q={s.rate:g}"
+        )
+    )
+    title = (
+        f"{cfg.algorithm}: {cfg.model.name} on {dataset_name}, K={num_clients}, {cohort}, "
+        f"E={cfg.client.epochs}, B={cfg.client.batch_size}"
+    )
     if report is None:
         return title + "; no DP (epsilon unbounded)"
     z = ",".join(f"{v:.3g}" for v in report.noise_multipliers[:3]) or "?"
-    epsilon = "unbounded" if report.epsilon is None or not math.isfinite(report.epsilon) else f"{report.epsilon:.3g}"
-    bounds = sorted({r["bound_value"] for r in report.releases  # the clip the noise is calibrated to, as it ran
-                     if r.get("noise_multiplier") and r.get("bound_value") is not None
-                     and math.isfinite(r["bound_value"]) and r.get("unit", "client") == "client"})
+    epsilon = (
+        "unbounded"
+        if report.epsilon is None or not math.isfinite(report.epsilon)
+        else f"{report.epsilon:.3g}"
+    )
+    # the clip the noise is calibrated to, as it ran
+    bounds = sorted(
+        {
+            r["bound_value"]
+            for r in report.releases
+            if r.get("noise_multiplier")
+            and r.get("bound_value") is not None
+            and math.isfinite(r["bound_value"])
+            and r.get("unit", "client") == "client"
+        }
+    )
     clip = f", S={','.join(f'{b:.3g}' for b in bounds[:3])}" if bounds else ""
-    return (title + f"\n{report.noise_mode} DP: z={z}{clip}, epsilon={epsilon} at delta={report.delta:g} "
-            f"({report.accountant})" + ("" if report.formal else ", formal: false (NO guarantee)"))
+    return (
+        title
+        + f"\n{report.noise_mode} DP: z={z}{clip}, epsilon={epsilon} at delta={report.delta:g} "
+        f"({report.accountant})" + ("" if report.formal else ", formal: false (NO guarantee)")
+    )

@@ -1,12 +1,12 @@
 """The results directory: ``config.json``, ``metrics.jsonl``, ``summary.json``, ``privacy.json`` and
-``results.png``. Every file is strict JSON (RFC 8259): a non-finite number is written as ``null`` with a
-sibling key ``<key>_nonfinite`` saying which it was ("nan", "inf" or "-inf"), so ``jq`` and
+``results.png``. Every file is strict JSON (RFC 8259): a non-finite number is written as ``null``
+with a sibling key ``<key>_nonfinite`` saying which it was ("nan", "inf" or "-inf"), so ``jq`` and
 ``JSON.parse`` read every file.
 
-A file is written whole or not at all (a temporary file renamed into place), and a metrics row is one
-write; a write the disk refuses (full, read-only) is one line naming the path and the free space
-(``ResultsWriteError``). ``--overwrite`` removes every artefact of the earlier run, checkpoints included,
-before the first round (``prepare_workdir``)."""
+A file is written whole or not at all (a temporary file renamed into place), and a metrics row is
+one write; a write the disk refuses (full, read-only) is one line naming the path and the free space
+(``ResultsWriteError``). ``--overwrite`` removes every artefact of the earlier run, checkpoints
+included, before the first round (``prepare_workdir``)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from flax.traverse_util import flatten_dict
 
 
 def config_differences(saved: dict, current: dict, defaults: dict) -> list[str]:
-    """``key: saved X, now Y`` for each key whose value differs. A key the saved config lacks is no difference
-    when this run leaves it at its default (a key added to the library after the run started: its default
-    keeps the old behaviour)."""
+    """``key: saved X, now Y`` for each key whose value differs. A key the saved config lacks is no
+    difference when this run leaves it at its default (a key added to the library after the run
+    started: its default keeps the old behaviour)."""
     saved, current, defaults = (flatten_dict(c, sep=".") for c in (saved, current, defaults))
     missing = object()
     differences = []
@@ -33,15 +33,17 @@ def config_differences(saved: dict, current: dict, defaults: dict) -> list[str]:
         if before is missing and key in defaults and now == defaults[key]:
             continue
         if before != now:
-            differences.append(f"{key}: saved {'(absent)' if before is missing else repr(before)}, "
-                               f"now {'(absent)' if now is missing else repr(now)}")
+            differences.append(
+                f"{key}: saved {'(absent)' if before is missing else repr(before)}, "
+                f"now {'(absent)' if now is missing else repr(now)}"
+            )
     return differences
 
 
 def check_resumable(workdir: str, config_json: str, defaults_json: str | None = None) -> None:
-    """Raises ``ValueError`` naming the differences if ``workdir``'s ``config.json`` is not this run's
-    config (up to keys added to the library since, left at their defaults in ``defaults_json``); nothing
-    if ``workdir`` holds no ``config.json``."""
+    """Raises ``ValueError`` naming the differences if ``workdir``'s ``config.json`` is not this
+    run's config (up to keys added to the library since, left at their defaults in
+    ``defaults_json``); nothing if ``workdir`` holds no ``config.json``."""
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return  # no run there: the checkpoint's absence is reported where it is read
@@ -50,21 +52,36 @@ def check_resumable(workdir: str, config_json: str, defaults_json: str | None = 
     defaults = json.loads(defaults_json) if defaults_json else {}
     differences = config_differences(saved, json.loads(config_json), defaults)
     if differences:
-        raise ValueError(f"cannot resume {workdir}: its config.json differs from this run's config: "
-                         + "; ".join(differences[:8]) + (" ..." if len(differences) > 8 else ""))
+        raise ValueError(
+            f"cannot resume {workdir}: its config.json differs from this run's config: "
+            + "; ".join(differences[:8])
+            + (" ..." if len(differences) > 8 else "")
+        )
 
 
-RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "privacy.json", "client_accuracies.json", "results.png")
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "summary.json",
+    "privacy.json",
+    "client_accuracies.json",
+    "results.png",
+)
 RUN_FOLDERS = ("checkpoints", "tensorboard")
 """What a run writes into its workdir (``prepare_workdir`` removes them for ``--overwrite``)."""
 
 
 def prepare_workdir(workdir: str, overwrite: bool) -> None:
-    """Refuses a workdir that holds an earlier run's artefacts unless ``overwrite``, which removes them all."""
-    found = [name for name in RUN_FILES + RUN_FOLDERS if os.path.exists(os.path.join(workdir, name))]
+    """Refuses a workdir that holds an earlier run's artefacts unless ``overwrite``, which removes
+    them all."""
+    found = [
+        name for name in RUN_FILES + RUN_FOLDERS if os.path.exists(os.path.join(workdir, name))
+    ]
     if found and not overwrite:
-        raise FileExistsError(f"{workdir} holds an earlier run ({', '.join(found)}): choose another --workdir, pass "
-                              "--overwrite to replace that run, or --resume to continue it")
+        raise FileExistsError(
+            f"{workdir} holds an earlier run ({', '.join(found)}): choose another --workdir, pass "
+            "--overwrite to replace that run, or --resume to continue it"
+        )
     for name in found:
         path = os.path.join(workdir, name)
         with _writing(path):
@@ -72,7 +89,8 @@ def prepare_workdir(workdir: str, overwrite: bool) -> None:
 
 
 class ResultsWriteError(OSError):
-    """A results file the disk would not take; the message is one line naming it and the free space."""
+    """A results file the disk would not take; the message is one line naming it and the free
+    space."""
 
 
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
@@ -85,7 +103,9 @@ def _writing(path: str):
     except OSError as error:
         if error.errno not in DISK_ERRORS or isinstance(error, ResultsWriteError):
             raise
-        raise ResultsWriteError(error.errno, f"cannot write {path}: {error.strerror}; {free_space(path)}") from None
+        raise ResultsWriteError(
+            error.errno, f"cannot write {path}: {error.strerror}; {free_space(path)}"
+        ) from None
 
 
 def free_space(path: str) -> str:
@@ -117,16 +137,25 @@ def _replace_whole(path: str, text: str) -> None:
 class ResultsWriter:
     """Appends one JSON line per round; refuses to overwrite a previous run unless told to."""
 
-    def __init__(self, workdir: str, config_json: str, overwrite: bool = False, append: bool = False,
-                 scalars=None, defaults_json: str | None = None):
-        """``append``: continue a resumed run's ``metrics.jsonl`` (its config must be the same, up to keys
-        added to the library since it started that this run leaves at their defaults, ``defaults_json``);
-        ``scalars``: also given every row (``tensorboard.TensorBoardScalars``)."""
+    def __init__(
+        self,
+        workdir: str,
+        config_json: str,
+        overwrite: bool = False,
+        append: bool = False,
+        scalars=None,
+        defaults_json: str | None = None,
+    ):
+        """``append``: continue a resumed run's ``metrics.jsonl`` (its config must be the same, up
+        to keys added to the library since it started that this run leaves at their defaults,
+        ``defaults_json``); ``scalars``: also given every row
+        (``tensorboard.TensorBoardScalars``)."""
         self.workdir, self.scalars = workdir, scalars
         self.metrics_path = os.path.join(workdir, "metrics.jsonl")
         if append:
             check_resumable(workdir, config_json, defaults_json)
-            if not os.path.exists(os.path.join(workdir, "config.json")):  # lost; the checkpoint verified the config
+            # lost; the checkpoint verified the config
+            if not os.path.exists(os.path.join(workdir, "config.json")):
                 _replace_whole(os.path.join(workdir, "config.json"), config_json)
             with _writing(self.metrics_path):
                 self._file = open(self.metrics_path, "a")
@@ -140,7 +169,8 @@ class ResultsWriter:
             self._file = open(self.metrics_path, "w")
 
     def log(self, row: dict) -> None:
-        with _writing(self.metrics_path):  # one write and a flush: a row is whole (a torn last one is dropped on resume)
+        # one write and a flush: a row is whole (a torn last one is dropped on resume)
+        with _writing(self.metrics_path):
             self._file.write(dumps(row) + "\n")
             self._file.flush()
         if self.scalars is not None:
@@ -158,8 +188,8 @@ class ResultsWriter:
 
 
 class DiscardingWriter:
-    """A ``ResultsWriter`` that writes nothing: the one of every process but process 0 under several processes
-    (``core.hosts``), which computes the same rows."""
+    """A ``ResultsWriter`` that writes nothing: the one of every process but process 0 under several
+    processes (``core.hosts``), which computes the same rows."""
 
     def __init__(self, workdir: str):
         self.workdir = workdir
@@ -176,13 +206,14 @@ class DiscardingWriter:
 
 def dumps(value, indent: int | None = None) -> str:
     """Strict JSON of ``value`` (numpy scalars and arrays converted; non-finite numbers as described
-    in the module docstring; other objects as their ``str``); ``allow_nan=False`` makes any that slipped
-    through an error, not a file that strict parsers reject."""
+    in the module docstring; other objects as their ``str``); ``allow_nan=False`` makes any that
+    slipped through an error, not a file that strict parsers reject."""
     return json.dumps(_jsonable(value), indent=indent, allow_nan=False, default=str)
 
 
 def write_json(path: str, value, indent: int | None = 1) -> None:
-    """Write ``value`` to ``path`` as strict JSON (``dumps``), whole or not at all, creating the folder it goes in."""
+    """Write ``value`` to ``path`` as strict JSON (``dumps``), whole or not at all, creating the
+    folder it goes in."""
     with _writing(path):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     _replace_whole(path, dumps(value, indent=indent))

@@ -1,13 +1,14 @@
-"""``RunContext``: everything one experiment run holds (data, model, round, privacy tracker, loop state, results
-writer) and the one thing the loop asks of it, ``round(t)``.
+"""``RunContext``: everything one experiment run holds (data, model, round, privacy tracker, loop
+state, results writer) and the one thing the loop asks of it, ``round(t)``.
 
-A round is privacy first: the releases round t will run (the specialised chain's), which clients may take part
-and whether the budget lets the round run at all (the tracker); then the cohort is drawn, packed and trained, the
-releases that ran are composed, and the round's row of metrics is returned for the callbacks
-(``training.callbacks``) to extend, judge and write. Under several processes (``core.hosts``) every process holds
-the same context and runs the same rounds; each packs only its own rows of a cohort, and only process 0 writes
-(the others get a ``DiscardingWriter``). Privacy is not a callback: it decides who takes part and what
-is released (as jax_privacy's execution plan keeps batch selection and noise together).
+A round is privacy first: the releases round t will run (the specialised chain's), which clients may
+take part and whether the budget lets the round run at all (the tracker); then the cohort is drawn,
+packed and trained, the releases that ran are composed, and the round's row of metrics is returned
+for the callbacks (``training.callbacks``) to extend, judge and write. Under several processes
+(``core.hosts``) every process holds the same context and runs the same rounds; each packs only its
+own rows of a cohort, and only process 0 writes (the others get a ``DiscardingWriter``). Privacy is
+not a callback: it decides who takes part and what is released (as jax_privacy's execution plan
+keeps batch selection and noise together).
 """
 
 from __future__ import annotations
@@ -29,8 +30,14 @@ from fedjax_dp.data.builders import build_dataset, build_server_set
 from fedjax_dp.data.shared_set import share_with_clients
 from fedjax_dp.models import evaluation_model
 from fedjax_dp.training import results
-from fedjax_dp.training.build import (build_model_and_round, compression_rates, needs_server_set, privacy_tracker,
-                                      shares_server_set, validates_on_server_set)
+from fedjax_dp.training.build import (
+    build_model_and_round,
+    compression_rates,
+    needs_server_set,
+    privacy_tracker,
+    shares_server_set,
+    validates_on_server_set,
+)
 from fedjax_dp.training.checkpointing import Checkpointer, Interruption
 from fedjax_dp.training.cohorts import cohort_slots, make_packer, sample_cohort
 from fedjax_dp.training.default_config import default_config
@@ -50,8 +57,8 @@ def central_test_from_clients(dataset) -> bool:
 
 
 def personalized_evaluator(cfg, dataset, model, requirements):
-    """The run's personalised evaluation: the algorithm's own, or with ``eval_prototypes`` the prototype
-    adaptation of its global classifier; None when neither applies."""
+    """The run's personalised evaluation: the algorithm's own, or with ``eval_prototypes`` the
+    prototype adaptation of its global classifier; None when neither applies."""
     if requirements.personalized:
         return PersonalizedEvaluator(dataset)
     if cfg.eval_prototypes and requirements.global_classifier:
@@ -84,21 +91,33 @@ class RunContext:
     interruption: Interruption = dataclasses.field(default_factory=Interruption)
     stop_reason: str | None = None
     diverged: bool = False
-    halted: bool = False  # the round's row is the last and no callback may extend it (a non-finite model)
+    # the round's row is the last and no callback may extend it (a non-finite model)
+    halted: bool = False
     summary: object = None  # the ``RunSummary``, once the results callback has written it
 
     @classmethod
-    def prepare(cls, cfg, workdir: str, overwrite: bool, resume: bool, tensorboard: bool) -> "RunContext":
-        """Data, model, round, tracker and loop state of ``cfg`` (restored from the newest checkpoint with
-        ``resume``), and its results writer; an earlier run in ``workdir`` is refused or, with ``overwrite``,
-        removed first."""
-        if resume:  # before the data and the checkpoint are read: another config cannot restore into this one
-            hosts.on_primary(results.check_resumable, workdir,
-                             cfg.copy_and_resolve_references().to_json_best_effort(indent=2),
-                             default_config().to_json_best_effort())
-        else:  # an earlier run there is refused, or with overwrite removed whole (its checkpoints too)
+    def prepare(
+        cls, cfg, workdir: str, overwrite: bool, resume: bool, tensorboard: bool
+    ) -> "RunContext":
+        """Data, model, round, tracker and loop state of ``cfg`` (restored from the newest
+        checkpoint with ``resume``), and its results writer; an earlier run in ``workdir`` is
+        refused or, with ``overwrite``, removed first."""
+        # before the data and the checkpoint are read: another config cannot restore into this one
+        if resume:
+            hosts.on_primary(
+                results.check_resumable,
+                workdir,
+                cfg.copy_and_resolve_references().to_json_best_effort(indent=2),
+                default_config().to_json_best_effort(),
+            )
+        # an earlier run there is refused, or with overwrite removed whole (its checkpoints too)
+        else:
             hosts.on_primary(results.prepare_workdir, workdir, overwrite)
-        scalars = TensorBoardScalars(os.path.join(workdir, "tensorboard")) if tensorboard and hosts.is_primary() else None
+        scalars = (
+            TensorBoardScalars(os.path.join(workdir, "tensorboard"))
+            if tensorboard and hosts.is_primary()
+            else None
+        )
         start = time.perf_counter()
         dataset = build_dataset(cfg.data, cfg.seed)
         server_set = None
@@ -110,58 +129,104 @@ class RunContext:
         _check_evaluation(cfg, dataset, requirements)
         if shares_server_set(cfg):
             dataset = share_with_clients(dataset, server_set)
-        pack = make_packer(cfg, dataset, requirements)  # refuses data the cohorts cannot be packed from, first
+        # refuses data the cohorts cannot be packed from, first
+        pack = make_packer(cfg, dataset, requirements)
         tracker = privacy_tracker(cfg, runner, dataset)
         entropy = hosts.shared_entropy() if cfg.privacy.secure_rng and hosts.distributed() else None
         streams = rng_lib.run_streams(cfg.seed, cfg.privacy.secure_rng, entropy)
         params = model.init(streams.model_init)
         state = runner.init(params)
-        loop = LoopState(*rng_lib.host_generators(cfg.seed, cfg.privacy.secure_rng, entropy),
-                         secure_rng=cfg.privacy.secure_rng)
+        loop = LoopState(
+            *rng_lib.host_generators(cfg.seed, cfg.privacy.secure_rng, entropy),
+            secure_rng=cfg.privacy.secure_rng,
+        )
         if requirements.client_state:
             loop.client_states = ClientStateStore(runner.algorithm.client_state_init(params))
         if runner.uploads.keeps_client_state:  # error feedback's residuals
             loop.upload_client_states = ClientStateStore(
-                runner.uploads.client_state_init(runner.algorithm.upload_template(params)))
+                runner.uploads.client_state_init(runner.algorithm.upload_template(params))
+            )
         loop.config = json.loads(cfg.to_json_best_effort())
-        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint_keep or None)
+        checkpointer = Checkpointer(
+            os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint_keep or None
+        )
         if resume:
-            state = loop.restore(checkpointer, state, tracker, workdir,
-                                 json.loads(default_config().to_json_best_effort()), runner.uploads.releases)
-        writer = hosts.on_primary(results.ResultsWriter, workdir, cfg.to_json_best_effort(indent=2), overwrite,
-                                  append=resume, scalars=scalars,
-                                  defaults_json=default_config().to_json_best_effort() if resume else None)
+            state = loop.restore(
+                checkpointer,
+                state,
+                tracker,
+                workdir,
+                json.loads(default_config().to_json_best_effort()),
+                runner.uploads.releases,
+            )
+        writer = hosts.on_primary(
+            results.ResultsWriter,
+            workdir,
+            cfg.to_json_best_effort(indent=2),
+            overwrite,
+            append=resume,
+            scalars=scalars,
+            defaults_json=default_config().to_json_best_effort() if resume else None,
+        )
         writer = writer or results.DiscardingWriter(workdir)  # None on every process but process 0
-        return cls(cfg, workdir, dataset, server_set, choice, model, runner, tracker, streams, state, loop,
-                   checkpointer, writer, resume, start, pack=pack,
-                   validation=server_set if validates_on_server_set(cfg) else None,
-                   personalized=personalized_evaluator(cfg, dataset, model, requirements),
-                   template_bytes=dense_upload_bytes(runner.algorithm.upload_template(params)),
-                   download_bytes=broadcast_bytes(runner.algorithm.broadcast(state)))
+        return cls(
+            cfg,
+            workdir,
+            dataset,
+            server_set,
+            choice,
+            model,
+            runner,
+            tracker,
+            streams,
+            state,
+            loop,
+            checkpointer,
+            writer,
+            resume,
+            start,
+            pack=pack,
+            validation=server_set if validates_on_server_set(cfg) else None,
+            personalized=personalized_evaluator(cfg, dataset, model, requirements),
+            template_bytes=dense_upload_bytes(runner.algorithm.upload_template(params)),
+            download_bytes=broadcast_bytes(runner.algorithm.broadcast(state)),
+        )
 
     def seconds(self) -> float:
         """This process's time so far."""
         return time.perf_counter() - self.start
 
     def evaluate(self, with_validation: bool = True):
-        """The ``evaluation.Evaluation`` of the current state (``with_validation``: on the server-held validation set
-        too, where the run has one)."""
-        return evaluate_state(self.model, self.runner.algorithm, self.state, self.dataset, self.loop.client_states,
-                              self.validation if with_validation else None, self.personalized,
-                              self.cfg.eval_client_data)
+        """The ``evaluation.Evaluation`` of the current state (``with_validation``: on the
+        server-held validation set too, where the run has one)."""
+        return evaluate_state(
+            self.model,
+            self.runner.algorithm,
+            self.state,
+            self.dataset,
+            self.loop.client_states,
+            self.validation if with_validation else None,
+            self.personalized,
+            self.cfg.eval_client_data,
+        )
 
     def stop(self, reason: str, diverged: bool = False) -> None:
         if self.stop_reason is None:
             self.stop_reason, self.diverged = reason, diverged
 
     def round(self, t: int) -> dict | None:
-        """Runs round t (module docstring); returns its row, or None where the budget stops the run before it."""
+        """Runs round t (module docstring); returns its row, or None where the budget stops the run
+        before it."""
         cfg, tracker, loop, runner = self.cfg, self.tracker, self.loop, self.runner
-        uploads = runner.specialized(self.state)  # compression rates: fixed once per round, on the host
-        releases = uploads.releases(t, self.state.uploads) if tracker is not None else []  # what round t releases
+        # compression rates: fixed once per round, on the host
+        uploads = runner.specialized(self.state)
+        # what round t releases
+        releases = uploads.releases(t, self.state.uploads) if tracker is not None else []
         eligible = tracker.eligible(t, releases) if tracker is not None else None
-        if tracker is not None and (not tracker.allows(t, releases) or (
-                cfg.sampling.method == "uniform" and eligible.sum() < cfg.sampling.cohort_size)):
+        if tracker is not None and (
+            not tracker.allows(t, releases)
+            or (cfg.sampling.method == "uniform" and eligible.sum() < cfg.sampling.cohort_size)
+        ):
             tracker.stopped_at = t
             self.stop("privacy budget")
             return None
@@ -169,7 +234,8 @@ class RunContext:
         row = {"round": t, "cohort_size": len(ids)}
         if len(ids) or tracker is not None:
             slots = cohort_slots(cfg, self.dataset.num_clients, len(ids))
-            if runner.slot_multiple > 1:  # several hosts: an equal share each (empty slots add exactly zero)
+            # several hosts: an equal share each (empty slots add exactly zero)
+            if runner.slot_multiple > 1:
                 slots = hosts.padded_slots(max(slots or 0, len(ids)), runner.slot_multiple)
                 cohort = self.pack(ids, loop.shuffle_rng, slots, hosts.host_rows(slots))
             else:
@@ -177,37 +243,65 @@ class RunContext:
             slots = cohort["mask"].shape[0]
             cohort["client_id"] = np.pad(np.asarray(ids, np.int32), (0, slots - len(ids)))
             step_noise = tracker.step_inputs(t, ids, slots) if tracker is not None else None
-            stacked = loop.client_states.gather(ids, slots) if loop.client_states is not None else None
-            stacked_uploads = (loop.upload_client_states.gather(ids, slots)
-                               if loop.upload_client_states is not None else None)
-            upload_bytes, rates = uploads.upload_bytes(self.template_bytes), compression_rates(uploads)
+            stacked = (
+                loop.client_states.gather(ids, slots) if loop.client_states is not None else None
+            )
+            stacked_uploads = (
+                loop.upload_client_states.gather(ids, slots)
+                if loop.upload_client_states is not None
+                else None
+            )
+            upload_bytes, rates = (
+                uploads.upload_bytes(self.template_bytes),
+                compression_rates(uploads),
+            )
             previous = self.state
-            result = runner(self.state, cohort, rng_lib.round_key(self.streams.rounds, t), t, stacked, uploads,
-                            noise_key=rng_lib.round_key(self.streams.noise, t), upload_client_states=stacked_uploads,
-                            step_noise=step_noise)
+            result = runner(
+                self.state,
+                cohort,
+                rng_lib.round_key(self.streams.rounds, t),
+                t,
+                stacked,
+                uploads,
+                noise_key=rng_lib.round_key(self.streams.noise, t),
+                upload_client_states=stacked_uploads,
+                step_noise=step_noise,
+            )
             self.state = result.state
-            if tracker is not None:  # accounted even if the result is discarded below (conservative)
+            # accounted even if the result is discarded below (conservative)
+            if tracker is not None:
                 tracker.record(t, ids, result.releases)
                 row.update(epsilon=tracker.epsilon(), formal=tracker.private)
             loop.participation.append([t, [int(i) for i in ids]])
             if not bool(tree.is_finite(self.state.params)):
                 self.state = previous
-                self.stop(f"the global model diverged in round {t} (non-finite parameters)", diverged=True)
+                self.stop(
+                    f"the global model diverged in round {t} (non-finite parameters)", diverged=True
+                )
                 self.halted = True
                 return {**row, "diverged": True}
-            dropped = result.dropped[:len(ids)]
+            dropped = result.dropped[: len(ids)]
             if loop.client_states is not None:  # a dropped client keeps its old state
                 loop.client_states.scatter(ids, result.client_states, ~dropped)
             if loop.upload_client_states is not None:
                 loop.upload_client_states.scatter(ids, result.upload_client_states, ~dropped)
             if dropped.any():  # non-finite updates: kept out of the model, counted, and named
                 row["dropped_client_ids"] = [int(i) for i in np.asarray(ids)[dropped]]
-                logging.warning("round %d: dropped non-finite updates of clients %s", t, row["dropped_client_ids"])
+                logging.warning(
+                    "round %d: dropped non-finite updates of clients %s",
+                    t,
+                    row["dropped_client_ids"],
+                )
             row.update({k: float(v) for k, v in result.metrics.items()})
-            loop.all_dropped_streak = loop.all_dropped_streak + 1 if len(ids) and dropped.all() else 0
+            loop.all_dropped_streak = (
+                loop.all_dropped_streak + 1 if len(ids) and dropped.all() else 0
+            )
             if loop.all_dropped_streak >= STALL_ROUNDS:
-                self.stop(f"every client update was non-finite for {STALL_ROUNDS} rounds in a row (to round {t}): "
-                          "the global model has diverged", diverged=True)
+                self.stop(
+                    f"every client update was non-finite for {STALL_ROUNDS} rounds in a row (to"
+                    f" round {t}): the global model has diverged",
+                    diverged=True,
+                )
             row.update(loop.meter.record(len(ids), upload_bytes, self.download_bytes))
             if rates is not None:
                 row["compression_rates"] = rates
@@ -219,10 +313,16 @@ class RunContext:
 def _check_evaluation(cfg, dataset, requirements) -> None:
     """``eval_client_data=False`` needs something to evaluate that is not client data."""
     if not cfg.eval_client_data and not requirements.global_classifier:
-        raise ValueError(f"eval_client_data=False: algorithm {cfg.algorithm!r} is scored only by personalised models on "
-                         "the clients' own test data (its global model is not a classifier); set eval_client_data=True "
-                         "(those figures are then listed in privacy.json's outside_guarantee)")
+        raise ValueError(
+            f"eval_client_data=False: algorithm {cfg.algorithm!r} is scored only by personalised"
+            " models on the clients' own test data (its global model is not a classifier); set"
+            " eval_client_data=True (those figures are then listed in privacy.json's"
+            " outside_guarantee)"
+        )
     if not cfg.eval_client_data and central_test_from_clients(dataset):
-        raise ValueError(f"eval_client_data=False needs a held-out central test set, and data.source={cfg.data.source!r} "
-                         "has none: its central test set is the union of the clients' own test data (use a source "
-                         "with a test split, such as mnist or cifar10, or set eval_client_data=True)")
+        raise ValueError(
+            "eval_client_data=False needs a held-out central test set, and"
+            f" data.source={cfg.data.source!r} has none: its central test set is the union of the"
+            " clients' own test data (use a source with a test split, such as mnist or cifar10, or"
+            " set eval_client_data=True)"
+        )

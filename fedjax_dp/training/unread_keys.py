@@ -1,14 +1,16 @@
 """Overrides of keys that are read only under another key's value. Such an override, where nothing
-reads it, would be ignored without a word (``sampling.cohort_size=50`` under Poisson sampling ran q K
-clients a round; ``dp.noise_multiplier=1.3`` beside ``privacy.target_epsilon=8`` ran the calibrated z),
-so the configuration check refuses it, naming the key, its value and what would read it.
+reads it, would be ignored without a word (``sampling.cohort_size=50`` under Poisson sampling ran q
+K clients a round; ``dp.noise_multiplier=1.3`` beside ``privacy.target_epsilon=8`` ran the
+calibrated z), so the configuration check refuses it, naming the key, its value and what would read
+it.
 
-Keys an algorithm never reads are declared where it is registered (``registry.register(unread=...)``:
-``client.epochs`` where local training runs sampled steps, the server optimizer where the server step
-is the algorithm's own). Only overrides are checked (``Experiment(config, overrides)``,
-``--config.KEY=VALUE``): a shipped config may hold values for an option it leaves off
-(``uga_fedmeta_*``: FedMeta's rates, for ``fedmeta.enabled=True``). Sections the chosen algorithm does not read at all are the registry's to
-refuse (``algorithms.registry.validate``); an on/off section (``compression``, the wrappers such as
+Keys an algorithm never reads are declared where it is registered
+(``registry.register(unread=...)``: ``client.epochs`` where local training runs sampled steps, the
+server optimizer where the server step is the algorithm's own). Only overrides are checked
+(``Experiment(config, overrides)``, ``--config.KEY=VALUE``): a shipped config may hold values for an
+option it leaves off (``uga_fedmeta_*``: FedMeta's rates, for ``fedmeta.enabled=True``). Sections
+the chosen algorithm does not read at all are the registry's to refuse
+(``algorithms.registry.validate``); an on/off section (``compression``, the wrappers such as
 ``fedmeta``) is read only with ``enabled=True``.
 """
 
@@ -35,8 +37,9 @@ READ_ONLY_WHEN = (
     ("server.momentum", "server.optimizer", ("sgd",)),
     ("engine.chunk_size", "engine.strategy", ("chunked",)),
 )
-"""The generic sections' conditional keys (checked against the source: each is read nowhere else); the
-algorithm sections register theirs with the section (``registry.register_section(read_when=...)``)."""
+"""The generic sections' conditional keys (checked against the source: each is read nowhere else);
+the algorithm sections register theirs with the section
+(``registry.register_section(read_when=...)``)."""
 
 
 def _value(cfg, dotted: str):
@@ -58,23 +61,45 @@ def check_unread_keys(cfg, overridden, need) -> None:
     ``READ_ONLY_WHEN`` while its deciding key holds a value that does not read it, or a key of an
     on/off section that is off."""
     entry = registry.get(cfg.algorithm) if cfg.algorithm in registry.names() else None
-    owned, switched = set(registry.sections()), ("compression", *(w.name for w in registry.wrappers()))
+    owned, switched = (
+        set(registry.sections()),
+        (
+            "compression",
+            *(w.name for w in registry.wrappers()),
+        ),
+    )
     conditions = {}
     for key, decider, reading in READ_ONLY_WHEN + registry.read_when():
         conditions.setdefault(key, []).append((decider, reading))
     for key in _expand(cfg, overridden):
         section, _, leaf = key.partition(".")
-        if section in owned and section not in switched and (entry is None or section not in entry.sections):
+        if (
+            section in owned
+            and section not in switched
+            and (entry is None or section not in entry.sections)
+        ):
             continue
         if entry is not None and key in entry.unread:
-            why = ("its clients run a fixed number of sampled steps, `local_steps`" if key in registry.SAMPLED_STEPS
-                   else "its server step is its own")
-            need(False, f"{key}={_value(cfg, key)!r} is not read by algorithm {entry.name!r}: {why} (section "
-                        f"{' / '.join(entry.sections)}); drop it")
+            why = (
+                "its clients run a fixed number of sampled steps, `local_steps`"
+                if key in registry.SAMPLED_STEPS
+                else "its server step is its own"
+            )
+            need(
+                False,
+                f"{key}={_value(cfg, key)!r} is not read by algorithm {entry.name!r}: {why}"
+                f" (section {' / '.join(entry.sections)}); drop it",
+            )
         for decider, reading in conditions.get(key, ()):
             decided = _value(cfg, decider)
-            need(decided in reading, f"{key}={_value(cfg, key)!r} is not read while {decider}={decided!r} (only with "
-                                     f"{decider} {' or '.join(map(repr, reading))}): change {decider} or drop {key}")
+            need(
+                decided in reading,
+                f"{key}={_value(cfg, key)!r} is not read while {decider}={decided!r} (only with "
+                f"{decider} {' or '.join(map(repr, reading))}): change {decider} or drop {key}",
+            )
         if section in switched and leaf != "enabled" and not cfg[section].enabled:
-            need(False, f"{key}={_value(cfg, key)!r} is not read while {section}.enabled=False: set "
-                        f"{section}.enabled=True to use it, or drop {key}")
+            need(
+                False,
+                f"{key}={_value(cfg, key)!r} is not read while {section}.enabled=False: set "
+                f"{section}.enabled=True to use it, or drop {key}",
+            )

@@ -1,9 +1,9 @@
 """One run per workdir at a time (issue 74, item 14).
 
-Two runs into one workdir interleaved their rows into an unparseable ``metrics.jsonl`` and both crashed
-in orbax. ``WorkdirLock`` holds an exclusive ``fcntl`` lock on ``<workdir>/.fedjax_dp.lock`` for the run's
-lifetime (the kernel releases it when the process dies, even by ``kill -9``); the file names its holder, so
-a second run fails at once with one line naming the process.
+Two runs into one workdir interleaved their rows into an unparseable ``metrics.jsonl`` and both
+crashed in orbax. ``WorkdirLock`` holds an exclusive ``fcntl`` lock on ``<workdir>/.fedjax_dp.lock``
+for the run's lifetime (the kernel releases it when the process dies, even by ``kill -9``); the file
+names its holder, so a second run fails at once with one line naming the process.
 """
 
 from __future__ import annotations
@@ -35,12 +35,21 @@ class WorkdirLock:
             handle.seek(0)
             holder = handle.read().strip()
             handle.close()
-            raise WorkdirInUse(f"{os.path.dirname(self.path)} is in use by another run ({_describe(holder)}); wait for "
-                               "it to finish or choose another --workdir") from None
+            raise WorkdirInUse(
+                f"{os.path.dirname(self.path)} is in use by another run ({_describe(holder)}); wait"
+                " for it to finish or choose another --workdir"
+            ) from None
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        handle.write(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                }
+            )
+        )
         handle.flush()
         self._file = handle
         return self

@@ -1,4 +1,5 @@
-"""Rewrites the golden files: ``python -m tests.golden.record [name ...]`` (all names by default)."""
+"""Rewrites the golden files: ``python -m tests.golden.record [name ...]`` (all names by
+default)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ FILES = ("metrics.jsonl", "privacy.json")
 def run(name: str, cfg, workdir: str) -> dict:
     """Runs one golden configuration; returns ``{file name: parsed content}``."""
     run_experiment(cfg, workdir, progress=False)
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:  # round 0 (the initial model, issue 19) is
-        metrics = [row for line in f if line.strip() and (row := json.loads(line))["round"] > 0]  # not golden
+    # round 0 (the initial model, issue 19) is
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        # not golden
+        metrics = [row for line in f if line.strip() and (row := json.loads(line))["round"] > 0]
     with open(os.path.join(workdir, "privacy.json")) as f:
         privacy = json.load(f)
     return {"metrics.jsonl": metrics, "privacy.json": privacy}

@@ -42,7 +42,9 @@ from fedjax_dp.privacy.accounting.cached_pld import CachedPldAccountant
 
 SAMPLINGS = ("poisson", "fixed", "full")
 ACCOUNTANTS = ("rdp", "pld")
-RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [80, 96, 128, 256, 512, 1024])
+RDP_ORDERS = tuple(
+    [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [80, 96, 128, 256, 512, 1024]
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +69,16 @@ class RoundEvent:
         if self.sampling not in SAMPLINGS:
             raise ValueError(f"sampling {self.sampling!r} unknown; choose one of {SAMPLINGS}")
         if not self.noise_multiplier >= 0 or not math.isfinite(self.noise_multiplier):
-            raise ValueError(f"noise multiplier must be >= 0 and finite, got {self.noise_multiplier}")
+            raise ValueError(
+                f"noise multiplier must be >= 0 and finite, got {self.noise_multiplier}"
+            )
         if self.sampling == "poisson" and not 0 < self.sampling_rate <= 1:
             raise ValueError(f"sampling rate q must lie in (0, 1], got {self.sampling_rate}")
         if self.sampling == "fixed" and not 1 <= self.cohort_size <= self.population:
-            raise ValueError(f"fixed-size sampling needs 1 <= cohort_size <= population, "
-                             f"got cohort_size={self.cohort_size}, population={self.population}")
+            raise ValueError(
+                "fixed-size sampling needs 1 <= cohort_size <= population, "
+                f"got cohort_size={self.cohort_size}, population={self.population}"
+            )
 
     @property
     def rate(self) -> float:
@@ -85,20 +91,30 @@ class RoundEvent:
 
     @property
     def neighboring_relation(self) -> NeighboringRelation:
-        return NeighboringRelation.REPLACE_ONE if self.sampling == "fixed" else NeighboringRelation.ADD_OR_REMOVE_ONE
+        return (
+            NeighboringRelation.REPLACE_ONE
+            if self.sampling == "fixed"
+            else NeighboringRelation.ADD_OR_REMOVE_ONE
+        )
 
     def dp_event(self, kind: str = "rdp") -> dp_accounting.DpEvent:
-        """The dp_accounting event of this round for accountant ``kind`` (fixed-size sampling under PLD:
-        the Dong-Roth-Su reduction, see the module docstring)."""
+        """The dp_accounting event of this round for accountant ``kind`` (fixed-size sampling under
+        PLD: the Dong-Roth-Su reduction, see the module docstring)."""
         if self.noise_multiplier == 0:
             return dp_accounting.NonPrivateDpEvent()
         if self.sampling == "poisson":
-            return dp_accounting.PoissonSampledDpEvent(self.sampling_rate, dp_accounting.GaussianDpEvent(self.noise_multiplier))
+            return dp_accounting.PoissonSampledDpEvent(
+                self.sampling_rate, dp_accounting.GaussianDpEvent(self.noise_multiplier)
+            )
         if self.sampling == "fixed" and kind == "pld":
-            return dp_accounting.PoissonSampledDpEvent(self.rate, dp_accounting.GaussianDpEvent(self.noise_multiplier / 2))
+            return dp_accounting.PoissonSampledDpEvent(
+                self.rate, dp_accounting.GaussianDpEvent(self.noise_multiplier / 2)
+            )
         if self.sampling == "fixed":
             gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier * replace_one_scale())
-            return dp_accounting.SampledWithoutReplacementDpEvent(self.population, self.cohort_size, gaussian)
+            return dp_accounting.SampledWithoutReplacementDpEvent(
+                self.population, self.cohort_size, gaussian
+            )
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
 
 
@@ -107,12 +123,14 @@ def replace_one_scale() -> float:
     """Factor applied to z in replace-one events so that dp_accounting sees sensitivity 2S.
 
     With q = 1 a replace-one subsampled Gaussian is a Gaussian of sensitivity 2S and std zS, whose
-    RDP is alpha * 4 / (2 z^2): the same as an add/remove Gaussian with multiplier z / 2. Returns 0.5
-    if the installed dp_accounting normalises by S (issue #378) and 1.0 if it already uses 2S.
+    RDP is alpha * 4 / (2 z^2): the same as an add/remove Gaussian with multiplier z / 2. Returns
+    0.5 if the installed dp_accounting normalises by S (issue #378) and 1.0 if it already uses 2S.
     """
     z = 2.0
     fixed = rdp.RdpAccountant(orders=[2.0], neighboring_relation=NeighboringRelation.REPLACE_ONE)
-    fixed.compose(dp_accounting.SampledWithoutReplacementDpEvent(4, 4, dp_accounting.GaussianDpEvent(z)))
+    fixed.compose(
+        dp_accounting.SampledWithoutReplacementDpEvent(4, 4, dp_accounting.GaussianDpEvent(z))
+    )
     right = rdp.RdpAccountant(orders=[2.0])
     right.compose(dp_accounting.GaussianDpEvent(z / 2))
     eps_fixed, eps_right = fixed.get_epsilon(1e-5), right.get_epsilon(1e-5)
@@ -122,20 +140,24 @@ def replace_one_scale() -> float:
     buggy.compose(dp_accounting.GaussianDpEvent(z))
     if math.isclose(eps_fixed, buggy.get_epsilon(1e-5), rel_tol=1e-6):
         return 0.5
-    raise RuntimeError("unrecognised replace-one normalisation in dp_accounting; refusing to account")
+    raise RuntimeError(
+        "unrecognised replace-one normalisation in dp_accounting; refusing to account"
+    )
 
 
 PLD_DISCRETIZATION = 1e-4
-"""Default value discretisation of the PLD accountant (dp_accounting's ``value_discretization_interval``):
-pessimistic, so epsilon is over-reported by about this much per composition step (1e-3 over-reported
-1.4 % at 10^4 rounds and up to 4x below epsilon 0.05)."""
+"""Default value discretisation of the PLD accountant (dp_accounting's
+``value_discretization_interval``): pessimistic, so epsilon is over-reported by about this much per
+composition step (1e-3 over-reported 1.4 % at 10^4 rounds and up to 4x below epsilon 0.05)."""
 
 
 def check_rdp_orders(orders) -> tuple:
     """``orders`` as a sorted tuple of floats > 1 (an error naming the bad value otherwise)."""
     orders = tuple(sorted(float(a) for a in orders))
     if not orders or not all(a > 1 and math.isfinite(a) for a in orders):
-        raise ValueError(f"RDP orders must be a non-empty list of finite numbers > 1, got {orders!r}")
+        raise ValueError(
+            f"RDP orders must be a non-empty list of finite numbers > 1, got {orders!r}"
+        )
     return orders
 
 
@@ -146,18 +168,27 @@ def parse_rdp_orders(text: str, default: tuple = RDP_ORDERS) -> tuple:
     return check_rdp_orders(float(a) for a in str(text).split(","))
 
 
-def make_accountant(kind: str, neighboring_relation: NeighboringRelation, pld_discretization: float = PLD_DISCRETIZATION,
-                    rdp_orders=RDP_ORDERS):
-    """A dp_accounting accountant for events of ``RoundEvent.dp_event(kind)`` under ``neighboring_relation``
-    (replace-one under PLD composes the Dong-Roth-Su events, which are add/remove Poisson events; PLD:
-    ``cached_pld.CachedPldAccountant``, dp_accounting's with each round's mechanism PLD built once)."""
+def make_accountant(
+    kind: str,
+    neighboring_relation: NeighboringRelation,
+    pld_discretization: float = PLD_DISCRETIZATION,
+    rdp_orders=RDP_ORDERS,
+):
+    """A dp_accounting accountant for events of ``RoundEvent.dp_event(kind)`` under
+    ``neighboring_relation`` (replace-one under PLD composes the Dong-Roth-Su events, which are
+    add/remove Poisson events; PLD: ``cached_pld.CachedPldAccountant``, dp_accounting's with each
+    round's mechanism PLD built once)."""
     if kind == "rdp":
-        return rdp.RdpAccountant(orders=list(check_rdp_orders(rdp_orders)), neighboring_relation=neighboring_relation)
+        return rdp.RdpAccountant(
+            orders=list(check_rdp_orders(rdp_orders)), neighboring_relation=neighboring_relation
+        )
     if kind == "pld":
         if not 0 < pld_discretization <= 0.1:
             raise ValueError(f"PLD discretisation must lie in (0, 0.1], got {pld_discretization!r}")
-        return CachedPldAccountant(neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                   value_discretization_interval=pld_discretization)
+        return CachedPldAccountant(
+            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+            value_discretization_interval=pld_discretization,
+        )
     raise ValueError(f"accountant {kind!r} unknown; choose one of {ACCOUNTANTS}")
 
 
@@ -173,8 +204,8 @@ def event_rdp(event: RoundEvent, orders: tuple = RDP_ORDERS):
 @contextlib.contextmanager
 def _unconverged_orders_silenced():
     """dp_accounting logs a warning for each fractional RDP order whose series does not converge and
-    drops that order (its RDP becomes inf, which the conversion ignores): expected, not actionable, and
-    ~60 lines per calibration. Silenced at ERROR for the duration."""
+    drops that order (its RDP becomes inf, which the conversion ignores): expected, not actionable,
+    and ~60 lines per calibration. Silenced at ERROR for the duration."""
     level = absl_logging.get_verbosity()
     absl_logging.set_verbosity(absl_logging.ERROR)
     try:
@@ -193,7 +224,8 @@ def _composed_pld(events: tuple, discretization: float):
 
 
 class Accountant:
-    """A running client-level accountant over a schedule of rounds (constant or per-round (q_t, z_t)).
+    """A running client-level accountant over a schedule of rounds (constant or per-round (q_t,
+    z_t)).
 
     RDP: the curve of each distinct round event is computed once (dp_accounting) over ``rdp_orders``
     and composition is their weighted sum, converted with dp_accounting's ``compute_epsilon`` /
@@ -203,8 +235,9 @@ class Accountant:
     the run's length, where composing round by round costs that every round); the last few
     histories are cached, so a budget check before a round and the epsilon after it build it once.
 
-    100 rounds of Poisson sampling at q = 0.1 with z = 1, and the same rounds with exactly m = 100 of K = 1000
-    clients (replace-one neighbours: the clipped sum moves by 2S, so the same z buys far less):
+    100 rounds of Poisson sampling at q = 0.1 with z = 1, and the same rounds with exactly m = 100
+    of K = 1000 clients (replace-one neighbours: the clipped sum moves by 2S, so the same z buys far
+    less):
 
     >>> poisson = RoundEvent("poisson", 1.0, sampling_rate=0.1)
     >>> round(Accountant("rdp").compose(poisson, count=100).epsilon(1e-5), 2)
@@ -214,7 +247,12 @@ class Accountant:
     83.9
     """
 
-    def __init__(self, kind: str = "rdp", pld_discretization: float = PLD_DISCRETIZATION, rdp_orders=RDP_ORDERS):
+    def __init__(
+        self,
+        kind: str = "rdp",
+        pld_discretization: float = PLD_DISCRETIZATION,
+        rdp_orders=RDP_ORDERS,
+    ):
         if kind not in ACCOUNTANTS:
             raise ValueError(f"accountant {kind!r} unknown; choose one of {ACCOUNTANTS}")
         self.kind, self.pld_discretization = kind, pld_discretization
@@ -229,7 +267,10 @@ class Accountant:
         if self._relation is None:
             self._relation = event.neighboring_relation
         elif event.neighboring_relation != self._relation:
-            raise ValueError("cannot mix Poisson/full and fixed-size sampling in one accountant (different neighbouring relations)")
+            raise ValueError(
+                "cannot mix Poisson/full and fixed-size sampling in one accountant (different"
+                " neighbouring relations)"
+            )
         if count:
             self.rounds += count
             if self.events and self.events[-1][0] == event:
@@ -246,16 +287,24 @@ class Accountant:
         if not self.events:
             return 0.0
         if self.kind == "pld":
-            return float(_composed_pld(tuple(self.events), self.pld_discretization).get_epsilon(delta))
-        return float(rdp_privacy_accountant.compute_epsilon(self.rdp_orders, self._rdp_curve(), delta)[0])
+            return float(
+                _composed_pld(tuple(self.events), self.pld_discretization).get_epsilon(delta)
+            )
+        return float(
+            rdp_privacy_accountant.compute_epsilon(self.rdp_orders, self._rdp_curve(), delta)[0]
+        )
 
     def delta(self, epsilon: float) -> float:
         check_epsilon(epsilon)
         if not self.events:
             return 0.0
         if self.kind == "pld":
-            return float(_composed_pld(tuple(self.events), self.pld_discretization).get_delta(epsilon))
-        return float(rdp_privacy_accountant.compute_delta(self.rdp_orders, self._rdp_curve(), epsilon)[0])
+            return float(
+                _composed_pld(tuple(self.events), self.pld_discretization).get_delta(epsilon)
+            )
+        return float(
+            rdp_privacy_accountant.compute_delta(self.rdp_orders, self._rdp_curve(), epsilon)[0]
+        )
 
     def copy_with(self, event: RoundEvent, count: int = 1) -> "Accountant":
         """A new accountant with this one's history plus ``count`` more rounds (nothing mutated)."""
@@ -275,8 +324,12 @@ def check_delta(delta: float):
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
 
 
-def epsilon_of(events: Iterable[tuple[RoundEvent, int]], delta: float, kind: str = "rdp",
-               pld_discretization: float = PLD_DISCRETIZATION) -> float:
+def epsilon_of(
+    events: Iterable[tuple[RoundEvent, int]],
+    delta: float,
+    kind: str = "rdp",
+    pld_discretization: float = PLD_DISCRETIZATION,
+) -> float:
     """epsilon at ``delta`` of a schedule given as (event, number of rounds) pairs."""
     acc = Accountant(kind, pld_discretization)
     for event, count in events:
@@ -285,9 +338,17 @@ def epsilon_of(events: Iterable[tuple[RoundEvent, int]], delta: float, kind: str
 
 
 @functools.lru_cache(maxsize=64)  # pure; a config's validation and its build ask the same question
-def calibrate_noise_multiplier(target_epsilon: float, target_delta: float, rounds: int, sampling: str,
-                               sampling_rate: float = 1.0, population: int = 0, cohort_size: int = 0,
-                               kind: str = "rdp", max_noise: float = 1e3) -> float:
+def calibrate_noise_multiplier(
+    target_epsilon: float,
+    target_delta: float,
+    rounds: int,
+    sampling: str,
+    sampling_rate: float = 1.0,
+    population: int = 0,
+    cohort_size: int = 0,
+    kind: str = "rdp",
+    max_noise: float = 1e3,
+) -> float:
     """The smallest z whose ``rounds``-fold composition is (target_epsilon, target_delta)-DP.
 
     Uses ``dp_accounting.calibrate_dp_mechanism`` (Brent's method over fresh accountants).
@@ -299,44 +360,68 @@ def calibrate_noise_multiplier(target_epsilon: float, target_delta: float, round
     make_event = lambda z: RoundEvent(sampling, z, sampling_rate, population, cohort_size)  # noqa: E731
     rate = make_event(1.0).rate
     if rate < 1 and target_delta >= rate:
-        raise ValueError(f"delta={target_delta} >= the sampling rate q={rate:.6g}: any noise meets it (a client "
-                         "is in a round with probability q), so there is nothing to calibrate; choose delta < q")
+        raise ValueError(
+            f"delta={target_delta} >= the sampling rate q={rate:.6g}: any noise meets it (a client "
+            "is in a round with probability q), so there is nothing to calibrate; choose delta < q"
+        )
     relation = make_event(1.0).neighboring_relation
     if epsilon_of([(make_event(max_noise), rounds)], target_delta, kind) > target_epsilon:
-        raise ValueError(f"no noise multiplier <= {max_noise} reaches epsilon={target_epsilon} at delta={target_delta} "
-                         f"over {rounds} rounds")
+        raise ValueError(
+            f"no noise multiplier <= {max_noise} reaches epsilon={target_epsilon} at"
+            f" delta={target_delta} over {rounds} rounds"
+        )
     bracket = dp_accounting.ExplicitBracketInterval(1e-3, max_noise)
-    if kind == "pld":  # bracketed by RDP's answer for the event the PLD composes (fixed-size: rate m/K, z / 2)
+    # bracketed by RDP's answer for the event the PLD composes (fixed-size: rate m/K, z / 2)
+    if kind == "pld":
         fixed = sampling == "fixed"
         z_rdp = (2.0 if fixed else 1.0) * calibrate_noise_multiplier(
-            target_epsilon, target_delta, rounds, "poisson" if fixed else sampling, rate, kind="rdp", max_noise=max_noise)
-        bracket = _pld_bracket(lambda z: epsilon_of([(make_event(z), rounds)], target_delta, "pld") > target_epsilon,
-                               z_rdp)
+            target_epsilon,
+            target_delta,
+            rounds,
+            "poisson" if fixed else sampling,
+            rate,
+            kind="rdp",
+            max_noise=max_noise,
+        )
+        bracket = _pld_bracket(
+            lambda z: epsilon_of([(make_event(z), rounds)], target_delta, "pld") > target_epsilon,
+            z_rdp,
+        )
     with _unconverged_orders_silenced():
-        return float(dp_accounting.calibrate_dp_mechanism(
-            lambda: make_accountant(kind, relation),
-            lambda z: dp_accounting.SelfComposedDpEvent(make_event(z).dp_event(kind), rounds),
-            target_epsilon, target_delta, bracket, tol=1e-4))
+        return float(
+            dp_accounting.calibrate_dp_mechanism(
+                lambda: make_accountant(kind, relation),
+                lambda z: dp_accounting.SelfComposedDpEvent(make_event(z).dp_event(kind), rounds),
+                target_epsilon,
+                target_delta,
+                bracket,
+                tol=1e-4,
+            )
+        )
 
 
 PLD_BRACKET_FACTORS = (0.9, 0.75, 0.5, 0.25)
-"""Lower ends tried, as fractions of the RDP answer, until one spends more than the target (``_pld_bracket``)."""
+"""Lower ends tried, as fractions of the RDP answer, until one spends more than the target
+(``_pld_bracket``)."""
 
 
 def _pld_bracket(overspends, z_rdp: float) -> dp_accounting.ExplicitBracketInterval:
-    """A bracket of the PLD calibration's root from the RDP answer z_rdp for the same dp_accounting event: RDP
-    over-states epsilon, so z_pld <= z_rdp, and the PLD answer is usually within 10 % of it (0.94 z_rdp at q = 0.2,
-    z ~ 1; for fixed-size sampling RDP's own replace-one bound is looser, 0.6, hence the Poisson event of the
-    Dong-Roth-Su reduction). A PLD of little noise is costly to build, so the lower end steps down from 0.9 z_rdp
-    (``PLD_BRACKET_FACTORS``) instead of starting at 0.25 z_rdp, and a step that does not overspend becomes the upper
-    end (``benchmarks/pld_calibration.py`` measures the gain; z is the same to the tolerance, 1e-4)."""
+    """A bracket of the PLD calibration's root from the RDP answer z_rdp for the same dp_accounting
+    event: RDP over-states epsilon, so z_pld <= z_rdp, and the PLD answer is usually within 10 % of
+    it (0.94 z_rdp at q = 0.2, z ~ 1; for fixed-size sampling RDP's own replace-one bound is looser,
+    0.6, hence the Poisson event of the Dong-Roth-Su reduction). A PLD of little noise is costly to
+    build, so the lower end steps down from 0.9 z_rdp (``PLD_BRACKET_FACTORS``) instead of starting
+    at 0.25 z_rdp, and a step that does not overspend becomes the upper end
+    (``benchmarks/pld_calibration.py`` measures the gain; z is the same to the tolerance, 1e-4)."""
     upper = z_rdp * 1.001
     for factor in PLD_BRACKET_FACTORS:
         if overspends(factor * z_rdp):
             return dp_accounting.ExplicitBracketInterval(factor * z_rdp, upper)
         upper = factor * z_rdp
-    raise ValueError(f"the PLD accountant reaches the target epsilon below {PLD_BRACKET_FACTORS[-1]} x the RDP "
-                     f"calibration's z = {z_rdp:.6g}: no bracket")
+    raise ValueError(
+        f"the PLD accountant reaches the target epsilon below {PLD_BRACKET_FACTORS[-1]} x the RDP "
+        f"calibration's z = {z_rdp:.6g}: no bracket"
+    )
 
 
 def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:

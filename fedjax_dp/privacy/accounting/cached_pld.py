@@ -1,21 +1,22 @@
 """dp_accounting's PLD accountant with the PLD of each Poisson-subsampled Gaussian round built once.
 
-``PLDAccountant.compose(PoissonSampledDpEvent(q, GaussianDpEvent(z)), count)`` builds the round's PLD
-from the mechanism (``from_gaussian_mechanism``), self-composes it ``count`` times and composes that onto
-the history. A run asks for epsilon after many rounds, each time of a longer history of the same round,
-and building the mechanism's PLD was about 60 % of each query (2-core CPU, discretisation 1e-4: 0.79 s
-of 1.38 s at q = 0.2, z = 0.8; 0.36 s of 0.53 s at q = 0.01, z = 1). ``CachedPldAccountant`` keeps that
-PLD (``subsampled_gaussian_pld``, an LRU cache; PLDs are immutable) and performs the parent's remaining
-operations unchanged and in the same order, so every epsilon and delta is the parent's to the bit
-(tested); every other event goes to the parent.
+``PLDAccountant.compose(PoissonSampledDpEvent(q, GaussianDpEvent(z)), count)`` builds the round's
+PLD from the mechanism (``from_gaussian_mechanism``), self-composes it ``count`` times and composes
+that onto the history. A run asks for epsilon after many rounds, each time of a longer history of
+the same round, and building the mechanism's PLD was about 60 % of each query (2-core CPU,
+discretisation 1e-4: 0.79 s of 1.38 s at q = 0.2, z = 0.8; 0.36 s of 0.53 s at q = 0.01, z = 1).
+``CachedPldAccountant`` keeps that PLD (``subsampled_gaussian_pld``, an LRU cache; PLDs are
+immutable) and performs the parent's remaining operations unchanged and in the same order, so every
+epsilon and delta is the parent's to the bit (tested); every other event goes to the parent.
 
 What remained of each query was mostly the self-composition's truncation bounds:
-``dp_accounting.pld.common.compute_self_convolve_bounds`` takes a Chernoff bound at 40 orders, each a log-sum-exp
-over the whole single-round PMF (about 0.14 s per direction at discretisation 1e-4 on a 2-core CPU, 0.28 s of each
-round's 0.34 s query), although those log moment generating functions depend on the PMF alone, not on the number of
-rounds. ``ChernoffBounds`` computes them once per PMF and the bounds from them exactly as dp_accounting does; it
-stands in for dp_accounting's function only while this accountant self-composes a cached mechanism
-(``self_compose``), so nothing else in the process is touched.
+``dp_accounting.pld.common.compute_self_convolve_bounds`` takes a Chernoff bound at 40 orders, each
+a log-sum-exp over the whole single-round PMF (about 0.14 s per direction at discretisation 1e-4 on
+a 2-core CPU, 0.28 s of each round's 0.34 s query), although those log moment generating functions
+depend on the PMF alone, not on the number of rounds. ``ChernoffBounds`` computes them once per PMF
+and the bounds from them exactly as dp_accounting does; it stands in for dp_accounting's function
+only while this accountant self-composes a cached mechanism (``self_compose``), so nothing else in
+the process is touched.
 """
 
 from __future__ import annotations
@@ -31,46 +32,68 @@ from dp_accounting.pld import common, pld_privacy_accountant, privacy_loss_distr
 from scipy import special
 
 
-def build_subsampled_gaussian_pld(noise_multiplier: float, sampling_probability: float,
-                                  neighboring_relation: dp_accounting.NeighboringRelation,
-                                  discretization: float) -> privacy_loss_distribution.PrivacyLossDistribution:
+def build_subsampled_gaussian_pld(
+    noise_multiplier: float,
+    sampling_probability: float,
+    neighboring_relation: dp_accounting.NeighboringRelation,
+    discretization: float,
+) -> privacy_loss_distribution.PrivacyLossDistribution:
     """The PLD of one Poisson-subsampled Gaussian round, as ``PLDAccountant`` builds it."""
     return privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=noise_multiplier, value_discretization_interval=discretization,
-        sampling_prob=sampling_probability, neighboring_relation=neighboring_relation)
+        standard_deviation=noise_multiplier,
+        value_discretization_interval=discretization,
+        sampling_prob=sampling_probability,
+        neighboring_relation=neighboring_relation,
+    )
 
 
-subsampled_gaussian_pld = functools.lru_cache(maxsize=8)(build_subsampled_gaussian_pld)  # MBs each at 1e-4
+# MBs each at 1e-4
+subsampled_gaussian_pld = functools.lru_cache(maxsize=8)(build_subsampled_gaussian_pld)
 
 
 class CachedPldAccountant(pld_privacy_accountant.PLDAccountant):
-    """``PLDAccountant`` whose Poisson-subsampled Gaussian events reuse ``subsampled_gaussian_pld``."""
+    """``PLDAccountant`` whose Poisson-subsampled Gaussian events reuse
+    ``subsampled_gaussian_pld``."""
 
     def _maybe_compose(self, event: dp_accounting.DpEvent, count: int, do_compose: bool):
-        if (do_compose and isinstance(event, dp_accounting.PoissonSampledDpEvent)
-                and isinstance(event.event, dp_accounting.GaussianDpEvent)
-                and event.sampling_probability > 0 and event.event.noise_multiplier > 0):
-            mechanism = subsampled_gaussian_pld(float(event.event.noise_multiplier), float(event.sampling_probability),
-                                                self.neighboring_relation, self._value_discretization_interval)
+        if (
+            do_compose
+            and isinstance(event, dp_accounting.PoissonSampledDpEvent)
+            and isinstance(event.event, dp_accounting.GaussianDpEvent)
+            and event.sampling_probability > 0
+            and event.event.noise_multiplier > 0
+        ):
+            mechanism = subsampled_gaussian_pld(
+                float(event.event.noise_multiplier),
+                float(event.sampling_probability),
+                self.neighboring_relation,
+                self._value_discretization_interval,
+            )
             self._pld = self._pld.compose(self_compose(mechanism, count))
             return None
         return super()._maybe_compose(event, count, do_compose)
 
 
 class ChernoffBounds:
-    """``common.compute_self_convolve_bounds`` (dp_accounting 0.4-0.6) with the log moment generating functions of
-    each input PMF computed once (module docstring): the same orders, the same arithmetic in the same order, so
-    the same bounds to the bit (tested against dp_accounting's function). Anything but dp_accounting's default
-    call (its own orders, no truncation, a non-array list) goes to ``original``."""
+    """``common.compute_self_convolve_bounds`` (dp_accounting 0.4-0.6) with the log moment
+    generating functions of each input PMF computed once (module docstring): the same orders, the
+    same arithmetic in the same order, so the same bounds to the bit (tested against dp_accounting's
+    function). Anything but dp_accounting's default call (its own orders, no truncation, a non-array
+    list) goes to ``original``."""
 
     MAX_PMFS = 64  # entries of PMFs no longer alive are dropped past this many
 
     def __init__(self, original):
         self.original = original
-        self._log_mgfs: dict[int, tuple] = {}  # id(pmf) -> (weak reference to it, orders, their log-MGFs)
+        # id(pmf) -> (weak reference to it, orders, their log-MGFs)
+        self._log_mgfs: dict[int, tuple] = {}
 
     def __call__(self, input_list, num_times, tail_mass_truncation=0, orders=None):
-        if orders is not None or tail_mass_truncation == 0 or not isinstance(input_list, np.ndarray):
+        if (
+            orders is not None
+            or tail_mass_truncation == 0
+            or not isinstance(input_list, np.ndarray)
+        ):
             return self.original(input_list, num_times, tail_mass_truncation, orders)
         _, orders, log_mgfs = self._moments(input_list)
         upper_bound = (len(input_list) - 1) * num_times
@@ -101,8 +124,12 @@ chernoff_bounds = ChernoffBounds(common.compute_self_convolve_bounds)
 
 @contextlib.contextmanager
 def _bounds_from_cached_moments():
-    """``chernoff_bounds`` in place of dp_accounting's bounds function for the duration (restored after)."""
-    original, common.compute_self_convolve_bounds = common.compute_self_convolve_bounds, chernoff_bounds
+    """``chernoff_bounds`` in place of dp_accounting's bounds function for the duration (restored
+    after)."""
+    original, common.compute_self_convolve_bounds = (
+        common.compute_self_convolve_bounds,
+        chernoff_bounds,
+    )
     try:
         yield
     finally:
@@ -110,6 +137,7 @@ def _bounds_from_cached_moments():
 
 
 def self_compose(mechanism, count: int):
-    """``mechanism.self_compose(count)`` (dp_accounting's) with the truncation bounds from cached moments."""
+    """``mechanism.self_compose(count)`` (dp_accounting's) with the truncation bounds from cached
+    moments."""
     with _bounds_from_cached_moments():
         return mechanism.self_compose(count)

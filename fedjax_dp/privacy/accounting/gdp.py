@@ -22,8 +22,8 @@ def _check_mu(mu: float):
 
 
 def mu_clt(sampling_rate: float, noise_multiplier: float, rounds: int) -> float:
-    """CLT mu of ``rounds`` compositions of the Poisson-subsampled Gaussian (an approximation: Bu et al. 2020,
-    Theorem 5), mu = q sqrt(T (e^{1/z^2} - 1)).
+    """CLT mu of ``rounds`` compositions of the Poisson-subsampled Gaussian (an approximation: Bu et
+    al. 2020, Theorem 5), mu = q sqrt(T (e^{1/z^2} - 1)).
 
     >>> round(mu_clt(sampling_rate=0.01, noise_multiplier=1.0, rounds=1000), 4)
     0.4145
@@ -38,17 +38,21 @@ def mu_clt(sampling_rate: float, noise_multiplier: float, rounds: int) -> float:
 def delta_from_mu(mu: float, epsilon: float) -> float:
     """Exact delta(epsilon) of a mu-GDP mechanism."""
     _check_mu(mu)
-    # e^eps Phi(b) computed as exp(eps + log Phi(b)) so large epsilon does not overflow; for a huge mu the
-    # sum cancels catastrophically (both terms ~ mu^2 / 2), so it is held at log Phi(a), its true upper
+    # e^eps Phi(b) computed as exp(eps + log Phi(b)) so large epsilon does not overflow; for a huge
+    # mu the
+    # sum cancels catastrophically (both terms ~ mu^2 / 2), so it is held at log Phi(a), its true
+    # upper
     # bound (delta >= 0), which keeps delta in [0, Phi(a)].
     a, b = -epsilon / mu + mu / 2, -epsilon / mu - mu / 2
     log_cdf_a = float(special.log_ndtr(a))
-    return float(math.exp(log_cdf_a) - math.exp(min(epsilon + float(special.log_ndtr(b)), log_cdf_a)))
+    return float(
+        math.exp(log_cdf_a) - math.exp(min(epsilon + float(special.log_ndtr(b)), log_cdf_a))
+    )
 
 
 def epsilon_from_mu(mu: float, delta: float) -> float:
-    """The epsilon at which a mu-GDP mechanism has the given delta (inverse of ``delta_from_mu``; Dong, Roth and
-    Su 2022, Corollary 2.13).
+    """The epsilon at which a mu-GDP mechanism has the given delta (inverse of ``delta_from_mu``;
+    Dong, Roth and Su 2022, Corollary 2.13).
 
     >>> round(epsilon_from_mu(0.5, 1e-5), 3)
     1.993
@@ -75,4 +79,6 @@ def mu_from_epsilon(epsilon: float, delta: float) -> float:
     high = 1.0
     while delta_from_mu(high, epsilon) < delta:
         high *= 2
-    return float(optimize.brentq(lambda m: delta_from_mu(m, epsilon) - delta, 1e-9, high, xtol=1e-12))
+    return float(
+        optimize.brentq(lambda m: delta_from_mu(m, epsilon) - delta, 1e-9, high, xtol=1e-12)
+    )

@@ -1,15 +1,20 @@
 """The sampler of correlated-noise runs: it draws cohorts under a stated participation scheme
-(``privacy.correlated.participation``) and enforces it, so the sensitivity the noise was calibrated for holds.
+(``privacy.correlated.participation``) and enforces it, so the sensitivity the noise was calibrated
+for holds.
 
-* ``min_separation`` (b, k) and ``single`` (k = 1): every client checks in with probability ``check_in_rate``
-  (available: idle, charging, on Wi-Fi); the server refuses those inside their separation window (fewer than b
-  rounds since their last participation) or with k participations, and takes at most ``cohort_size`` of the rest,
-  uniformly (Kairouz et al. 2021, Sec. 5; McMahan et al. 2024's Gboard deployment). Who is inside a window is the
-  ledger's history of the rounds run (``privacy.ledgers.correlated``), replayed on resume.
-* ``cyclic`` (b): client i belongs to group i mod b, and round t takes the whole group (t - 1) mod b.
-* ``cyclic_poisson`` (b, q): the same groups, each member of the round's group drawn with probability q.
+* ``min_separation`` (b, k) and ``single`` (k = 1): every client checks in with probability
+  ``check_in_rate`` (available: idle, charging, on Wi-Fi); the server refuses those inside their
+  separation window (fewer than b rounds since their last participation) or with k participations,
+  and takes at most ``cohort_size`` of the rest, uniformly (Kairouz et al. 2021, Sec. 5; McMahan et
+  al. 2024's Gboard deployment). Who is inside a window is the ledger's history of the rounds run
+  (``privacy.ledgers.correlated``), replayed on resume.
+* ``cyclic`` (b): client i belongs to group i mod b, and round t takes the whole group (t - 1) mod
+  b.
+* ``cyclic_poisson`` (b, q): the same groups, each member of the round's group drawn with
+  probability q.
 
-The denominator of the update is fixed (never the realised count): the cohort cap, the group size K / b, or q K / b.
+The denominator of the update is fixed (never the realised count): the cohort cap, the group size K
+/ b, or q K / b.
 """
 
 from __future__ import annotations
@@ -34,10 +39,16 @@ class ParticipationSampling:
         if self.num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {self.num_clients}")
         if p.scheme in ("cyclic", "cyclic_poisson") and p.min_separation > self.num_clients:
-            raise ValueError(f"{p.min_separation} cyclic groups need at least as many clients, got {self.num_clients}")
+            raise ValueError(
+                f"{p.min_separation} cyclic groups need at least as many clients, got"
+                f" {self.num_clients}"
+            )
         if p.scheme in ("min_separation", "single"):
             if not 1 <= self.cohort_size <= self.num_clients:
-                raise ValueError(f"cohort_size must lie in [1, num_clients={self.num_clients}], got {self.cohort_size}")
+                raise ValueError(
+                    f"cohort_size must lie in [1, num_clients={self.num_clients}], got"
+                    f" {self.cohort_size}"
+                )
             if not 0 < self.check_in_rate <= 1:
                 raise ValueError(f"check_in_rate must lie in (0, 1], got {self.check_in_rate}")
 
@@ -53,7 +64,8 @@ class ParticipationSampling:
         return np.arange(self.num_clients) % b == (t - 1) % b
 
     def allowed(self, t: int, last_round: np.ndarray, participations: np.ndarray) -> np.ndarray:
-        """The clients the scheme lets take part in round t, given each one's last round (0: never) and count."""
+        """The clients the scheme lets take part in round t, given each one's last round (0: never)
+        and count."""
         p = self.participation
         allowed = self.group_of_round(t)
         if p.scheme == "single":
@@ -64,10 +76,16 @@ class ParticipationSampling:
                 allowed &= participations < p.max_participations
         return allowed
 
-    def sample(self, rng: np.random.Generator, eligible: np.ndarray | None = None, t: int = 1) -> np.ndarray:
-        """Round t's sorted client ids among ``eligible`` (the ledger's ``allowed`` and budgets; None: the group
-        of round t, for a cyclic scheme, and everyone else)."""
-        pool = self.group_of_round(t) if eligible is None else np.asarray(eligible, bool) & self.group_of_round(t)
+    def sample(
+        self, rng: np.random.Generator, eligible: np.ndarray | None = None, t: int = 1
+    ) -> np.ndarray:
+        """Round t's sorted client ids among ``eligible`` (the ledger's ``allowed`` and budgets;
+        None: the group of round t, for a cyclic scheme, and everyone else)."""
+        pool = (
+            self.group_of_round(t)
+            if eligible is None
+            else np.asarray(eligible, bool) & self.group_of_round(t)
+        )
         p = self.participation
         if p.scheme == "cyclic":
             return np.flatnonzero(pool)
@@ -88,8 +106,8 @@ class ParticipationSampling:
         return float(self.cohort_size)
 
     def slots(self, drawn: int = 0) -> int:
-        """The cohort capacity a round is packed into (one compiled program for the run; ``drawn``: the round's
-        cohort, which a rare large Poisson draw may push above the usual capacity)."""
+        """The cohort capacity a round is packed into (one compiled program for the run; ``drawn``:
+        the round's cohort, which a rare large Poisson draw may push above the usual capacity)."""
         p = self.participation
         group = math.ceil(self.num_clients / p.min_separation)
         if p.scheme == "cyclic":

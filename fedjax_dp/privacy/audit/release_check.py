@@ -1,22 +1,26 @@
 """Does the chain add the noise its release declares, and bound what it declares? (issue 74, item 6)
 
-The canary audit (``audit``) bounds epsilon from below: it catches a mechanism with no noise or no clip,
-but not one with half its noise (a claim of 2.34 that truly spends 5.17 gave a lower bound of 1.05 at 600
-trials). This check measures the mechanism directly, through the real round (the algorithm's own round,
-chain and engine), with a probe inserted just before the chain's noise transform:
+The canary audit (``audit``) bounds epsilon from below: it catches a mechanism with no noise or no
+clip, but not one with half its noise (a claim of 2.34 that truly spends 5.17 gave a lower bound of
+1.05 at 600 trials). This check measures the mechanism directly, through the real round (the
+algorithm's own round, chain and engine), with a probe inserted just before the chain's noise
+transform:
 
-* noise: every client's upload is replaced by zeros, so what the server sums after the noise transform
-  is the noise alone: one central draw of std z S per entry, or the sum over the kept clients of their
-  local draws, std sqrt(sum_k (z_k S)^2), z the multiplier the release declares and S the per-client
-  bound the chain holds before the noise. Over N entries sum_j x_j^2 / sigma^2 is chi-square with N
-  degrees of freedom; the check fails when its standardised value (chi2 - N) / sqrt(2N) lies beyond
-  ``tolerance`` (5: a false alarm below 1e-6; halved noise at N = 7850 sits 47 standard deviations out).
-* bound: every client's upload is replaced by a huge one (each entry 1e3), and the probe reads the norm of
-  what enters the noise transform: it must not exceed the bound S the noise is calibrated to.
+* noise: every client's upload is replaced by zeros, so what the server sums after the noise
+  transform is the noise alone: one central draw of std z S per entry, or the sum over the kept
+  clients of their local draws, std sqrt(sum_k (z_k S)^2), z the multiplier the release declares and
+  S the per-client bound the chain holds before the noise. Over N entries sum_j x_j^2 / sigma^2 is
+  chi-square with N degrees of freedom; the check fails when its standardised value (chi2 - N) /
+  sqrt(2N) lies beyond ``tolerance`` (5: a false alarm below 1e-6; halved noise at N = 7850 sits 47
+  standard deviations out).
+* bound: every client's upload is replaced by a huge one (each entry 1e3), and the probe reads the
+  norm of what enters the noise transform: it must not exceed the bound S the noise is calibrated
+  to.
 
-A release with ``formal=False`` (no finite bound, a paper's own figure) is listed as not checked. Count
-releases of adaptive clips are not measured here (their noise enters the clip's next threshold, not the
-upload); ``tests/test_key_discipline.py`` and ``tests/test_layer_quantile_clip.py`` check their draws.
+A release with ``formal=False`` (no finite bound, a paper's own figure) is listed as not checked.
+Count releases of adaptive clips are not measured here (their noise enters the clip's next
+threshold, not the upload); ``tests/test_key_discipline.py`` and
+``tests/test_layer_quantile_clip.py`` check their draws.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ HUGE_ENTRY = 1e3
 
 @dataclasses.dataclass(frozen=True)
 class _Probe(UploadTransform):
-    """Sits before the noise transform: reads each client's upload norm and its bound (client side) and the
-    summed upload after the noise (server side, which runs after the noise's in reverse chain order)."""
+    """Sits before the noise transform: reads each client's upload norm and its bound (client side)
+    and the summed upload after the noise (server side, which runs after the noise's in reverse
+    chain order)."""
 
     kind: ClassVar[str] = "diagnostic"
 
@@ -47,9 +52,19 @@ class _Probe(UploadTransform):
         return Flow(upload, ctx.bound, {}, {"norm": tree.l2_norm(upload), "bound": ctx.bound})
 
     def server(self, total, ctx: ServerContext):
-        flat = jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(total)])
-        return total, ctx.state, {"release_check_total": flat, "release_check_norm": ctx.stats["norm"],
-                                  "release_check_bound": ctx.stats["bound"], "release_check_kept": ctx.kept}
+        flat = jnp.concatenate(
+            [jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(total)]
+        )
+        return (
+            total,
+            ctx.state,
+            {
+                "release_check_total": flat,
+                "release_check_norm": ctx.stats["norm"],
+                "release_check_bound": ctx.stats["bound"],
+                "release_check_kept": ctx.kept,
+            },
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,35 +91,59 @@ class ReleaseCheck:
     measured_std: float = math.nan
     entries: int = 0
     chi2_z: float = math.nan  # (sum x^2 / sigma^2 - N) / sqrt(2 N)
-    max_norm_over_bound: float = math.nan  # the largest client's upload norm entering the noise / its bound
+    # the largest client's upload norm entering the noise / its bound
+    max_norm_over_bound: float = math.nan
     tolerance: float = 5.0
 
     @property
     def passed(self) -> bool:
-        return (not self.checked) or (abs(self.chi2_z) <= self.tolerance and self.max_norm_over_bound <= 1 + 1e-5)
+        return (not self.checked) or (
+            abs(self.chi2_z) <= self.tolerance and self.max_norm_over_bound <= 1 + 1e-5
+        )
 
 
-def check_upload_noise(runner: FederatedRound, state, cohort: dict, key: jax.Array, client_states=None,
-                       round_index: int = 1, tolerance: float = 5.0) -> ReleaseCheck:
+def check_upload_noise(
+    runner: FederatedRound,
+    state,
+    cohort: dict,
+    key: jax.Array,
+    client_states=None,
+    round_index: int = 1,
+    tolerance: float = 5.0,
+) -> ReleaseCheck:
     """The noise and bound of the chain's noise release, measured through ``runner``'s own round on
     ``cohort`` (module docstring). ``state``: the server state the round starts from."""
     uploads = runner.specialized(state)
     position = next((i for i, t in enumerate(uploads) if t.kind == "noise"), None)
     if position is None:
-        raise ValueError(f"the upload chain {[type(t).__name__ for t in uploads]} has no noise transform to check")
+        raise ValueError(
+            f"the upload chain {[type(t).__name__ for t in uploads]} has no noise transform to"
+            " check"
+        )
     noise = uploads[position]
     (release,) = noise.releases(noise.inputs(round_index))
     if not release.formal:
         return ReleaseCheck(release.mechanism, checked=False, tolerance=tolerance)
     probed = Chain(uploads[:position] + (_Probe(),) + uploads[position:])
-    probed_state = state.replace(uploads=state.uploads[:position] + ((),) + state.uploads[position:])
+    probed_state = state.replace(
+        uploads=state.uploads[:position] + ((),) + state.uploads[position:]
+    )
     options = dict(runner._engine_options, strategy="vmap", mesh=None, devices=None)
 
     def metrics(value):
         probe = FederatedRound(_FixedUploads(runner.algorithm, value), probed, **options)
-        result = probe(probed_state, cohort, key, round_index, client_states=client_states, uploads=probed,
-                       noise_key=jax.random.fold_in(key, 1))
-        return {k: np.asarray(v) for k, v in result.metrics.items() if k.startswith("release_check_")}
+        result = probe(
+            probed_state,
+            cohort,
+            key,
+            round_index,
+            client_states=client_states,
+            uploads=probed,
+            noise_key=jax.random.fold_in(key, 1),
+        )
+        return {
+            k: np.asarray(v) for k, v in result.metrics.items() if k.startswith("release_check_")
+        }
 
     quiet, loud = metrics(0.0), metrics(HUGE_ENTRY)
     kept = quiet["release_check_kept"].astype(bool)
@@ -118,6 +157,16 @@ def check_upload_noise(runner: FederatedRound, state, cohort: dict, key: jax.Arr
     entries = total.size
     chi2 = float(np.sum(np.square(total)) / variance)
     loud_kept = loud["release_check_kept"].astype(bool)
-    ratio = float(np.max(loud["release_check_norm"][loud_kept] / loud["release_check_bound"][loud_kept]))
-    return ReleaseCheck(release.mechanism, True, math.sqrt(variance), float(np.sqrt(np.mean(np.square(total)))),
-                        entries, (chi2 - entries) / math.sqrt(2 * entries), ratio, tolerance)
+    ratio = float(
+        np.max(loud["release_check_norm"][loud_kept] / loud["release_check_bound"][loud_kept])
+    )
+    return ReleaseCheck(
+        release.mechanism,
+        True,
+        math.sqrt(variance),
+        float(np.sqrt(np.mean(np.square(total)))),
+        entries,
+        (chi2 - entries) / math.sqrt(2 * entries),
+        ratio,
+        tolerance,
+    )

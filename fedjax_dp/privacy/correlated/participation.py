@@ -1,24 +1,28 @@
-"""Client participation schemes that a correlated-noise mechanism is calibrated for, and the L2 sensitivity of a
-strategy matrix C under each (Choquette-Choo et al. 2023, "(Amplified) Banded Matrix Factorization", Sec. 2-4;
-jax_privacy's ``matrix_factorization.sensitivity``).
+"""Client participation schemes that a correlated-noise mechanism is calibrated for, and the L2
+sensitivity of a strategy matrix C under each (Choquette-Choo et al. 2023, "(Amplified) Banded
+Matrix Factorization", Sec. 2-4; jax_privacy's ``matrix_factorization.sensitivity``).
 
-The release of rounds 1..n is C x + Z (equivalently x + C^{-1} Z, the noise the server adds) with x the
-stream of clipped sums and Z iid Gaussian. A client whose clipped contribution (norm <= 1 in units of the clip S)
-enters the rounds pi changes C x by sum_{t in pi} C[:, t] u_t, of squared norm sum_{i,j in pi} X_ij <u_i, u_j>
-<= sum_{i,j in pi} |X_ij| with X = C^T C (exact where X >= 0). The sensitivity is the largest over the patterns
-pi the scheme allows:
+The release of rounds 1..n is C x + Z (equivalently x + C^{-1} Z, the noise the server adds) with x
+the stream of clipped sums and Z iid Gaussian. A client whose clipped contribution (norm <= 1 in
+units of the clip S) enters the rounds pi changes C x by sum_{t in pi} C[:, t] u_t, of squared norm
+sum_{i,j in pi} X_ij <u_i, u_j> <= sum_{i,j in pi} |X_ij| with X = C^T C (exact where X >= 0). The
+sensitivity is the largest over the patterns pi the scheme allows:
 
-* ``min_separation`` (b, k): any rounds at least b apart (j - i >= b), at most k of them (what a sampler can
-  enforce when clients check in when idle, charging and on Wi-Fi: Kairouz et al. 2021; Gboard's DP-FTRL);
+* ``min_separation`` (b, k): any rounds at least b apart (j - i >= b), at most k of them (what a
+  sampler can enforce when clients check in when idle, charging and on Wi-Fi: Kairouz et al. 2021;
+  Gboard's DP-FTRL);
 * ``single``: at most one round (k = 1);
-* ``cyclic`` (b): the population split into b fixed groups taken in turn, group g in rounds g, g + b, ...;
-* ``cyclic_poisson`` (b, q): cyclic groups, each member of the round's group sampled with probability q: the
-  amplified BandMF of Choquette-Choo et al. 2023 (banded strategies with at most b bands only; sensitivity is
-  then the largest column norm and the privacy comes from the sampling, ``privacy.ledgers.correlated``).
+* ``cyclic`` (b): the population split into b fixed groups taken in turn, group g in rounds g, g +
+  b, ...;
+* ``cyclic_poisson`` (b, q): cyclic groups, each member of the round's group sampled with
+  probability q: the amplified BandMF of Choquette-Choo et al. 2023 (banded strategies with at most
+  b bands only; sensitivity is then the largest column norm and the privacy comes from the sampling,
+  ``privacy.ledgers.correlated``).
 
-The neighbouring relation is zero-out: the participation schedule (who checks in when) is the same in both
-worlds and one client's data is replaced by a null contribution (jax_privacy's REPLACE_SPECIAL); for the sum of
-clipped uploads with a fixed denominator that is the same output distribution as removing the client.
+The neighbouring relation is zero-out: the participation schedule (who checks in when) is the same
+in both worlds and one client's data is replaced by a null contribution (jax_privacy's
+REPLACE_SPECIAL); for the sum of clipped uploads with a fixed denominator that is the same output
+distribution as removing the client.
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ SCHEMES = ("min_separation", "single", "cyclic", "cyclic_poisson")
 
 @dataclasses.dataclass(frozen=True)
 class Participation:
-    """scheme: one of ``SCHEMES``. min_separation: b (rounds between two participations of one client; the
-    number of groups for the cyclic schemes). max_participations: k (0: as many as b and the run's rounds
-    allow). rate: q for ``cyclic_poisson`` (the chance a member of the round's group takes part)."""
+    """scheme: one of ``SCHEMES``. min_separation: b (rounds between two participations of one
+    client; the number of groups for the cyclic schemes). max_participations: k (0: as many as b and
+    the run's rounds allow). rate: q for ``cyclic_poisson`` (the chance a member of the round's
+    group takes part)."""
 
     scheme: str
     min_separation: int = 1
@@ -44,17 +49,25 @@ class Participation:
 
     def __post_init__(self):
         if self.scheme not in SCHEMES:
-            raise ValueError(f"participation scheme {self.scheme!r} unknown; choose one of {SCHEMES}")
+            raise ValueError(
+                f"participation scheme {self.scheme!r} unknown; choose one of {SCHEMES}"
+            )
         if not (isinstance(self.min_separation, int) and self.min_separation >= 1):
-            raise ValueError(f"min_separation b must be an integer >= 1, got {self.min_separation!r}")
+            raise ValueError(
+                f"min_separation b must be an integer >= 1, got {self.min_separation!r}"
+            )
         if not (isinstance(self.max_participations, int) and self.max_participations >= 0):
-            raise ValueError(f"max_participations k must be an integer >= 0 (0: no limit), got {self.max_participations!r}")
+            raise ValueError(
+                "max_participations k must be an integer >= 0 (0: no limit), got"
+                f" {self.max_participations!r}"
+            )
         if not 0 < self.rate <= 1:
             raise ValueError(f"participation rate q must lie in (0, 1], got {self.rate}")
 
     @property
     def separation(self) -> int:
-        """The least gap between two rounds of one client (single participation: no second round)."""
+        """The least gap between two rounds of one client (single participation: no second
+        round)."""
         return self.min_separation
 
     @property
@@ -74,17 +87,28 @@ class Participation:
         if self.scheme == "single":
             return "single participation (each client at most once)"
         if self.scheme == "min_separation":
-            k = f"at most {self.max_participations} times" if self.max_participations else "no limit on the count"
+            k = (
+                f"at most {self.max_participations} times"
+                if self.max_participations
+                else "no limit on the count"
+            )
             return f"{self.min_separation}-min-separation ({k})"
         if self.scheme == "cyclic":
             return f"cyclic: {self.min_separation} fixed groups in turn"
-        return f"cyclic Poisson: {self.min_separation} fixed groups in turn, each member sampled with q = {self.rate:g}"
+        return (
+            f"cyclic Poisson: {self.min_separation} fixed groups in turn, each member sampled with"
+            f" q = {self.rate:g}"
+        )
 
     def patterns(self, rounds: int) -> list[np.ndarray]:
-        """Every participation pattern of a client over ``rounds`` rounds (0-based round indices), for a brute-force
-        check on small runs (``min_separation`` enumerates all subsets: exponential, tests only)."""
+        """Every participation pattern of a client over ``rounds`` rounds (0-based round indices),
+        for a brute-force check on small runs (``min_separation`` enumerates all subsets:
+        exponential, tests only)."""
         if self.scheme in ("cyclic", "cyclic_poisson"):
-            return [np.arange(g, rounds, self.min_separation) for g in range(min(self.min_separation, rounds))]
+            return [
+                np.arange(g, rounds, self.min_separation)
+                for g in range(min(self.min_separation, rounds))
+            ]
         k = self.participations(rounds)
         out = []
 
@@ -101,9 +125,10 @@ class Participation:
 
 
 def sensitivity(C: np.ndarray, participation: Participation) -> float:
-    """The L2 sensitivity of the strategy ``C`` (releases x n rounds: lower triangular n x n, or a tree's nodes) under ``participation`` (module
-    docstring): exact for cyclic patterns and where C^T C >= 0, an upper bound otherwise (jax_privacy's
-    Algorithm 4 of Choquette-Choo et al. 2023 for min-separation)."""
+    """The L2 sensitivity of the strategy ``C`` (releases x n rounds: lower triangular n x n, or a
+    tree's nodes) under ``participation`` (module docstring): exact for cyclic patterns and where
+    C^T C >= 0, an upper bound otherwise (jax_privacy's Algorithm 4 of Choquette-Choo et al. 2023
+    for min-separation)."""
     import jax
     from jax_privacy.matrix_factorization import sensitivity as mf_sensitivity
 
@@ -113,16 +138,23 @@ def sensitivity(C: np.ndarray, participation: Participation) -> float:
         return float(np.linalg.norm(C, axis=0).max())
     X = C.T @ C
     if participation.scheme == "cyclic":
-        return float(math.sqrt(max(np.abs(X[np.ix_(p, p)]).sum() for p in participation.patterns(n))))
+        return float(
+            math.sqrt(max(np.abs(X[np.ix_(p, p)]).sum() for p in participation.patterns(n)))
+        )
     k = participation.participations(n)
     if k == 1:
         return float(np.linalg.norm(C, axis=0).max())
     with jax.enable_x64(True):
-        return float(mf_sensitivity.get_min_sep_sensitivity_upper_bound_for_X(X, participation.min_separation, k))
+        return float(
+            mf_sensitivity.get_min_sep_sensitivity_upper_bound_for_X(
+                X, participation.min_separation, k
+            )
+        )
 
 
 def brute_force_sensitivity(C: np.ndarray, participation: Participation) -> float:
-    """max over the scheme's patterns pi of sqrt(sum_{i,j in pi} |X_ij|): the definition, for small n (tests)."""
+    """max over the scheme's patterns pi of sqrt(sum_{i,j in pi} |X_ij|): the definition, for small
+    n (tests)."""
     C = np.asarray(C, np.float64)
     X = np.abs(C.T @ C)
     return float(math.sqrt(max(X[np.ix_(p, p)].sum() for p in participation.patterns(C.shape[1]))))

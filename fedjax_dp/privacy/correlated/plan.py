@@ -1,19 +1,23 @@
-"""The noise plan of a correlated-noise run: a strategy C, the participation it is calibrated for, and the noise
-multiplier z, with what follows from them (Choquette-Choo et al. 2023, Sec. 2; McMahan et al. 2025, Sec. 4):
+"""The noise plan of a correlated-noise run: a strategy C, the participation it is calibrated for,
+and the noise multiplier z, with what follows from them (Choquette-Choo et al. 2023, Sec. 2; McMahan
+et al. 2025, Sec. 4):
 
-* the noise std of round t's iid draw Z_t is z * sens(C) * S (S: the clip), so that the whole release C x + Z is
-  one Gaussian mechanism of multiplier z relative to its sensitivity;
-* after t rounds (a run may stop early) the rounds released so far are C[:t, :t] x[:t] + Z[:t] (C is lower
-  triangular), a Gaussian of multiplier z * sens(C) / sens(C[:t, :t]) (``event_through``): one event of the stream
-  so far, never a composition of per-round events (the rounds' noise is correlated);
-* amplified BandMF (``cyclic_poisson``): each client's group runs every b rounds and its members are Poisson
-  sampled, so with a b-banded C of unit columns the stream is ceil(t / b) Poisson-subsampled Gaussians of
-  multiplier z (jax_privacy's ``amplified_bandmf_event``);
-* the error of the prefix sums: round t's prefix sum carries noise (A C^{-1})[t] Z, per coordinate of std
-  z S sens(C) ||(A C^{-1})[t]|| (A: lower-triangular ones), reported as RMSE over the rounds and the largest.
+* the noise std of round t's iid draw Z_t is z * sens(C) * S (S: the clip), so that the whole
+  release C x + Z is one Gaussian mechanism of multiplier z relative to its sensitivity;
+* after t rounds (a run may stop early) the rounds released so far are C[:t, :t] x[:t] + Z[:t] (C is
+  lower triangular), a Gaussian of multiplier z * sens(C) / sens(C[:t, :t]) (``event_through``): one
+  event of the stream so far, never a composition of per-round events (the rounds' noise is
+  correlated);
+* amplified BandMF (``cyclic_poisson``): each client's group runs every b rounds and its members are
+  Poisson sampled, so with a b-banded C of unit columns the stream is ceil(t / b) Poisson-subsampled
+  Gaussians of multiplier z (jax_privacy's ``amplified_bandmf_event``);
+* the error of the prefix sums: round t's prefix sum carries noise (A C^{-1})[t] Z, per coordinate
+  of std z S sens(C) ||(A C^{-1})[t]|| (A: lower-triangular ones), reported as RMSE over the rounds
+  and the largest.
 
-sens(C[:t, :t]) is computed on a grid of t (every round for short runs); a round between grid points uses the next
-grid point's value, an upper bound (sensitivity never falls as rounds are added), so epsilon is never under-reported.
+sens(C[:t, :t]) is computed on a grid of t (every round for short runs); a round between grid points
+uses the next grid point's value, an upper bound (sensitivity never falls as rounds are added), so
+epsilon is never under-reported.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from fedjax_dp.privacy.accounting.accountant import RoundEvent, calibrate_noise_
 from fedjax_dp.privacy.correlated import strategies
 from fedjax_dp.privacy.correlated.participation import Participation, sensitivity
 
-EVERY_ROUND_UP_TO = 128  # runs this short get sens(C[:t, :t]) for every t; longer ones a grid of ~48 points
+# runs this short get sens(C[:t, :t]) for every t; longer ones a grid of ~48 points
+EVERY_ROUND_UP_TO = 128
 
 
 def sensitivity_grid(rounds: int) -> np.ndarray:
@@ -40,29 +45,39 @@ def sensitivity_grid(rounds: int) -> np.ndarray:
     return np.unique(np.concatenate([np.arange(1, EVERY_ROUND_UP_TO // 4), grid, [rounds]]))
 
 
-def prefix_sensitivity(strategy: strategies.Strategy, participation: Participation, t: int) -> float:
-    """sens(C[:t, :t]) under ``participation`` (exact closed forms where they hold, else jax_privacy's bound)."""
+def prefix_sensitivity(
+    strategy: strategies.Strategy, participation: Participation, t: int
+) -> float:
+    """sens(C[:t, :t]) under ``participation`` (exact closed forms where they hold, else
+    jax_privacy's bound)."""
     k = participation.participations(t)
     if participation.amplified:
         return float(np.linalg.norm(strategy.matrix(t), axis=0).max())
-    if strategy.bands is not None and (participation.scheme == "single" or strategy.bands <= participation.separation):
-        # columns of unit norm (at most) with disjoint supports across participations b >= bands apart
+    if strategy.bands is not None and (
+        participation.scheme == "single" or strategy.bands <= participation.separation
+    ):
+        # columns of unit norm (at most) with disjoint supports across participations b >= bands
+        # apart
         if strategy.name == "identity" or strategy.column_normalized:
             return math.sqrt(k)
-    toeplitz_c = strategy.toeplitz_coef is not None and not strategy.column_normalized  # C itself Toeplitz
+    # C itself Toeplitz
+    toeplitz_c = strategy.toeplitz_coef is not None and not strategy.column_normalized
     if toeplitz_c and participation.scheme != "cyclic":
         b = 1 if participation.scheme == "single" else participation.min_separation
         coef = np.zeros(t)
-        coef[:min(t, len(strategy.toeplitz_coef))] = strategy.toeplitz_coef[:t]
-        if np.all(coef >= 0) and np.all(np.diff(coef) <= 0):  # jax_privacy's exact Toeplitz bound (Thm. 2 of
-            with jax.enable_x64(True):  # Kalinin and Lampert 2024) holds for non-negative, non-increasing coef
+        coef[: min(t, len(strategy.toeplitz_coef))] = strategy.toeplitz_coef[:t]
+        # jax_privacy's exact Toeplitz bound (Thm. 2 of
+        if np.all(coef >= 0) and np.all(np.diff(coef) <= 0):
+            # Kalinin and Lampert 2024) holds for non-negative, non-increasing coef
+            with jax.enable_x64(True):
                 return float(math.sqrt(toeplitz.minsep_sensitivity_squared(coef, b, k, n=t)))
     return sensitivity(strategy.matrix(t), participation)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class NoisePlan:
-    """strategy, participation, z (the noise multiplier of the whole stream, relative to its sensitivity)."""
+    """strategy, participation, z (the noise multiplier of the whole stream, relative to its
+    sensitivity)."""
 
     strategy: strategies.Strategy
     participation: Participation
@@ -70,7 +85,9 @@ class NoisePlan:
 
     def __post_init__(self):
         if not self.noise_multiplier > 0 or not math.isfinite(self.noise_multiplier):
-            raise ValueError(f"correlated noise needs a noise multiplier z > 0, got {self.noise_multiplier}")
+            raise ValueError(
+                f"correlated noise needs a noise multiplier z > 0, got {self.noise_multiplier}"
+            )
 
     @property
     def rounds(self) -> int:
@@ -83,7 +100,9 @@ class NoisePlan:
     @functools.cached_property
     def sensitivities(self) -> np.ndarray:
         """sens(C[:g, :g]) at each grid point g."""
-        return np.array([prefix_sensitivity(self.strategy, self.participation, int(g)) for g in self.grid])
+        return np.array(
+            [prefix_sensitivity(self.strategy, self.participation, int(g)) for g in self.grid]
+        )
 
     @property
     def sensitivity(self) -> float:
@@ -98,20 +117,30 @@ class NoisePlan:
     def sensitivity_through(self, t: int) -> float:
         """An upper bound on sens(C[:t, :t]): the value at the first grid point >= t."""
         if not 1 <= t <= self.rounds:
-            raise ValueError(f"round {t} is outside the {self.rounds} rounds the noise strategy is built for")
+            raise ValueError(
+                f"round {t} is outside the {self.rounds} rounds the noise strategy is built for"
+            )
         return float(self.sensitivities[np.searchsorted(self.grid, t)])
 
     def event_through(self, t: int) -> tuple[RoundEvent, int]:
         """The stream of rounds 1..t as ``(event, count)`` (module docstring)."""
         if self.participation.amplified:
             count = -(-t // self.participation.min_separation)
-            return RoundEvent("poisson", self.noise_multiplier, sampling_rate=self.participation.rate), count
-        return RoundEvent("full", self.noise_multiplier * self.sensitivity / self.sensitivity_through(t)), 1
+            return (
+                RoundEvent("poisson", self.noise_multiplier, sampling_rate=self.participation.rate),
+                count,
+            )
+        return (
+            RoundEvent(
+                "full", self.noise_multiplier * self.sensitivity / self.sensitivity_through(t)
+            ),
+            1,
+        )
 
     @functools.cached_property
     def prefix_errors(self) -> np.ndarray | None:
-        """||B[t]|| (A = B C) for every round t (in units of the iid draw's std), or None for runs too long to
-        materialise."""
+        """||B[t]|| (A = B C) for every round t (in units of the iid draw's std), or None for runs
+        too long to materialise."""
         n = self.rounds
         if n > strategies.MAX_MATERIALIZED_ROUNDS:
             return None
@@ -120,21 +149,35 @@ class NoisePlan:
         return np.linalg.norm(self.strategy.decoder(), axis=1)
 
     def error(self) -> dict:
-        """The prefix sums' noise per coordinate, over z S (so comparable across strategies at one z)."""
+        """The prefix sums' noise per coordinate, over z S (so comparable across strategies at one
+        z)."""
         errors = self.prefix_errors
         if errors is None:
             return {}
         scale = self.sensitivity
-        return {"prefix_sum_rmse_over_z_clip": float(scale * np.sqrt(np.mean(errors ** 2))),
-                "prefix_sum_max_error_over_z_clip": float(scale * errors.max())}
+        return {
+            "prefix_sum_rmse_over_z_clip": float(scale * np.sqrt(np.mean(errors**2))),
+            "prefix_sum_max_error_over_z_clip": float(scale * errors.max()),
+        }
 
 
-def calibrate(rounds: int, participation: Participation, target_epsilon: float, delta: float,
-              accountant: str = "pld") -> float:
-    """The least z whose whole stream (``rounds`` rounds of the strategy) spends ``target_epsilon`` at ``delta``:
-    one Gaussian, or for amplified BandMF ceil(rounds / b) Poisson-sampled rounds (the strategy does not enter: z
-    is relative to its sensitivity)."""
+def calibrate(
+    rounds: int,
+    participation: Participation,
+    target_epsilon: float,
+    delta: float,
+    accountant: str = "pld",
+) -> float:
+    """The least z whose whole stream (``rounds`` rounds of the strategy) spends ``target_epsilon``
+    at ``delta``: one Gaussian, or for amplified BandMF ceil(rounds / b) Poisson-sampled rounds (the
+    strategy does not enter: z is relative to its sensitivity)."""
     if participation.amplified:
-        return calibrate_noise_multiplier(target_epsilon, delta, -(-rounds // participation.min_separation),
-                                          "poisson", sampling_rate=participation.rate, kind=accountant)
+        return calibrate_noise_multiplier(
+            target_epsilon,
+            delta,
+            -(-rounds // participation.min_separation),
+            "poisson",
+            sampling_rate=participation.rate,
+            kind=accountant,
+        )
     return calibrate_noise_multiplier(target_epsilon, delta, 1, "full", kind=accountant)

@@ -41,26 +41,28 @@ def noise_dtype(dtype) -> jnp.dtype:
 
 
 def standard_normal(key: jax.Array, shape, dtype=jnp.float32) -> jax.Array:
-    """N(0, 1) as the mean-preserving sum of ``NOISE_DRAWS`` draws (module docstring). The draws are made
-    as one flat vector and reshaped: the same values as drawing the shape directly (JAX's threefry counts
-    over the flat index), but XLA:CPU compiles the flat draw several times faster, and every DP program draws its noise this
-    way. The key's threefry runs unrolled (``core.unrolled_threefry``: the same draws to the bit), and the draws
-    are summed by three additions that XLA fuses with them instead of a reduce over their axis
-    (``benchmarks/noise_draws.py`` measures both). The sum is in the same
-    order, but XLA:CPU may contract a draw's last multiply (sqrt(2) erfinv(u)) and the addition into one
-    fused multiply-add, one rounding instead of two: an entry can differ from the reduce's by a rounding of
-    the summands (at most 4.8e-7 in 6.4M draws); the distribution is the same."""
+    """N(0, 1) as the mean-preserving sum of ``NOISE_DRAWS`` draws (module docstring). The draws are
+    made as one flat vector and reshaped: the same values as drawing the shape directly (JAX's
+    threefry counts over the flat index), but XLA:CPU compiles the flat draw several times faster,
+    and every DP program draws its noise this way. The key's threefry runs unrolled
+    (``core.unrolled_threefry``: the same draws to the bit), and the draws are summed by three
+    additions that XLA fuses with them instead of a reduce over their axis
+    (``benchmarks/noise_draws.py`` measures both). The sum is in the same order, but XLA:CPU may
+    contract a draw's last multiply (sqrt(2) erfinv(u)) and the addition into one fused
+    multiply-add, one rounding instead of two: an entry can differ from the reduce's by a rounding
+    of the summands (at most 4.8e-7 in 6.4M draws); the distribution is the same."""
     shape = (NOISE_DRAWS,) + tuple(shape)
     draws = jax.random.normal(unrolled(key), (math.prod(shape),), noise_dtype(dtype)).reshape(shape)
     total = draws[0]
-    for draw in draws[1:]:  # added in sequence, as XLA:CPU's reduce over the axis does, fused with the draws
+    # added in sequence, as XLA:CPU's reduce over the axis does, fused with the draws
+    for draw in draws[1:]:
         total = total + draw
     return total / jnp.sqrt(jnp.asarray(NOISE_DRAWS, draws.dtype))
 
 
 def gaussian_noise_like(tree, std: float | jax.Array, key: jax.Array):
-    """Independent N(0, std^2) noise for every entry of ``tree`` (one subkey per leaf), in float32 or
-    float64 whatever the leaf's dtype."""
+    """Independent N(0, std^2) noise for every entry of ``tree`` (one subkey per leaf), in float32
+    or float64 whatever the leaf's dtype."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     keys = jax.random.split(key, len(leaves))
     noise = [std * standard_normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
@@ -68,6 +70,10 @@ def gaussian_noise_like(tree, std: float | jax.Array, key: jax.Array):
 
 
 def add_gaussian_noise(tree, std: float | jax.Array, key: jax.Array):
-    """``tree + N(0, std^2 I)``, added in the noise's precision and cast back to each leaf's dtype."""
-    return jax.tree_util.tree_map(lambda x, n: (x.astype(n.dtype) + n).astype(x.dtype), tree,
-                                  gaussian_noise_like(tree, std, key))
+    """``tree + N(0, std^2 I)``, added in the noise's precision and cast back to each leaf's
+    dtype."""
+    return jax.tree_util.tree_map(
+        lambda x, n: (x.astype(n.dtype) + n).astype(x.dtype),
+        tree,
+        gaussian_noise_like(tree, std, key),
+    )

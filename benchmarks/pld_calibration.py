@@ -1,5 +1,5 @@
 """What calibrating z to a target epsilon costs under PLD accounting: the bracket from the RDP
-answer's neighbourhood (``privacy.accounting.accountant._pld_bracket``, what
+answer's neighbourhood (``privacy.accounting.calibration.pld_bracket``, what
 ``calibrate_noise_multiplier`` does) against the wide bracket [0.25 z_rdp, 1.001 z_rdp] used before,
 whose lower end builds the PLD of a low-noise mechanism (slow).
 
@@ -25,7 +25,7 @@ sys.path.insert(1, os.path.dirname(HERE))
 
 import dp_accounting  # noqa: E402
 
-from fedjax_dp.privacy.accounting import accountant as accounting, cached_pld  # noqa: E402
+from fedjax_dp.privacy.accounting import accountant as accounting, cached_pld, calibration  # noqa: E402
 
 CASES = {
     "shipped dp_fedavg_mnist (Poisson q = 0.2, 40 rounds, epsilon 8)": (
@@ -54,7 +54,7 @@ def wide_bracket(epsilon, delta, rounds, sampling, rate, population, cohort):
     """The calibration as it was: Brent over [0.25, 1.001] x the RDP answer for the run's own
     event."""
     make_event = lambda z: accounting.RoundEvent(sampling, z, rate, population, cohort)  # noqa: E731
-    z_rdp = accounting.calibrate_noise_multiplier(
+    z_rdp = calibration.calibrate_noise_multiplier(
         epsilon, delta, rounds, sampling, rate, population, cohort, "rdp"
     )
     return float(
@@ -70,7 +70,7 @@ def wide_bracket(epsilon, delta, rounds, sampling, rate, population, cohort):
 
 
 def library(epsilon, delta, rounds, sampling, rate, population, cohort):
-    return accounting.calibrate_noise_multiplier(
+    return calibration.calibrate_noise_multiplier(
         epsilon, delta, rounds, sampling, rate, population, cohort, "pld"
     )
 
@@ -78,14 +78,14 @@ def library(epsilon, delta, rounds, sampling, rate, population, cohort):
 def timed(method, case):
     """Seconds and z of one calibration from cold PLD caches (RDP answers kept: both methods share
     them)."""
-    accounting.calibrate_noise_multiplier.cache_clear()
+    calibration.clear_cache()
     epsilon, delta, rounds, sampling, rate, population, cohort = case
-    accounting.calibrate_noise_multiplier(
+    calibration.calibrate_noise_multiplier(
         epsilon, delta, rounds, sampling, rate, population, cohort, "rdp"
     )
     # the library brackets fixed-size sampling with the Poisson event's RDP answer
     if sampling == "fixed":
-        accounting.calibrate_noise_multiplier(
+        calibration.calibrate_noise_multiplier(
             epsilon, delta, rounds, "poisson", cohort / population, kind="rdp"
         )
     cached_pld.subsampled_gaussian_pld.cache_clear()

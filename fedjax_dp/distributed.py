@@ -1,4 +1,4 @@
-"""One run over several processes (issue 76): ``jax.distributed.initialize`` for the ``fedjax-dp
+"""One run over several processes: ``jax.distributed.initialize`` for the ``fedjax-dp
 --distributed`` command and ``Experiment.run(..., distributed=True)``.
 
 JAX's multi-controller model: every host runs the same program; ``jax.distributed`` connects them,

@@ -1,5 +1,5 @@
 """``fedjax-dp-launch -n N`` (``python -m fedjax_dp.launch``): N local processes as one distributed
-run, to try several hosts on one machine (issue 76; a cluster starts one process per host itself,
+run, to try several hosts on one machine (a cluster starts one process per host itself,
 ``fedjax_dp.distributed``).
 
     fedjax-dp-launch -n 2 -- --config dp_fedavg_mnist --workdir results/two   # fedjax-dp

@@ -9,6 +9,7 @@ import pytest
 from dp_accounting import pld, rdp
 
 from fedjax_dp.privacy.accounting import accountant as A
+from fedjax_dp.privacy.accounting import calibration as C
 from fedjax_dp.privacy.accounting import gdp
 
 
@@ -70,7 +71,7 @@ def test_schedule_composes_each_round():
     "kind,sampling", [("rdp", "poisson"), ("pld", "poisson"), ("rdp", "fixed")]
 )
 def test_calibration_round_trip(kind, sampling):
-    z = A.calibrate_noise_multiplier(
+    z = C.calibrate_noise_multiplier(
         3.0, 1e-5, 200, sampling, sampling_rate=0.05, population=1000, cohort_size=50, kind=kind
     )
     event = A.RoundEvent(sampling, z, 0.05, 1000, 50)
@@ -81,20 +82,20 @@ def test_calibration_round_trip(kind, sampling):
 
 
 def test_the_pld_bracket_steps_down_from_the_rdp_answer_and_refuses_a_root_it_cannot_reach():
-    """``_pld_bracket``: the first lower end (0.9, 0.75, ... x z_rdp) that overspends, with the step
+    """``pld_bracket``: the first lower end (0.9, 0.75, ... x z_rdp) that overspends, with the step
     above it (or 1.001 z_rdp) as the upper end; none of them: a clear error, not Brent's 'did not
     bracket'."""
     tried = []
     root = lambda r: lambda z: tried.append(z) or z < r  # noqa: E731  (overspends below the root r)
     assert (
-        A._pld_bracket(root(1.9), 2.0).endpoint_1,
-        A._pld_bracket(root(1.9), 2.0).endpoint_2,
+        C.pld_bracket(root(1.9), 2.0).endpoint_1,
+        C.pld_bracket(root(1.9), 2.0).endpoint_2,
     ) == (1.8, 2.002)
     tried.clear()
-    bracket = A._pld_bracket(root(1.2), 2.0)
+    bracket = C.pld_bracket(root(1.2), 2.0)
     assert (bracket.endpoint_1, bracket.endpoint_2) == (1.0, 1.5) and tried == [1.8, 1.5, 1.0]
     with pytest.raises(ValueError, match="below 0.25 x the RDP calibration's z = 2"):
-        A._pld_bracket(root(0.4), 2.0)
+        C.pld_bracket(root(0.4), 2.0)
 
 
 def test_gdp_conversions():
@@ -108,7 +109,7 @@ def test_gdp_conversions():
 
 def test_analytic_gaussian_beats_classic_formula_and_is_valid():
     for eps in (0.5, 1.0, 4.0):
-        sigma = A.analytic_gaussian_sigma(eps, 1e-5)
+        sigma = C.analytic_gaussian_sigma(eps, 1e-5)
         # independent check: the Gaussian mechanism's exact delta at eps (Balle and Wang 2018, Thm.
         # 8)
         exact_delta = norm.cdf(1 / (2 * sigma) - eps * sigma) - math.exp(eps) * norm.cdf(
@@ -138,16 +139,16 @@ def test_analytic_gaussian_beats_classic_formula_and_is_valid():
             "noise multiplier must be >= 0 and finite, got -0.1",
         ),
         (
-            lambda: A.calibrate_noise_multiplier(1e-4, 1e-10, 10**6, "full"),
+            lambda: C.calibrate_noise_multiplier(1e-4, 1e-10, 10**6, "full"),
             "no noise multiplier <= 1000.0 reaches",
         ),
-        (lambda: A.calibrate_noise_multiplier(-1.0, 1e-5, 10, "full"), "got -1.0"),
+        (lambda: C.calibrate_noise_multiplier(-1.0, 1e-5, 10, "full"), "got -1.0"),
         (
             lambda: A.Accountant("rdp", rdp_orders=(0.5, 2)),
             "RDP orders must be a non-empty list of finite numbers > 1",
         ),
         (
-            lambda: A.calibrate_noise_multiplier(
+            lambda: C.calibrate_noise_multiplier(
                 1.0, 0.2, 10, "fixed", population=10, cohort_size=1
             ),
             "delta=0.2 >= the sampling rate q=0.1",

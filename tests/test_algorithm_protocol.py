@@ -108,7 +108,7 @@ def test_a_toy_algorithm_registered_here_runs_in_the_loop_with_dp_and_compressio
 
 
 def test_compression_is_placed_before_the_clip_when_composed_with_dp(toy_algorithm):
-    from fedjax_dp.training.build import with_compression
+    from fedjax_dp.compression.config import with_compression
 
     c = default_config().compression
     composed = with_compression(chain(FlatClip(1.0), GaussianNoise(), fixed_denominator(4)), c)
@@ -329,7 +329,7 @@ def _positional_constructions():
     from fedjax_dp.algorithms.fedmeta import FedMeta
     from fedjax_dp.algorithms.pfldyn_proto import PFLDynProto
     from fedjax_dp.algorithms.scaffold import Scaffold
-    from fedjax_dp.privacy.ledgers.example_ledger import ExampleLevelLedger
+    from fedjax_dp.privacy.ledgers.example_book import ExampleBook
     from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip
     from fedjax_dp.privacy.mechanisms.upload_cuag_noise import CuagPaperNoise
     from fedjax_dp.privacy.mechanisms.upload_layer_quantile_clip import PerLayerQuantileClip
@@ -343,9 +343,7 @@ def _positional_constructions():
         "FedAvg": lambda: FedAvg(loss, sgd, sgd, 0.99),
         "Scaffold": lambda: Scaffold(loss, sgd, 0.1, 4),
         "FedMeta": lambda: FedMeta(FedAvg(loss, sgd), loss, x, y, 0.1),
-        "ExampleLevelLedger": lambda: ExampleLevelLedger(
-            np.array([100]), 10, 5, 3.0, 1e-5, 1.0, 4.0, 0.1, 10
-        ),
+        "ExampleBook": lambda: ExampleBook(np.array([100]), 10, 5, 3.0, 1e-5, 1.0, 4.0, 0.1, 10),
         "AdaptiveQuantileClip": lambda: AdaptiveQuantileClip(1.0, 0.5, 0.2, 1.0, 10.0),
         "PerLayerQuantileClip": lambda: PerLayerQuantileClip((1.0,), 0.5, 0.2, 1.0, 10.0),
         "CuagPaperNoise": lambda: CuagPaperNoise(0.25, 0.1, 50, 500, 25),

@@ -141,7 +141,7 @@ def test_audit_catches_cuag_paper_self_norm_clipping(replacement):
 @pytest.mark.parametrize("mu", [0.25, 1.0])
 def test_cuag_sound_mode_stays_below_its_accounted_claim(mu):
     from fedjax_dp.privacy.accounting import gdp
-    from fedjax_dp.privacy.accounting.accountant import analytic_gaussian_sigma
+    from fedjax_dp.privacy.accounting.calibration import analytic_gaussian_sigma
     from fedjax_dp.privacy.audit.canary import client_perturbation, cuag_round
     from fedjax_dp.privacy.mechanisms.upload_cuag_noise import cuag_sound_noise
 

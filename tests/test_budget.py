@@ -7,7 +7,7 @@ import pytest
 
 from fedjax_dp.privacy.accounting import gdp
 from fedjax_dp.privacy.accounting.accountant import Accountant, RoundEvent
-from fedjax_dp.privacy.ledgers.budget import BudgetRule, ClientLedger
+from fedjax_dp.privacy.ledgers.budget import BudgetRule, ClientBook
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
@@ -56,7 +56,7 @@ def test_client_ledger_heterogeneous_budgets():
     budgets = np.array(
         [gdp.epsilon_from_mu(np.sqrt(3.5), 1e-5), gdp.epsilon_from_mu(np.sqrt(1.5), 1e-5)]
     )
-    ledger = ClientLedger(2, 1e-5, budgets)
+    ledger = ClientBook(2, 1e-5, budgets)
     taken = np.zeros(2, int)
     for _ in range(10):
         eligible = ledger.eligible(1.0)
@@ -71,7 +71,7 @@ def test_client_ledger_heterogeneous_budgets():
 def test_client_ledger_takes_each_clients_own_noise():
     """Issue 15 item 6: per-client events. Client 0 runs at z = 1, client 1 at z = 2: after two
     rounds their mu are sqrt(2) and sqrt(2 / 4), and eligibility is judged at each one's own z."""
-    ledger = ClientLedger(3, 1e-5, gdp.epsilon_from_mu(np.sqrt(2.2), 1e-5))
+    ledger = ClientBook(3, 1e-5, gdp.epsilon_from_mu(np.sqrt(2.2), 1e-5))
     for _ in range(2):
         ledger.record(np.array([0, 1]), np.array([1.0, 2.0]))
     np.testing.assert_allclose(
@@ -84,7 +84,7 @@ def test_client_ledger_takes_each_clients_own_noise():
 
 def test_tracker_composes_per_client_multipliers_of_a_local_release():
     from fedjax_dp.core.uploads import Release
-    from fedjax_dp.privacy.accounting.client_sampling import FixedSizeSampling
+    from fedjax_dp.privacy.sampling import FixedSizeSampling
     from fedjax_dp.privacy.settings import PrivacySettings
     from fedjax_dp.privacy.tracker import tracker_for
 

@@ -13,20 +13,22 @@ import numpy as np
 import pytest
 from conftest import sigint_at_round
 
-from fedjax_dp.core.uploads import ServerContext
+from fedjax_dp.core.uploads import ServerContext, inputs_of, state_init
 from fedjax_dp.privacy.accounting.accountant import Accountant, RoundEvent
-from fedjax_dp.privacy.accounting.participation_sampling import ParticipationSampling
+from fedjax_dp.privacy.sampling import ParticipationSampling
 from fedjax_dp.privacy.correlated import strategies, tree_aggregation
 from fedjax_dp.privacy.correlated.participation import (
     Participation,
     brute_force_sensitivity,
     sensitivity,
 )
-from fedjax_dp.privacy.correlated.plan import NoisePlan, calibrate, prefix_sensitivity
+from fedjax_dp.privacy.correlated.plan import NoisePlan, prefix_sensitivity
+from fedjax_dp.privacy.mechanisms.upload_correlated_noise import stream_release
+from fedjax_dp.privacy.settings import PrivacySettings
+from fedjax_dp.privacy.tracker import calibrate_for
 from fedjax_dp.privacy.ledgers.correlated import CorrelatedLedger
 from fedjax_dp.privacy.mechanisms.upload_correlated_noise import CorrelatedNoise
 from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
-from fedjax_dp.privacy.settings import PrivacySettings
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
@@ -248,9 +250,9 @@ def test_identity_strategy_adds_dp_fedavgs_noise_bit_for_bit():
     key = jax.random.key(7)
 
     def server(transform):
-        inputs = {k: jnp.float32(v) for k, v in transform.inputs(3).items()}
+        inputs = {k: jnp.float32(v) for k, v in inputs_of(transform, 3).items()}
         ctx = ServerContext(
-            transform.init(total), inputs, jnp.float32(0.5), key, {}, {}, None, None, key
+            state_init(transform, total), inputs, jnp.float32(0.5), key, {}, {}, None, None, key
         )
         return jax.jit(lambda t: transform.server(t, ctx)[0])(total)
 
@@ -297,16 +299,12 @@ def test_the_amplified_bandmf_account_equals_jax_privacys_event():
 
     participation = Participation("cyclic_poisson", 4, rate=0.2)
     plan = NoisePlan(strategies.banded(N, 4), participation, 1.1)
-    event, count = plan.event_through(10)
-    assert (event, count) == (RoundEvent("poisson", 1.1, sampling_rate=0.2), 3)
-    reference = (
-        dp_accounting.pld.PLDAccountant()
-        .compose(amplified_bandmf_event(1.1, 10, num_bands=4, sampling_prob=0.2))
-        .get_epsilon(1e-5)
-    )
-    assert Accountant("pld").compose(event, count).epsilon(1e-5) == pytest.approx(
-        reference, rel=1e-3
-    )
+    event = plan.event_through(10)
+    assert event == amplified_bandmf_event(1.1, 10, num_bands=4, sampling_prob=0.2)
+    reference = dp_accounting.pld.PLDAccountant().compose(event).get_epsilon(1e-5)
+    assert Accountant("pld").compose(event).epsilon(1e-5) == pytest.approx(reference, rel=1e-3)
+    three = Accountant("pld").compose(RoundEvent("poisson", 1.1, sampling_rate=0.2), 3)
+    assert three.epsilon(1e-5) == Accountant("pld").compose(event).epsilon(1e-5)
 
 
 def _config(noise="banded", **sampling):
@@ -407,6 +405,15 @@ def test_bad_input_is_refused_naming_the_keys_before_any_data_is_loaded(
         c.dp.noise = "gaussian"
     with pytest.raises(ValueError, match=message):
         run_experiment(c, str(tmp_path / "bad"), progress=False)
+
+
+def calibrate(rounds, participation, epsilon, delta, accountant):
+    """The correlated ledger's calibration of the whole stream (``calibrate_for``)."""
+    sampler = ParticipationSampling(100, participation, cohort_size=10)
+    settings = PrivacySettings(delta=delta, accountant=accountant)
+    return calibrate_for(
+        lambda z: [stream_release(participation, z, rounds)], settings, sampler, rounds, epsilon
+    )
 
 
 def test_calibration_meets_the_target_for_the_whole_stream():

@@ -28,7 +28,8 @@ DOCTESTED = {
     "fedjax_dp.experiment": 2,
     "fedjax_dp.core.uploads": 2,
     "fedjax_dp.privacy.accounting.accountant": 2,
-    "fedjax_dp.privacy.accounting.client_sampling": 2,
+    "fedjax_dp.privacy.sampling.poisson": 2,
+    "fedjax_dp.privacy.accounting.calibration": 1,
     "fedjax_dp.privacy.accounting.gdp": 3,
     "fedjax_dp.data.partition": 2,
 }

@@ -12,7 +12,7 @@ import pytest
 
 from fedjax_dp.core.uploads import ClientContext, ServerContext
 from fedjax_dp.privacy.accounting import gdp
-from fedjax_dp.privacy.accounting.local_calibration import constant_multipliers, upload_mus
+from fedjax_dp.privacy.accounting.calibration import constant_multipliers, upload_mus
 from fedjax_dp.privacy.mechanisms.upload_layer_quantile_clip import PerLayerQuantileClip
 from fedjax_dp.training.loop import run_experiment
 

@@ -18,7 +18,7 @@ from fedjax_dp.core.correlation_weights import CorrelationWeights, correlation_w
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.uploads import ServerContext
 from fedjax_dp.privacy.accounting.accountant import replace_one_scale
-from fedjax_dp.privacy.ledgers.example_ledger import LEDGER_ORDERS, ExampleLevelLedger
+from fedjax_dp.privacy.ledgers.example_book import LEDGER_ORDERS, ExampleBook
 from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient
 from fedjax_dp.training.default_config import default_config
 
@@ -34,7 +34,7 @@ def _ledger(
     rate=0.5,
     **options,
 ):
-    return ExampleLevelLedger(
+    return ExampleBook(
         client_sizes=np.asarray(sizes),
         batch_size=10,
         steps=steps,
@@ -93,7 +93,7 @@ def test_the_poisson_ledger_is_dp_accountings_poisson_gaussian_with_the_cut_char
     noise levels) and is below the RDP one."""
     from dp_accounting.pld import pld_privacy_accountant
 
-    from fedjax_dp.privacy.ledgers.example_ledger import LEDGER_PLD_DISCRETIZATION
+    from fedjax_dp.privacy.ledgers.example_book import LEDGER_PLD_DISCRETIZATION
 
     ledgers = {
         kind: _ledger(
@@ -138,7 +138,7 @@ def test_a_poisson_client_at_its_threshold_spends_no_more_than_delta_once_the_cu
     and charge (eta, not (1 + e^eps) eta) gave a true delta of 5.4e-4 for a reported 1e-5; now the
     delta the reported epsilon leaves for the uncut mechanism (dp_accounting) plus the cut's charge
     (scipy) is within 1e-5."""
-    ledger = ExampleLevelLedger(
+    ledger = ExampleBook(
         client_sizes=np.asarray([50]),
         batch_size=16,
         steps=30,
@@ -176,7 +176,7 @@ def test_the_ledgers_cached_step_plds_compose_to_dp_accountings_own_to_the_bit(z
     from dp_accounting.pld import privacy_loss_distribution
 
     from fedjax_dp.privacy.accounting.accountant import RoundEvent
-    from fedjax_dp.privacy.ledgers.example_ledger import LEDGER_PLD_DISCRETIZATION, _steps_pld
+    from fedjax_dp.privacy.ledgers.example_book import LEDGER_PLD_DISCRETIZATION, _steps_pld
 
     event = RoundEvent("poisson", z, sampling_rate=q)
     for steps in (count, 3 * count):

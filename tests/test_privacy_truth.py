@@ -14,7 +14,7 @@ import pytest
 from fedjax_dp.core.uploads import ClientContext, Release
 from fedjax_dp.privacy.accounting import gdp
 from fedjax_dp.privacy.accounting.accountant import Accountant
-from fedjax_dp.privacy.accounting.client_sampling import FixedSizeSampling, PoissonSampling
+from fedjax_dp.privacy.sampling import FixedSizeSampling, PoissonSampling
 from fedjax_dp.privacy.settings import PrivacySettings
 from fedjax_dp.privacy.tracker import tracker_for
 from fedjax_dp.privacy.mechanisms.upload_clipping import AdaptiveQuantileClip
@@ -181,7 +181,8 @@ def test_pld_discretisation_is_a_parameter_checked_against_dp_accounting():
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
 
-    from fedjax_dp.privacy.accounting.accountant import RoundEvent, calibrate_noise_multiplier
+    from fedjax_dp.privacy.accounting.accountant import RoundEvent
+    from fedjax_dp.privacy.accounting.calibration import calibrate_noise_multiplier
 
     event = RoundEvent("poisson", 1.1, sampling_rate=0.01)
     ours = Accountant("pld").compose(event, 2000).epsilon(1e-5)

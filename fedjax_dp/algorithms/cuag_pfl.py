@@ -25,7 +25,7 @@ measurements (Alg. 1 lines 26-27) before PFLDyn's server step. ``cuag.mode``:
   instead: z_t = kappa sigma_t (least noise early, most late), kappa calibrated so that K
   participations in ANY rounds spend at most mu: kappa = (2 / mu) sqrt(sum of the K largest
   sigma_t^-2), i.e. the K least-noisy rounds
-  (``privacy.accounting.local_calibration.worst_case_multipliers``). (An earlier calibration to mu
+  (``privacy.accounting.calibration.worst_case_multipliers``). (An earlier calibration to mu
   in expectation over random rounds, kappa = (2 / mu) sqrt(K mean_t sigma_t^-2), priced one round-1
   participation at 1.56 mu^2 in the Table 2 setting: no client could take part and the run stopped
   before round 1.) ``cuag.noise_multiplier`` > 0 fixes z instead (a multiplier of the sensitivity C
@@ -61,8 +61,8 @@ from fedjax_dp.algorithms.pfldyn_proto import build_pfldyn_algorithm, check_pfld
 from fedjax_dp.core.uploads import UniformWeights, chain
 from fedjax_dp.privacy.accounting import gdp
 from fedjax_dp.privacy.mechanisms import adaptive_gdp
-from fedjax_dp.privacy import settings
-from fedjax_dp.privacy.accounting.local_calibration import (
+from fedjax_dp.privacy import sampling, settings
+from fedjax_dp.privacy.accounting.calibration import (
     constant_multipliers,
     expected_participations,
     worst_case_multipliers,
@@ -71,6 +71,7 @@ from fedjax_dp.privacy.mechanisms.upload_cuag_noise import (
     CuagPaperNoise,
     alg4_multipliers,
     cuag_sound_noise,
+    piecewise_schedule,
 )
 from fedjax_dp.privacy.mechanisms.upload_layer_quantile_clip import PerLayerQuantileClip
 
@@ -137,7 +138,8 @@ def alg4_sigmas(sigma, cfg, ctx) -> list[float]:
 
 def planned_participations(cfg, num_clients: int) -> int:
     """K of the sound mode's calibration: ``cuag.participations`` or ceil(lambda T)."""
-    return expected_participations(cfg.sampling, cfg.rounds, num_clients, cfg.cuag.participations)
+    rate = sampling.build(cfg.sampling, num_clients).rate_at(1)
+    return expected_participations(rate, cfg.rounds, cfg.cuag.participations)
 
 
 def build_cuag(ctx) -> tuple:
@@ -188,8 +190,10 @@ def build_cuag(ctx) -> tuple:
     elif c.noise_multiplier:  # a fixed z: accounted, not calibrated
         schedule = ((1, float(c.noise_multiplier)),)
     elif c.sound_noise == "sigma_t":
-        schedule = worst_case_multipliers(
-            alg4_sigmas("schedule", cfg, ctx), c.mu, participations, reserved
+        schedule = piecewise_schedule(
+            worst_case_multipliers(
+                alg4_sigmas("schedule", cfg, ctx), c.mu, participations, reserved
+            )
         )
     else:
         z = constant_multipliers(mus, participations, reserved)
@@ -423,7 +427,7 @@ SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
     ),
     "sigma_scale": (
         "CUAG-PFL: Alg. 4's sigma (fixed or sigma_t) times this factor, the noise-scale sweep"
-        " (issue 78); in paper mode a scale other than 1 voids the paper's claim (no paper_claim is"
+        "; in paper mode a scale other than 1 voids the paper's claim (no paper_claim is"
         " reported)"
     ),
     "adaptive_clip": (
@@ -451,28 +455,18 @@ registry.register_section(
         ("cuag.count_noise_std", "cuag.adaptive_clip", (True,)),
     ),
     defaults={
-        "mode": "paper",  # paper (Alg. 4 as written, no formal guarantee) | sound | none
-        "mu": 0.25,  # the GDP target (paper: 0.25 -> epsilon 0.92 at delta 1e-5)
-        # heterogeneous DP: "0.1:4" (evenly spaced, shuffled) or "a,b,c"; "" = mu for all
+        "mode": "paper",
+        "mu": 0.25,
         "client_mu": "",
-        "clip_norm": 1.0,  # sound mode: C per measured layer (sensitivity C sqrt(L))
-        # sound mode: K participations each client's mu_n covers (0 = ceil(lambda T))
+        "clip_norm": 1.0,
         "participations": 0,
-        # sound mode: > 0 fixes z (sigma) instead of calibrating it; epsilon accounted
         "noise_multiplier": 0.0,
-        # sound mode, calibrated to mu: constant z | sigma_t (Alg. 4's shape)
         "sound_noise": "constant",
-        # Alg. 4's sigma: "" (mode default), "schedule" (sigma_t) or a fixed number (Table 5)
         "sigma": "",
-        # Alg. 4's sigma times this factor (the noise-scale sweep); paper mode and cuag.sigma only
         "sigma_scale": 1.0,
-        # sound mode: per-layer adaptive quantile clipping (Andrew et al. 2021) from clip_norm
         "adaptive_clip": False,
-        "target_quantile": (
-            0.5
-        ),  # adaptive_clip: gamma, the quantile of each layer's norms to clip at
-        "clip_learning_rate": 0.2,  # adaptive_clip: eta
-        # adaptive_clip: sigma_b of each client's local per-layer counts (> 0 required)
+        "target_quantile": 0.5,
+        "clip_learning_rate": 0.2,
         "count_noise_std": 0.0,
     },
 )

@@ -21,10 +21,6 @@ Geyer's Fig. 2 diagnostics V_c and U_s.
 
 from __future__ import annotations
 
-import math
-
-import jax
-
 from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.dp_section import (
     DP_PRIVACY_KEYS,
@@ -35,19 +31,9 @@ from fedjax_dp.algorithms.dp_section import (
 )
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.uploads import Chain, chain, fixed_denominator
-from fedjax_dp.privacy.accounting import client_sampling
-from fedjax_dp.privacy.correlated import strategies
-from fedjax_dp.privacy.correlated.plan import NoisePlan
+from fedjax_dp.privacy.mechanisms import choices
 from fedjax_dp.privacy.mechanisms.update_statistics import UpdateStatistics
-from fedjax_dp.privacy.mechanisms.upload_correlated_noise import CorrelatedNoise
-from fedjax_dp.privacy.mechanisms.upload_clipping import (
-    AdaptiveQuantileClip,
-    FlatClip,
-    MedianClip,
-    PerLayerClip,
-)
-from fedjax_dp.privacy.mechanisms.upload_layer_quantile_clip import PerLayerQuantileClip
-from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise, parse_schedule
+from fedjax_dp.privacy.mechanisms.upload_noise import parse_schedule
 
 
 def noise_schedule(ctx) -> tuple[tuple[int, float], ...]:
@@ -61,7 +47,7 @@ def noise_schedule(ctx) -> tuple[tuple[int, float], ...]:
 
 
 def calibration(ctx) -> tuple:
-    """What z was calibrated to (issue 74, item 20), for privacy.json and the printed summary: under
+    """What z was calibrated to, for privacy.json and the printed summary: under
     local noise for a client taking part in every round (the realised figure is the busiest
     client's, often less)."""
     p, rounds = ctx.cfg.privacy, ctx.cfg.rounds
@@ -83,61 +69,13 @@ def calibration(ctx) -> tuple:
 
 
 def dp_uploads(ctx) -> Chain:
-    """Geyer's Alg. 1 uploads: clip, Gaussian (central or local), divide by the fixed D."""
+    """Geyer's Alg. 1 uploads: clip (``dp.clip``'s rule), noise (``dp.noise``'s family, central or
+    local), divide by the fixed D."""
     dp, denominator = ctx.cfg.dp, ctx.expected_cohort()
-    # Andrew et al.: sigma_b = D / 20 for large cohorts
-    count_noise_std = max(denominator / 20, 1.0)
-    layers = len(jax.tree_util.tree_leaves(ctx.params_template))
-    # Per layer, L counts at sigma_b sqrt(L) each cost what one count at sigma_b does (z_count = 2
-    # sigma_b).
-    clip = {
-        "fixed": lambda: FlatClip(dp.clip_norm),
-        "per_layer": lambda: PerLayerClip.equal_split(ctx.params_template, dp.clip_norm),
-        "adaptive": lambda: AdaptiveQuantileClip(
-            initial_clip_norm=dp.clip_norm,
-            target_quantile=dp.target_quantile,
-            learning_rate=dp.clip_learning_rate,
-            count_noise_std=count_noise_std,
-            denominator=denominator,
-        ),
-        "per_layer_adaptive": lambda: PerLayerQuantileClip(
-            initial_layer_norms=(dp.clip_norm / math.sqrt(layers),) * layers,
-            target_quantile=dp.target_quantile,
-            learning_rate=dp.clip_learning_rate,
-            count_noise_std=count_noise_std * math.sqrt(layers),
-            denominator=denominator,
-            local=dp.noise_mode == "local",
-        ),
-        "median": MedianClip,
-    }[dp.clip]()
-    if correlated(ctx.cfg):
-        return chain(
-            UpdateStatistics(), clip, correlated_noise(ctx), fixed_denominator(denominator)
-        )
-    adaptive = dp.clip in ("adaptive", "per_layer_adaptive")
-    noise = GaussianNoise(
-        noise_schedule(ctx),
-        local=dp.noise_mode == "local",
-        count_noise_std=count_noise_std if adaptive else 0.0,
-        details=calibration(ctx),
-    )
-    return chain(
-        UpdateStatistics(), clip, noise, fixed_denominator(denominator, ctx.denominators())
-    )
-
-
-def correlated_noise(ctx) -> CorrelatedNoise:
-    """The server's correlated noise (issue 75): ``dp.noise``'s strategy (``gaussian``: the
-    identity) for the strategy's rounds under the sampler's participation scheme, at z
-    (``dp.noise_multiplier`` or calibrated)."""
-    participation = client_sampling.participation(ctx.cfg.sampling)
-    name = "identity" if ctx.cfg.dp.noise == "gaussian" else ctx.cfg.dp.noise
-    strategy = strategies.build(
-        name, strategy_rounds(ctx.cfg), participation, ctx.cfg.dp.bands, ctx.cfg.dp.tree_restart
-    )
-    return CorrelatedNoise(
-        NoisePlan(strategy, participation, noise_schedule(ctx)[0][1]), details=calibration(ctx)
-    )
+    clip = choices.get("dp", "clip", dp.clip).build(ctx, denominator)
+    noise = choices.get("dp", "noise", dp.noise).build(ctx, noise_schedule(ctx), calibration(ctx))
+    schedule = () if correlated(ctx.cfg) else ctx.denominators()
+    return chain(UpdateStatistics(), clip, noise, fixed_denominator(denominator, schedule))
 
 
 def build_dp_fedavg(ctx) -> tuple:

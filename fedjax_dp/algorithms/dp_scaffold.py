@@ -10,7 +10,7 @@ n_i examples drawn without replacement (the subsampling the accountant composes)
 control update c_i+ = c_i - c + (x - y) / (K eta_l), both uploads (Delta y, Delta c: twice FedAvg's
 traffic) and the server step are post-processing of the noised steps, so each client's guarantee is
 example-level local DP (no trusted server), composed per client over the steps it ran by the
-per-client ledgers of ``privacy.ledgers.example_ledger`` (RDP or PLD, replace-one, sensitivity 2C).
+per-client ledgers of ``privacy.ledgers.example_book`` (RDP or PLD, replace-one, sensitivity 2C).
 
 Seed 004's settings: sigma_g = 1.0 fixed, and "the median of the gradient norms in each local
 training as the clip threshold" (``dp_scaffold.clip = 'median'``: C = each step's median per-example
@@ -35,8 +35,8 @@ from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.round import STEP_NOISE
 from fedjax_dp.privacy import settings
 from fedjax_dp.privacy.accounting.accountant import parse_rdp_orders
-from fedjax_dp.privacy.ledgers.example_ledger import LEDGER_ORDERS, ExampleLevelLedger
-from fedjax_dp.privacy.ledgers.example_accounting import ExampleLevelAccounting
+from fedjax_dp.privacy.ledgers.example_book import LEDGER_ORDERS, ExampleBook
+from fedjax_dp.privacy.ledgers.example_ledger import ExampleLedger
 from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient
 
 CLIPS = ("fixed", "median")
@@ -100,14 +100,14 @@ def build_dp_scaffold(ctx) -> tuple:
     )
 
 
-def make_ledger(cfg, dataset, algorithm) -> ExampleLevelAccounting:
+def make_ledger(cfg, dataset, algorithm) -> ExampleLedger:
     """Per-client example-level ledgers at the fixed sigma_g (no threshold unless one is set); the
     steps and the clip are the built clients' (``algorithm``), what runs."""
     d, s = cfg.dp_scaffold, cfg.sampling
     clients = registry.unwrap(algorithm, DpScaffold)
     rate = s.cohort_size / dataset.num_clients if s.method == "uniform" else s.rate
     threshold = cfg.privacy.client_epsilon_budget or np.inf
-    ledger = ExampleLevelLedger(
+    ledger = ExampleBook(
         client_sizes=dataset.train_sizes(),
         batch_size=cfg.client.batch_size,
         steps=clients.local_steps,
@@ -121,7 +121,7 @@ def make_ledger(cfg, dataset, algorithm) -> ExampleLevelAccounting:
         orders=parse_rdp_orders(cfg.privacy.rdp_orders, default=LEDGER_ORDERS),
         accountant=cfg.privacy.accountant,
     )
-    return ExampleLevelAccounting(
+    return ExampleLedger(
         ledger, clients.clip_norm, per_example=True, median_clip=clients.median_clip
     )
 
@@ -151,11 +151,9 @@ registry.register_section(
     "dp_scaffold",
     docs=SECTION_DOCS,
     defaults={
-        # median (seed 004: each step's median gradient norm; no formal guarantee) | fixed
         "clip": "median",
-        "clip_norm": 1.0,  # C of clip='fixed'
-        "noise_multiplier": 1.0,  # sigma_g: step noise N(0, (sigma_g C)^2 I) (seed 004: 1.0)
-        # K local steps, each a fresh batch of client.batch_size without replacement
+        "clip_norm": 1.0,
+        "noise_multiplier": 1.0,
         "local_steps": 25,
     },
 )

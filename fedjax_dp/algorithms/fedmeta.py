@@ -175,12 +175,12 @@ registry.register_wrapper(
     "fedmeta",
     docs=SECTION_DOCS,
     defaults={
-        "enabled": False,  # meta step(s) on D_meta after every aggregation (wraps any algorithm)
+        "enabled": False,
         "learning_rate": 0.002,
         "steps": 1,
         "lr_decay": 1.0,
         "batch_size": 0,
-    },  # batch_size 0: all of D_meta at once
+    },
     wrap=wrap_fedmeta,
     validate=check_fedmeta,
     needs_server_set=True,

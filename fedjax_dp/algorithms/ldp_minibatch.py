@@ -9,19 +9,19 @@ stated:
 * Client (steps s3-s5, claim 3): from w_t, S local steps; step i draws a batch of B of the client's
   n_k examples without replacement (independently per step: the sampling the accountant composes;
   ``ldp.step_sampling = 'poisson'``: each example with probability B / n_k, padded to a cap whose
-  overflow is charged to delta, see ``privacy.ledgers.example_ledger``),
+  overflow is charged to delta, see ``privacy.ledgers.example_book``),
   clips each example's gradient to C (``ldp.per_example``; or the batch's mean gradient), sums, adds
   N(0, (z C)^2 I), divides by B and steps with learning rate gamma (``client.learning_rate``; 0.01
   in the patent's experiment): w <- w - gamma (sum_i clip(g_i) + N(0, z^2 C^2 I)) / B
   (``privacy.mechanisms.step_dp.ClippedNoisyGradient``). It uploads Delta_k = w_k - w_t.
 * Threshold (claim 2): client n's cumulative loss over the steps it ran is accounted per client
-  (``privacy.ledgers.example_ledger``: subsampled Gaussian per step, RDP, replace-one); its noise
+  (``privacy.ledgers.example_book``: subsampled Gaussian per step, RDP, replace-one); its noise
   multiplier z for the next participation is the least that keeps the loss of its expected remaining
   participations under its threshold epsilon_n, within [z_0, z_max]; a client whose next
   participation would exceed epsilon_n stops contributing (no longer sampled; logged).
   ``ldp.adaptive = False``: fixed z_0; with ``ldp.fixed_noise = 'calibrated'`` each client's own
   fixed z, calibrated to its size and threshold (the fixed-noise baseline for clients of unequal
-  sizes; ``privacy.ledgers.example_ledger``).
+  sizes; ``privacy.ledgers.example_book``).
 * Server (step s6, claim 4): w_{t+1} = (1 - alpha) w_t + alpha sum_k a_k w_k = w_t + alpha sum_k a_k
   Delta_k, with a_k = softmax_k(tau cos(Delta_k, mean Delta)) (``core.correlation_weights``;
   ``ldp.weighting = 'uniform'``: a_k = 1/K). The global model is validated on a server-held set held
@@ -50,12 +50,12 @@ from fedjax_dp.core.uploads import UniformWeights, chain
 from fedjax_dp.privacy.accounting import poisson_truncation
 from fedjax_dp.privacy import settings
 from fedjax_dp.privacy.accounting.accountant import parse_rdp_orders
-from fedjax_dp.privacy.ledgers.example_ledger import (
+from fedjax_dp.privacy.ledgers.example_book import (
     LEDGER_ORDERS,
     STEP_SAMPLINGS,
-    ExampleLevelLedger,
+    ExampleBook,
 )
-from fedjax_dp.privacy.ledgers.example_accounting import ExampleLevelAccounting
+from fedjax_dp.privacy.ledgers.example_ledger import ExampleLedger
 from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient
 
 WEIGHTINGS = ("correlation", "uniform")
@@ -196,7 +196,7 @@ def build_ldp_minibatch(ctx) -> tuple:
     return algorithm, chain(CorrelationWeights(c.temperature), UniformWeights())
 
 
-def make_ledger(cfg, dataset, algorithm) -> ExampleLevelAccounting:
+def make_ledger(cfg, dataset, algorithm) -> ExampleLedger:
     """The per-client ledgers of a run (sizes known once the data is loaded; B checked against
     them). The steps, their sampling and the clip are the built clients' (``algorithm``), what runs;
     the thresholds and noise schedule are the ledger's own (it hands each client its z)."""
@@ -204,7 +204,7 @@ def make_ledger(cfg, dataset, algorithm) -> ExampleLevelAccounting:
     clients = registry.unwrap(algorithm, LdpMinibatch)
     rate = s.cohort_size / dataset.num_clients if s.method == "uniform" else s.rate
     orders = parse_rdp_orders(cfg.privacy.rdp_orders, default=LEDGER_ORDERS)
-    ledger = ExampleLevelLedger(
+    ledger = ExampleBook(
         client_sizes=dataset.train_sizes(),
         batch_size=cfg.client.batch_size,
         steps=clients.local_steps,
@@ -226,7 +226,7 @@ def make_ledger(cfg, dataset, algorithm) -> ExampleLevelAccounting:
             f"the ledger's Poisson batch cap {ledger.batch_cap} is not the clients' "
             f"{clients.poisson_batch_cap}: it would account batches that did not run"
         )
-    return ExampleLevelAccounting(ledger, clients.clip_norm, clients.per_example)
+    return ExampleLedger(ledger, clients.clip_norm, clients.per_example)
 
 
 SECTION_DOCS = {  # what each key of the section means (``fedjax-dp --help``)
@@ -264,21 +264,17 @@ registry.register_section(
     "ldp",
     docs=SECTION_DOCS,
     defaults={
-        "clip_norm": 1.0,  # C, per example (or per batch)
-        "per_example": True,  # False: clip the minibatch's mean gradient (sensitivity 2C)
-        "noise_multiplier": 1.0,  # z_0: the least noise a step gets
-        # z_max: the most; a client that cannot afford one participation at it stops
+        "clip_norm": 1.0,
+        "per_example": True,
+        "noise_multiplier": 1.0,
         "max_noise_multiplier": 8.0,
-        # the threshold schedule; False: fixed noise (same stopping rule), see fixed_noise
         "adaptive": True,
-        # with adaptive=False: z0 (every client at z_0) | calibrated (each client's own z)
         "fixed_noise": "z0",
-        "thresholds": "4.0",  # epsilon_n: one value, or a comma list assigned to clients at random
-        "local_steps": 10,  # S steps per participation, each a fresh batch of client.batch_size
-        "alpha": 1.0,  # history weight: w_{t+1} = (1 - alpha) w_t + alpha sum_k a_k w_k
-        "weighting": "correlation",  # correlation | uniform
-        "temperature": 1.0,  # tau of a_k = softmax(tau cos(Delta_k, mean Delta))
-        # fixed: B without replacement per step | poisson: each example w.p. B / n_k
+        "thresholds": "4.0",
+        "local_steps": 10,
+        "alpha": 1.0,
+        "weighting": "correlation",
+        "temperature": 1.0,
         "step_sampling": "fixed",
     },
 )

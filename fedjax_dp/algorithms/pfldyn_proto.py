@@ -295,12 +295,10 @@ registry.register_section(
     "pfldyn",
     docs=SECTION_DOCS,
     defaults={
-        "alpha": 0.1,  # the dynamic regulariser's alpha (Eq. 9-12)
-        "local_steps": 25,  # P local steps, each two fresh batches of client.batch_size
-        "server_mean": "cohort",  # cohort (seed as written) | population (FedDyn's 1/N)
-        # r_W: output (the model's last layer) | penultimate (the authors' code)
+        "alpha": 0.1,
+        "local_steps": 25,
+        "server_mean": "cohort",
         "representation": "output",
-        # server: w^{t+1} (Alg. 1) | client_mean: mean of the clients' latest models
         "evaluated_model": "server",
     },
 )

@@ -98,8 +98,7 @@ registry.register_section(
     "prifedsync",
     docs=SECTION_DOCS,
     defaults={
-        "clip_norm": 1.0,  # C: the fixed per-layer clip of each upload (seed 004: 1)
-        # the fixed sigma of the noise N(0, (2 C sigma / B)^2) per entry (seed 004: 0.45)
+        "clip_norm": 1.0,
         "sigma": 0.45,
     },
 )

@@ -18,8 +18,9 @@ from typing import Any, Callable
 
 import ml_collections
 
-from fedjax_dp.core import deferred_dense
+from fedjax_dp.core import config_sections, deferred_dense
 from fedjax_dp.core.optimizers import build_optimizer
+from fedjax_dp.privacy import sampling
 from fedjax_dp.privacy import settings as privacy_settings
 
 DEFAULT_PRIVACY_KEYS = privacy_settings.ACCOUNTING + privacy_settings.BUDGETS
@@ -72,20 +73,18 @@ class BuildContext:
             unroll=self.unroll,
         )
 
-    def expected_cohort(self) -> float:
-        """The fixed denominator of a round: m, q K, or a participation sampler's
-        (``participation_sampling``)."""
-        from fedjax_dp.privacy.accounting.client_sampling import client_sampler
+    def sampler(self):
+        """The sampler that draws the run's cohorts (``privacy.sampling``)."""
+        return sampling.build(self.cfg.sampling, self.num_clients)
 
-        return client_sampler(self.cfg.sampling, self.num_clients).expected_cohort()
+    def expected_cohort(self) -> float:
+        """The fixed denominator of a round: the sampler's (m, q K, a participation scheme's)."""
+        return self.sampler().expected_cohort()
 
     def denominators(self) -> tuple:
         """((first round, D_t), ...) where the fixed denominator follows a sampling-rate schedule,
         else ()."""
-        from fedjax_dp.privacy.accounting.client_sampling import client_sampler
-
-        sampler = client_sampler(self.cfg.sampling, self.num_clients)
-        return sampler.denominators() if hasattr(sampler, "denominators") else ()
+        return self.sampler().denominators()
 
     def sampling_rate(self) -> float:
         """lambda: the chance that a given client is in a round's cohort."""
@@ -137,11 +136,8 @@ class Wrapper:
 
 
 _ENTRIES: dict[str, Entry] = {}
-_SECTIONS: dict[str, dict] = {}
+_SECTIONS: set[str] = set()  # the algorithm- and wrapper-owned sections (``core.config_sections``)
 _WRAPPERS: dict[str, Wrapper] = {}
-_DOCS: dict[str, str] = {}  # "section.key" -> what it means (``fedjax-dp --help``)
-# (key, the key that decides, the values under which the first is read)
-_READ_WHEN: list[tuple] = []
 
 
 SAMPLED_STEPS = ("client.epochs",)
@@ -241,22 +237,9 @@ def register_section(
     """An algorithm-owned config section and its defaults (added to every default config), what each
     key means (``docs``: key -> meaning, for ``fedjax-dp --help``) and the keys read only under
     another key's value (``read_when``: (key, deciding key, the values that read it), dotted keys:
-    ``training.unread_keys``)."""
-    if name in _SECTIONS and _SECTIONS[name] != defaults:
-        raise ValueError(f"config section {name!r} is already registered with other defaults")
-    _SECTIONS[name] = dict(defaults)
-    _DOCS.update({f"{name}.{key}": text for key, text in (docs or {}).items()})
-    _READ_WHEN.extend(rule for rule in read_when if rule not in _READ_WHEN)
-
-
-def section_docs() -> dict[str, str]:
-    """Every registered section key's meaning, by dotted key."""
-    return dict(_DOCS)
-
-
-def read_when() -> tuple:
-    """The registered sections' conditional keys (``register_section(read_when=...)``)."""
-    return tuple(_READ_WHEN)
+    ``training.unread_keys``); kept with every owned section in ``core.config_sections``."""
+    config_sections.register_section(name, defaults, docs=docs, read_when=read_when)
+    _SECTIONS.add(name)
 
 
 def names() -> tuple[str, ...]:
@@ -270,8 +253,22 @@ def get(name: str) -> Entry:
 
 
 def sections() -> dict[str, ml_collections.ConfigDict]:
-    """Every registered algorithm section, with its defaults."""
-    return {name: ml_collections.ConfigDict(defaults) for name, defaults in _SECTIONS.items()}
+    """Every registered algorithm (and wrapper) section, with its defaults."""
+    owned = config_sections.sections()
+    return {name: ml_collections.ConfigDict(dict(owned[name].defaults)) for name in _SECTIONS}
+
+
+def unread_section(cfg) -> Callable[[str], bool]:
+    """Whether a section is one the configured algorithm does not read (another algorithm's, or a
+    wrapper's that is off)."""
+    entry = _ENTRIES.get(cfg.algorithm)
+
+    def unread(name: str) -> bool:
+        if name in _WRAPPERS:
+            return not _WRAPPERS[name].enabled(cfg)
+        return name in _SECTIONS and (entry is None or name not in entry.sections)
+
+    return unread
 
 
 def validate(cfg, need) -> None:
@@ -283,7 +280,7 @@ def validate(cfg, need) -> None:
     for wrapper in _WRAPPERS.values():
         if wrapper.enabled(cfg) and wrapper.validate is not None:
             wrapper.validate(cfg, need)
-    for section, defaults in _SECTIONS.items():
+    for section, defaults in sections().items():
         if section in entry.sections or section in _WRAPPERS or section not in cfg:
             continue
         for key, default in defaults.items():
@@ -301,5 +298,12 @@ def validate(cfg, need) -> None:
             f"privacy.{key}={value!r} is set, but algorithm {entry.name!r} does not read it (it"
             f" reads privacy: {', '.join(entry.privacy_keys) or 'nothing but secure_rng'})",
         )
+    method = cfg.sampling.method
+    need(
+        entry.participation or method not in sampling.participation_schemes(),
+        f"sampling.method={method!r} is a participation scheme for correlated noise (dp.noise),"
+        f" which algorithm={cfg.algorithm!r} does not run; algorithms that do:"
+        f" {[n for n in names() if _ENTRIES[n].participation]}",
+    )
     if entry.validate is not None:
         entry.validate(cfg, need)

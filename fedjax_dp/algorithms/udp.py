@@ -27,7 +27,7 @@ clip for UDP without defining it). ``udp.mode``:
 * ``sound``: client-level LDP (replace-one client data, sensitivity 2C, a formal guarantee) with the
   same growth, z_t = kappa sqrt(t), kappa calibrated to the client's GDP budget mu(epsilon, delta)
   so that ANY K participations spend at most it (``udp.participations``, 0 = ceil(lambda T);
-  ``privacy.accounting.local_calibration.worst_case_multipliers``: kappa = (2 / mu) sqrt(H_K), the
+  ``privacy.accounting.calibration.worst_case_multipliers``: kappa = (2 / mu) sqrt(H_K), the
   first K rounds being the costliest). Calibrating to the expected cost instead would price a
   first-round participation above the whole budget whenever K < T / H_T (always, at lambda = 0.1),
   and no client could take part. Each client's ledger holds epsilon as its budget and a client whose
@@ -46,12 +46,14 @@ from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.uploads import Claim, Release, UniformWeights, chain
 from fedjax_dp.privacy.accounting import gdp
-from fedjax_dp.privacy import settings
-from fedjax_dp.privacy.accounting.local_calibration import (
+from fedjax_dp.privacy import sampling, settings
+from fedjax_dp.privacy.accounting.calibration import (
+    classical_gaussian_multiplier,
     expected_participations,
     worst_case_multipliers,
 )
 from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
+from fedjax_dp.privacy.mechanisms.upload_cuag_noise import piecewise_schedule
 from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 
 MODES = ("paper", "sound")
@@ -59,9 +61,12 @@ MODES = ("paper", "sound")
 
 def udp_multipliers(rounds: int, epsilon: float, delta: float, records: float) -> tuple:
     """((t, z_t), ...) for t = 1..rounds: z_t = 2 c sqrt(t) / (epsilon m), c = sqrt(2 ln(1.25 /
-    delta))."""
-    c = math.sqrt(2.0 * math.log(1.25 / delta))
-    return tuple((t, 2.0 * c * math.sqrt(t) / (epsilon * records)) for t in range(1, rounds + 1))
+    delta)): the classical Gaussian calibration of sensitivity 2 sqrt(t) / m over epsilon
+    (``calibration.classical_gaussian_multiplier``)."""
+    return tuple(
+        (t, classical_gaussian_multiplier(epsilon, delta, 2.0 * math.sqrt(t) / records))
+        for t in range(1, rounds + 1)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,13 +100,14 @@ def sound_multipliers(cfg, num_clients: int) -> tuple:
     """z_t = kappa sqrt(t): any K planned participations spend at most mu(udp.epsilon,
     privacy.delta)."""
     u = cfg.udp
-    participations = expected_participations(
-        cfg.sampling, cfg.rounds, num_clients, u.participations
-    )
-    return worst_case_multipliers(
-        np.sqrt(np.arange(1, cfg.rounds + 1)),
-        gdp.mu_from_epsilon(u.epsilon, cfg.privacy.delta),
-        participations,
+    rate = sampling.build(cfg.sampling, num_clients).rate_at(1)
+    participations = expected_participations(rate, cfg.rounds, u.participations)
+    return piecewise_schedule(
+        worst_case_multipliers(
+            np.sqrt(np.arange(1, cfg.rounds + 1)),
+            gdp.mu_from_epsilon(u.epsilon, cfg.privacy.delta),
+            participations,
+        )
     )
 
 
@@ -192,15 +198,12 @@ registry.register_section(
     "udp",
     docs=SECTION_DOCS,
     defaults={
-        "clip_norm": 1.0,  # C: the fixed clip of each upload (seed 004: 1)
-        "epsilon": (
-            10.0
-        ),  # the fixed budget the noise is calibrated to (seed 004: 10), at privacy.delta
-        # paper (Wei et al.'s calibration per round, as written) | sound (calibrated, enforced)
+        "clip_norm": 1.0,
+        "epsilon": 10.0,
         "mode": "paper",
         "participations": 0,
     },
-)  # sound mode: K participations the budget covers (0 = ceil(lambda T))
+)
 registry.register(
     "udp",
     build=build_udp,

@@ -181,13 +181,12 @@ registry.register_section(
     "uga",
     docs=SECTION_DOCS,
     defaults={
-        # off | step | sqrt | <k>: checkpoint every step / sqrt(S)-step / k-step segments
         "remat": "off",
-        "first_order": False,  # stop gradients through inner gradients (first-order UGA)
-        "gradient_reduction": "mean",  # mean (Eq. 13 as written) | sum_of_batch_means (see UGA)
+        "first_order": False,
+        "gradient_reduction": "mean",
         "eval_batch_size": 0,
     },
-)  # batch of the whole-data gradient evaluation; 0 = client.batch_size
+)
 registry.register(
     "uga",
     build=build_uga,

@@ -30,7 +30,7 @@ measures x = Delta + e, sends Phi x, and keeps e' = x - Rec(Phi x) (its own nois
 reconstruction, so with the min-norm ``Rec`` the directions its measurements missed), so what the
 unmeasured directions lose in one round is sent in a later one (the sum of what a client sent plus
 its residual is the sum of its updates). The residual is local state, never sent; it is per client
-(``keeps_client_state``, stored like an algorithm's per-client state and checkpointed), and a client
+(``PerClientStateful``, stored like an algorithm's per-client state and checkpointed), and a client
 whose update is dropped keeps its old one. A clip and noise after the compression bound and noise
 the measurements of x as they would those of Delta, so a formal guarantee is unchanged; the bound
 after compression is unbounded with it (x carries e). Under partial participation a residual is as
@@ -61,7 +61,19 @@ from fedjax_dp.compression.reconstruction import METHODS
 from fedjax_dp.compression.refresh import REFRESH, round_permutations
 from fedjax_dp.compression.signs import SIGNS, layer_signs
 from fedjax_dp.core import tree
-from fedjax_dp.core.uploads import UNBOUNDED, ClientContext, Flow, ServerContext, UploadTransform
+from fedjax_dp.core.uploads import (
+    UNBOUNDED,
+    BoundMapping,
+    ClientContext,
+    Flow,
+    PerClientStateful,
+    Resizing,
+    Scheduled,
+    ServerContext,
+    Specialized,
+    Stateful,
+    UploadTransform,
+)
 
 PLACEMENTS = ("each", "aggregate")
 FIXED_MATRIX_FEEDBACK = (
@@ -72,7 +84,9 @@ FIXED_MATRIX_FEEDBACK = (
 
 
 @dataclasses.dataclass(frozen=True)
-class CompressedSensing(UploadTransform):
+class CompressedSensing(
+    Stateful, PerClientStateful, Specialized, Scheduled, BoundMapping, Resizing, UploadTransform
+):
     kind: ClassVar[str] = "compress"
     rates: str = "dynamic"  # "dynamic" (Alg. 2) or a fixed rate such as "0.5"
     r_min: float = 0.2

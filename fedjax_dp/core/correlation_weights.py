@@ -16,7 +16,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.core.uploads import ServerContext, UploadTransform
+from fedjax_dp.core.uploads import CohortLevel, ServerContext, UploadTransform
 
 
 def correlation_weights(uploads, kept, temperature: float) -> jax.Array:
@@ -32,9 +32,8 @@ def correlation_weights(uploads, kept, temperature: float) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class CorrelationWeights(UploadTransform):
+class CorrelationWeights(CohortLevel, UploadTransform):
     kind: ClassVar[str] = "reweight"
-    cohort_level: ClassVar[bool] = True
     temperature: float = 1.0  # tau
 
     def __post_init__(self):

@@ -13,7 +13,7 @@ structure of per-batch dense gradients as in Goodfellow 2015's per-example-gradi
 history is short against the kernel (S steps x rows <= min(in, out) / 4: workload W's FedAvg CNN has
 60 rows against 3136 x 512), this replaces, every step, writing the kernel's gradient and reading
 and writing the kernel to update it (memory-bound passes over 6.4 MB on a CPU) by products with the
-60-row history, and one product at the end. Measured in ``benchmarks/RESULTS.md`` (issue 20).
+60-row history, and one product at the end. Measured in ``benchmarks/RESULTS.md``.
 
 Only for plain SGD at a constant rate (no momentum, weight decay or gradient clipping: those make
 the step's change full-rank), without a regularizer or gradient hook, and only for

@@ -1,5 +1,5 @@
 """Several hosts, one program: the few facts and collectives the cohort engine and the training loop
-need under JAX's multi-controller runtime (``jax.distributed``; issue 76).
+need under JAX's multi-controller runtime (``jax.distributed``).
 
 Every process runs the same Python program over the same seed, so every host-side decision (which
 clients take part, the privacy ledger, the server step, every key) is made identically on every

@@ -191,7 +191,7 @@ def _slow_in_control_flow(jaxpr) -> bool:
     """Whether a step holds an XLA convolution and runs on XLA:CPU, which executes a convolution
     inside a conditional (or loop) body several times slower than at the top level: a 6-step
     FedAvg-CNN client with XLA convolutions took 597 ms with the padded-step ``lax.cond`` vs 95 ms
-    with im2col (issue 20, ``benchmarks/cohort_throughput.py`` case ``cnn:10:loop:-:full:xla``).
+    with im2col (``benchmarks/cohort_throughput.py`` case ``cnn:10:loop:-:full:xla``).
     Such steps are masked with a select instead (padding steps computed and discarded): the same
     numbers, no conditional."""
     return jax.default_backend() == "cpu" and "conv_general_dilated" in _primitive_names(jaxpr)

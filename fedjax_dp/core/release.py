@@ -1,4 +1,4 @@
-"""What a mechanism releases, typed (issue 73): the ``dp_accounting`` event of one application, the
+"""What a mechanism releases, typed: the ``dp_accounting`` event of one application, the
 numeric sensitivity and the neighbouring relation it was derived for, the unit it protects, where
 the noise is added, whether a proof covers it, and what its paper claims.
 
@@ -93,11 +93,9 @@ class Release:
       details: what the mechanism states about its calibration, for ``privacy.json``'s
       ``accounting`` (CUAG-PFL's
         per-client mu_n), or None.
-      cumulative: correlated noise (``privacy.correlated``): ``(RoundEvent, count)`` of the stream
-      of every round so
-        far, which ``event`` is too; a ledger replaces its account by it instead of composing the
-        round (the rounds' noise is correlated, so per-round events do not compose). None: ``event``
-        is this round's alone.
+      stream: the event covers every round released so far (correlated noise,
+        ``privacy.correlated``): a ledger replaces its account by it instead of composing the round
+        (the rounds' noise is correlated, so per-round events do not compose).
     """
 
     mechanism: str
@@ -114,7 +112,7 @@ class Release:
     client_budgets: tuple | None = None
     claims: tuple = ()
     details: dict | None = dataclasses.field(default=None, compare=False)
-    cumulative: tuple | None = None
+    stream: bool = False
 
     def __post_init__(self):
         if self.locality not in LOCALITIES:
@@ -183,7 +181,7 @@ class Release:
                 "client_budgets",
                 "claims",
                 "details",
-                "cumulative",
+                "stream",
             )
         }
         record.update(
@@ -194,7 +192,7 @@ class Release:
                 None if z is None else {"clients": len(z), "min": min(z), "max": max(z)}
             ),
         )
-        if self.cumulative:  # the stream's sensitivity is sens(C) S (``privacy.correlated.plan``)
+        if self.stream:  # the stream's sensitivity is sens(C) S (``privacy.correlated.plan``)
             record["accumulation"] = (
                 "one event for the stream of every round so far (correlated noise)"
             )

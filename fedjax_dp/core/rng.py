@@ -4,7 +4,7 @@
 *split* (``split``, once), or *drawn from* (``normal``, ``bits``, ...: once), never two of these.
 With JAX's partitionable threefry (the default) ``fold_in(k, d) == split(k, n)[d]``, and a 32-bit
 draw's word at flat index i is the XOR of the two words of ``split(k, N)[i]``: a key both split and
-folded, or split and drawn from, hands two consumers the same randomness (issue 74, F01: the local
+folded, or split and drawn from, hands two consumers the same randomness (as once the local
 adaptive clip's count noise ``fold_in(k, 4)`` was leaf 4's upload noise). So every purpose gets its
 own ``fold_in`` tag on a key that is only ever folded, before any split, and a consumer that needs
 several independent draws splits its own key and nothing else touches it.

@@ -33,7 +33,14 @@ import numpy as np
 from fedjax_dp.core import hosts, rng, tree
 from fedjax_dp.core.algorithm import Aggregate, Algorithm
 from fedjax_dp.core.cohort import MAX_REPLICATED_BYTES, CohortEngine
-from fedjax_dp.core.uploads import UNBOUNDED, Chain, ClientContext, ServerContext, chain
+from fedjax_dp.core.uploads import (
+    UNBOUNDED,
+    Chain,
+    ClientContext,
+    ServerContext,
+    bound_after,
+    chain,
+)
 
 EVALUATION_PASS_KEYS = ("eval_batches", "eval_mask")
 """A cohort packed for UGA also holds each client's whole local data
@@ -292,7 +299,7 @@ class FederatedRound:
             bounds, bound = [], jnp.float32(UNBOUNDED)
             for i, t in enumerate(uploads[:split]):
                 bounds.append(bound)
-                bound = t.bound_after(bound, states[i], inputs[i])
+                bound = bound_after(t, bound, states[i], inputs[i])
             total = sums.get("upload")
             if split < len(uploads):
                 total, bound, tail_stats = _cohort_level(
@@ -461,7 +468,7 @@ def _cohort_level(
             return flow.upload, flow.stats
 
         stacked, transform_stats = jax.vmap(one)(stacked, *noise_keys, kept)
-        bound = uploads[i].bound_after(bound, states[i], inputs[i])
+        bound = bound_after(uploads[i], bound, states[i], inputs[i])
         stats.append(transform_stats)
     total = jax.tree_util.tree_map(
         lambda u: jnp.sum(jnp.where(_rows(kept, u), u, 0.0), axis=0), stacked

@@ -14,7 +14,7 @@ The round returns the releases of the chain that ran (``Chain.releases`` with th
 a bound that is state, an adaptive clip's, is a number); the privacy tracker composes those; nothing
 re-derives them from the configuration.
 
-A transform may keep per-client state between rounds (``keeps_client_state``: error feedback's
+A transform may keep per-client state between rounds (``PerClientStateful``: error feedback's
 residual): the loop stores it per client like an algorithm's (``core.client_states``), the round
 passes each client its own in ``ClientContext.client_state`` and keeps the ``Flow.client_state`` it
 returns.
@@ -80,48 +80,16 @@ class Flow(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class UploadTransform:
-    """Base of every upload transform: the identity, releasing nothing."""
+    """The required core of every upload transform (the identity, releasing nothing, by default):
+    its ``kind``, its ``client`` side, its ``server`` side and the ``releases`` it states. What a
+    transform does beyond that it declares by subclassing a capability below (``Stateful``,
+    ``PerClientStateful``, ``Scheduled``, ``Specialized``, ``BoundMapping``, ``CohortLevel``,
+    ``KeyDrawing``, ``Resizing``); the chain asks only the transforms that declare one."""
 
     kind: ClassVar[str] = "identity"  # clip | noise | compress | weighting | diagnostic
-    cohort_level: ClassVar[bool] = False  # runs on the stacked uploads at the server (median clip)
-
-    def init(self, upload_template) -> Any:
-        return ()
-
-    @property
-    def keeps_client_state(self) -> bool:
-        """Whether each client keeps state for this transform between rounds (error feedback's
-        residual)."""
-        return False
-
-    def client_state_init(self, upload_template) -> Any:
-        """Each client's initial state for this transform (where ``keeps_client_state``), stored per
-        client like an algorithm's per-client state; None otherwise."""
-        return None
-
-    def inputs(self, round_index: int) -> dict:
-        """Host-side per-round values passed to both sides (traced, so a schedule does not
-        recompile)."""
-        return {}
-
-    def specialize(self, state) -> "UploadTransform":
-        """The transform with its static choices made from its state on the host (compression
-        rates)."""
-        return self
-
-    def static_key(self) -> tuple:
-        return ()
-
-    def bound_after(self, bound, state, inputs):
-        return bound
 
     def client(self, upload, ctx: ClientContext) -> Flow:
         return Flow(upload, ctx.bound)
-
-    def cohort(self, uploads, ctx: ServerContext):
-        """``(uploads, bound, stats)`` from the stacked, zeroed uploads (used where
-        ``cohort_level``; the identity otherwise)."""
-        return uploads, ctx.bound, {}
 
     def server(self, total, ctx: ServerContext):
         """``(total, new_state, metrics)`` from the summed uploads."""
@@ -133,20 +101,109 @@ class UploadTransform:
         states), else nan."""
         return ()
 
-    def key_uses(self) -> tuple:
-        """The round keys this transform draws from (``core.rng.Purpose``: ``CLIENT_NOISE`` is
-        ``ClientContext.noise_key``, ``CLIENT_COUNT_NOISE`` its ``count_key``, ``SERVER_NOISE`` and
-        ``CLIP_ADAPTATION`` purposes of ``ServerContext.noise_key``). Each key has one consumer, so
-        a chain refuses two transforms that name the same one."""
+
+class Stateful:
+    """Keeps server state between rounds (an adaptive clip's norm, a noise stream's buffers),
+    carried in ``ServerState.uploads`` and checkpointed with the model."""
+
+    def init(self, upload_template) -> Any:
+        raise TypeError(f"{type(self).__name__} declares Stateful and must define init")
+
+
+class PerClientStateful:
+    """Each client keeps state for this transform between rounds (error feedback's residual): the
+    loop stores it per client like an algorithm's (``core.client_states``); ``keeps_client_state``
+    says whether this instance does (a compressor without error feedback does not)."""
+
+    @property
+    def keeps_client_state(self) -> bool:
+        return True
+
+    def client_state_init(self, upload_template) -> Any:
+        raise TypeError(
+            f"{type(self).__name__} declares PerClientStateful: define client_state_init"
+        )
+
+
+class Scheduled:
+    """Has host-side per-round values passed to both sides (traced, so a schedule does not
+    recompile)."""
+
+    def inputs(self, round_index: int) -> dict:
+        return {}
+
+
+class Specialized:
+    """Makes static choices from its state on the host before a round (compression rates); the
+    round's program is compiled once per ``static_key``."""
+
+    def specialize(self, state) -> "UploadTransform":
+        return self
+
+    def static_key(self) -> tuple:
         return ()
 
+
+class BoundMapping:
+    """Changes the per-client L2 bound of what it passes on (a clip sets it, compression maps
+    it)."""
+
+    def bound_after(self, bound, state, inputs):
+        return bound
+
+
+class CohortLevel:
+    """Runs on the stacked uploads at the server before summing (Geyer's median clip, which needs
+    every norm); the client sides before it run per client."""
+
+    def cohort(self, uploads, ctx: ServerContext):
+        """``(uploads, bound, stats)`` from the stacked, zeroed uploads."""
+        return uploads, ctx.bound, {}
+
+
+class KeyDrawing:
+    """Draws randomness from round keys (``core.rng.Purpose``: ``CLIENT_NOISE`` is
+    ``ClientContext.noise_key``, ``CLIENT_COUNT_NOISE`` its ``count_key``, ``SERVER_NOISE`` and
+    ``CLIP_ADAPTATION`` purposes of ``ServerContext.noise_key``). Each key has one consumer, so a
+    chain refuses two transforms that name the same one."""
+
+    def key_uses(self) -> tuple:
+        return ()
+
+
+class Resizing:
+    """Changes the size of what one client sends (compression)."""
+
     def upload_bytes(self, template_bytes: int) -> int:
-        """Bytes one client sends, given the bytes of the upload this transform receives."""
         return template_bytes
 
 
+def state_init(t: UploadTransform, upload_template) -> Any:
+    return t.init(upload_template) if isinstance(t, Stateful) else ()
+
+
+def keeps_client_state(t: UploadTransform) -> bool:
+    return isinstance(t, PerClientStateful) and t.keeps_client_state
+
+
+def client_state_init(t: UploadTransform, upload_template) -> Any:
+    return t.client_state_init(upload_template) if keeps_client_state(t) else None
+
+
+def inputs_of(t: UploadTransform, round_index: int) -> dict:
+    return t.inputs(round_index) if isinstance(t, Scheduled) else {}
+
+
+def bound_after(t: UploadTransform, bound, state, inputs):
+    return t.bound_after(bound, state, inputs) if isinstance(t, BoundMapping) else bound
+
+
+def key_uses(t: UploadTransform) -> tuple:
+    return t.key_uses() if isinstance(t, KeyDrawing) else ()
+
+
 @dataclasses.dataclass(frozen=True)
-class UniformWeights(UploadTransform):
+class UniformWeights(Scheduled, UploadTransform):
     """Every kept client weighs 1 and the sum is divided by ``denominator`` when it is > 0, else by
     the count of kept clients. Bounded-sensitivity mechanisms need it: an example-weighted upload
     n_k Delta_k is not bounded by a clip of Delta_k."""
@@ -202,27 +259,33 @@ class Chain(tuple):
         return found[0] if found else None
 
     def init(self, upload_template) -> tuple:
-        return tuple(t.init(upload_template) for t in self)
+        return tuple(state_init(t, upload_template) for t in self)
 
     def client_state_init(self, upload_template) -> tuple | None:
         """Per transform, each client's initial state; None when no transform keeps per-client
         state."""
         if not self.keeps_client_state:
             return None
-        return tuple(t.client_state_init(upload_template) for t in self)
+        return tuple(client_state_init(t, upload_template) for t in self)
 
     @property
     def keeps_client_state(self) -> bool:
-        return any(t.keeps_client_state for t in self)
+        return any(keeps_client_state(t) for t in self)
 
     def inputs(self, round_index: int) -> tuple:
-        return tuple({k: _traced_input(v) for k, v in t.inputs(round_index).items()} for t in self)
+        return tuple(
+            {k: _traced_input(v) for k, v in inputs_of(t, round_index).items()} for t in self
+        )
 
     def specialize(self, states) -> "Chain":
-        return Chain(t.specialize(s) for t, s in zip(self, states))
+        return Chain(
+            t.specialize(s) if isinstance(t, Specialized) else t for t, s in zip(self, states)
+        )
 
     def static_key(self) -> tuple:
-        return tuple((type(t).__name__, t.static_key()) for t in self)
+        return tuple(
+            (type(t).__name__, t.static_key() if isinstance(t, Specialized) else ()) for t in self
+        )
 
     def releases(self, round_index: int, states=None) -> list[Release]:
         """Every transform's releases in round ``round_index``; with the chain's ``states`` (the
@@ -230,23 +293,21 @@ class Chain(tuple):
         clip's current norm)."""
         out, bound = [], UNBOUNDED if states is not None else math.nan
         for i, t in enumerate(self):
-            inputs = t.inputs(round_index)
+            inputs = inputs_of(t, round_index)
             out += t.releases(inputs, bound)
             if states is not None:
-                bound = float(
-                    t.bound_after(
-                        bound, states[i], {k: _traced_input(v) for k, v in inputs.items()}
-                    )
-                )
+                traced = {k: _traced_input(v) for k, v in inputs.items()}
+                bound = float(bound_after(t, bound, states[i], traced))
         return out
 
     def key_uses(self) -> tuple:
         """Every round key the chain's transforms draw from (``UploadTransform.key_uses``)."""
-        return tuple(use for t in self for use in t.key_uses())
+        return tuple(use for t in self for use in key_uses(t))
 
     def upload_bytes(self, template_bytes: int) -> int:
         for t in self:
-            template_bytes = t.upload_bytes(template_bytes)
+            if isinstance(t, Resizing):
+                template_bytes = t.upload_bytes(template_bytes)
         return template_bytes
 
     @property
@@ -258,7 +319,7 @@ class Chain(tuple):
     def split(self) -> int:
         """Index of the cohort-level transform (len(self) if none): client sides before it run per
         client."""
-        return next((i for i, t in enumerate(self) if t.cohort_level), len(self))
+        return next((i for i, t in enumerate(self) if isinstance(t, CohortLevel)), len(self))
 
 
 CHAIN_RULES: list = []
@@ -306,9 +367,9 @@ def chain(*transforms: UploadTransform) -> Chain:
                 f"upload chain {_names(transforms)} has {kinds.count(kind)} {kind} transforms; at"
                 " most one"
             )
-    if sum(t.cohort_level for t in transforms) > 1:
+    if sum(isinstance(t, CohortLevel) for t in transforms) > 1:
         raise ValueError(f"upload chain {_names(transforms)} has more than one server-side clip")
-    uses = [use for t in transforms for use in t.key_uses()]
+    uses = [use for t in transforms for use in key_uses(t)]
     shared = sorted({use.name for use in uses if uses.count(use) > 1})
     if shared:
         raise ValueError(
@@ -316,8 +377,10 @@ def chain(*transforms: UploadTransform) -> Chain:
             " key; a key has one consumer (core.rng), so two such transforms would share their"
             " noise"
         )
-    split = next((i for i, t in enumerate(transforms) if t.cohort_level), len(transforms))
-    stateful = [t for t in transforms[split:] if t.keeps_client_state]
+    split = next(
+        (i for i, t in enumerate(transforms) if isinstance(t, CohortLevel)), len(transforms)
+    )
+    stateful = [t for t in transforms[split:] if keeps_client_state(t)]
     if stateful:
         raise ValueError(
             f"upload chain {_names(transforms)}: {type(stateful[0]).__name__} keeps per-client"

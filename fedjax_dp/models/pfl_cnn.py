@@ -16,7 +16,7 @@ class count).
 (unpadded) convolutions as PyTorch's
 default: 797,962 parameters on 32x32x3 with 10 classes, about 11x the upload the seed's traffic
 implies. Not the seed's model; offered to test whether the model's size explains seed 004's gaps
-(issue 78's GPU grid).
+(the GPU grid).
 
 VGG16 here has 15,245,130 parameters for 10 classes (about 15M); it needs square
 inputs whose side is a multiple of 32 (five 2x2 pools), so 28x28 MNIST-like inputs are refused. Its

@@ -5,8 +5,8 @@
 max over axes of a ``(b, h/2, 2, w/2, 2, c)`` view differentiates into an elementwise mask instead.
 The two gradients are equal except where a window holds tied maxima (``reduce_window`` sends the
 gradient to one of them, this splits it evenly): after a ReLU the only likely ties are zeros, whose
-ReLU gradient is zero either way. Measured on workload W's CNN (issue 20,
-``benchmarks/RESULTS.md``).
+ReLU gradient is zero either way. Measured on workload W's CNN
+(``benchmarks/RESULTS.md``).
 """
 
 import jax

@@ -21,23 +21,29 @@ sampler enforces::
 from fedjax_dp.privacy.accounting.accountant import (
     Accountant,
     RoundEvent,
-    analytic_gaussian_sigma,
-    calibrate_noise_multiplier,
+    UnsupportedEventError,
     epsilon_of,
 )
-from fedjax_dp.privacy.accounting.client_sampling import (
-    FixedSizeSampling,
-    PoissonSampling,
-    client_sampler,
+from fedjax_dp.privacy.accounting.calibration import (
+    analytic_gaussian_sigma,
+    calibrate,
+    calibrate_noise_multiplier,
 )
-from fedjax_dp.privacy.accounting.participation_sampling import ParticipationSampling
+from fedjax_dp.privacy.accounting.events import register_event
+from fedjax_dp.privacy.sampling import (
+    FixedSizeSampling,
+    ParticipationSampling,
+    PoissonSampling,
+    register_sampler,
+)
+from fedjax_dp.privacy.sampling import build as client_sampler
 from fedjax_dp.privacy.correlated import strategies as noise_strategies
 from fedjax_dp.privacy.correlated.participation import Participation
 from fedjax_dp.privacy.correlated.plan import NoisePlan
 from fedjax_dp.privacy.accounting.gdp import delta_from_mu, epsilon_from_mu, mu_clt, mu_from_epsilon
 from fedjax_dp.privacy.audit.canary import audit_training_run, epsilon_lower_bound
 from fedjax_dp.privacy.audit.release_check import ReleaseCheck, check_upload_noise
-from fedjax_dp.privacy.ledgers.budget import BudgetRule, ClientLedger
+from fedjax_dp.privacy.ledgers.budget import BudgetRule, ClientBook
 from fedjax_dp.privacy.ledgers.client_level import CentralLedger, Ledger, LocalLedger
 from fedjax_dp.privacy.ledgers.correlated import CorrelatedLedger
 
@@ -61,14 +67,18 @@ __all__ = [
     "RoundEvent",
     "analytic_gaussian_sigma",
     "calibrate_noise_multiplier",
+    "calibrate",
+    "register_event",
+    "UnsupportedEventError",
     "epsilon_of",
     "audit_training_run",
     "epsilon_lower_bound",
     "BudgetRule",
-    "ClientLedger",
+    "ClientBook",
     "FixedSizeSampling",
     "PoissonSampling",
     "client_sampler",
+    "register_sampler",
     "delta_from_mu",
     "epsilon_from_mu",
     "mu_clt",

@@ -1,4 +1,4 @@
-"""``PrivacySettings``: what the run's accounting needs beyond the mechanisms that ran (issue 73):
+"""``PrivacySettings``: what the run's accounting needs beyond the mechanisms that ran:
 the delta, the accountant and its precision, and the budgets that stop a run or a client. It is the
 ``privacy`` config section, read in one place (``from_config``); algorithm sections hold only their
 mechanisms' knobs."""
@@ -147,7 +147,7 @@ MOVED = {
     "dp.client_epsilon_budget": "privacy.client_epsilon_budget",
     "dp_scaffold.epsilon_threshold": "privacy.client_epsilon_budget",
 }
-"""Keys that moved to the ``privacy`` section (issue 73): a config naming one is refused with the
+"""Keys that moved to the ``privacy`` section: a config naming one is refused with the
 new key."""
 
 

@@ -1,4 +1,4 @@
-"""The privacy tracker: one for every run (issue 73). It composes, round by round, the typed
+"""The privacy tracker: one for every run. It composes, round by round, the typed
 releases the round returns (``core.release``) on a ledger (``privacy.ledgers.client_level``:
 central, local, or the example-level ledgers of local DP-SGD), applies the budget rules before each
 round, adds the papers' claims (``Claim``) beside the accounted epsilon, and writes the report. It
@@ -16,37 +16,57 @@ import math
 
 import numpy as np
 
+from typing import Callable
+
 from fedjax_dp.core.release import Release
 from fedjax_dp.privacy.accounting import gdp
-from fedjax_dp.privacy.accounting.client_sampling import FixedSizeSampling, PoissonSampling
-from fedjax_dp.privacy.accounting.participation_sampling import ParticipationSampling
-from fedjax_dp.privacy.ledgers.correlated import CorrelatedLedger
 from fedjax_dp.privacy.ledgers.client_level import CentralLedger, Ledger, LocalLedger
+from fedjax_dp.privacy.ledgers.correlated import CorrelatedLedger
 from fedjax_dp.privacy.report import PrivacyReport
 from fedjax_dp.privacy.settings import PrivacySettings
 
 
-def tracker_for(
-    releases: list[Release],
-    settings: PrivacySettings,
-    sampler: PoissonSampling | FixedSizeSampling | ParticipationSampling,
-) -> "PrivacyTracker":
-    """The tracker of a run whose rounds release ``releases`` (round 1's): the correlated ledger
-    where a release is a correlated stream (on the participation sampler that enforces its scheme),
-    a local ledger where any release is local (held to the per-client budgets a release states),
-    else a central one."""
-    if any(r.cumulative is not None for r in releases):
-        if not isinstance(sampler, ParticipationSampling):
+def ledger_for(releases: list[Release], settings: PrivacySettings, sampler) -> Ledger:
+    """The one dispatcher: how a run is accounted, from its releases and its sampler alone. The
+    correlated ledger where a release is a correlated stream (on the participation sampler that
+    enforces its scheme), a local ledger where any release is local (held to the per-client budgets
+    a release states), else a central one."""
+    if any(r.stream for r in releases):
+        if not hasattr(sampler, "participation"):
             raise ValueError(
                 "correlated noise is calibrated for a participation scheme that only a"
                 " participation sampler enforces (sampling.method: min_separation, single, cyclic,"
                 " cyclic_poisson)"
             )
-        return PrivacyTracker(CorrelatedLedger(sampler, settings), settings, releases)
+        return CorrelatedLedger(sampler, settings)
     if any(r.locality == "local" for r in releases):
         budgets = next((r.client_budgets for r in releases if r.client_budgets is not None), None)
-        return PrivacyTracker(LocalLedger(sampler, settings, budgets), settings, releases)
-    return PrivacyTracker(CentralLedger(sampler, settings), settings, releases)
+        return LocalLedger(sampler, settings, budgets)
+    return CentralLedger(sampler, settings)
+
+
+def tracker_for(releases: list[Release], settings: PrivacySettings, sampler) -> "PrivacyTracker":
+    """The tracker of a run whose rounds release ``releases`` (round 1's), on ``ledger_for``'s
+    ledger; a release that ledger cannot compose is refused here, before the run
+    (``UnsupportedEventError``)."""
+    ledger = ledger_for(releases, settings, sampler)
+    ledger.check(releases)
+    return PrivacyTracker(ledger, settings, releases)
+
+
+def calibrate_for(
+    releases_of: Callable[[float], list[Release]],
+    settings: PrivacySettings,
+    sampler,
+    rounds: int,
+    target_epsilon: float,
+) -> float:
+    """The least noise parameter z whose ``rounds`` rounds of ``releases_of(z)`` spend
+    ``target_epsilon`` at ``settings.delta``, as the ledger that will account the run composes
+    them (``ledger_for``; the one calibration path, ``privacy.accounting.calibration``)."""
+    ledger = ledger_for(releases_of(1.0), settings, sampler)
+    ledger.check(releases_of(1.0))
+    return ledger.calibrate(releases_of, rounds, target_epsilon)
 
 
 class PrivacyTracker:
@@ -68,11 +88,7 @@ class PrivacyTracker:
         """Whether every release that ran (or, before any round, that is planned) is covered by a
         proof."""
         releases = list(self.mechanisms.values()) or self.planned
-        return (
-            all(r.formal for r in releases)
-            and not self._mixed(releases)
-            and getattr(self.ledger, "formal", True)
-        )
+        return all(r.formal for r in releases) and not self._mixed(releases) and self.ledger.formal
 
     def _mixed(self, releases) -> bool:
         """Local noise with a central release beside it: the server saw that part in the clear."""
@@ -89,8 +105,7 @@ class PrivacyTracker:
     def step_inputs(self, t: int, client_ids, slots: int):
         """Each cohort slot's noise multiplier for local DP-SGD steps (``Requirements.step_noise``),
         or None."""
-        chooser = getattr(self.ledger, "step_multipliers", None)
-        return None if chooser is None else chooser(t, client_ids, slots)
+        return self.ledger.step_multipliers(t, client_ids, slots)
 
     def record(self, t: int, client_ids, releases: list[Release]) -> None:
         """Composes round t: ``releases``, the round's (``RoundResult.releases``), on the clients
@@ -165,13 +180,14 @@ class PrivacyTracker:
         if (
             any(r.locality == "central" for r in releases if r.formal)
             and not self.local
-            and not any(r.cumulative is not None for r in releases)
+            and not any(r.stream for r in releases)
+            and "round_mechanisms" not in fields.get("accounting", {})
         ):
             notes.append(
                 "central releases on the same cohort composed as one Gaussian, z_eff = (sum_i"
                 " z_i^-2)^-1/2"
             )
-        rule = getattr(self.ledger, "rule", None)
+        rule = self.ledger.rule
         if (
             not self.private
             and rule is not None
@@ -194,17 +210,13 @@ class PrivacyTracker:
         epsilons = dict(fields.get("epsilons", {}))
         claimed = self.claimed()
         epsilons.update(claimed)
-        per_client = getattr(self.ledger, "epsilons", None)
         # a fixed claim under per-client ledgers: who spent more
-        for label, entry in self.claims.items():
-            if (
-                entry["claim"].epsilon is not None
-                and per_client is not None
-                and epsilons.get("clients_participated")
-            ):
-                epsilons["clients_over_claim"] = int(
-                    (per_client() > claimed[label] * (1 + 1e-9)).sum()
-                )
+        fixed = [label for label, e in self.claims.items() if e["claim"].epsilon is not None]
+        per_client = (
+            self.ledger.epsilons() if fixed and epsilons.get("clients_participated") else None
+        )
+        for label in fixed if per_client is not None else ():
+            epsilons["clients_over_claim"] = int((per_client > claimed[label] * (1 + 1e-9)).sum())
         accounting = {
             "pld_discretization": self.settings.pld_discretization,
             "rdp_orders": list(self.settings.rdp_orders),

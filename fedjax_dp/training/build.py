@@ -10,16 +10,17 @@ import jax
 import numpy as np
 
 from fedjax_dp.algorithms import registry
-from fedjax_dp.compression.upload_transform import CompressedSensing
+from fedjax_dp.compression.config import with_compression
 from fedjax_dp.core import hosts
 from fedjax_dp.core.cohort import client_mesh
 from fedjax_dp.core.loops import loops_left
 from fedjax_dp.core.round import STEP_NOISE, FederatedRound, client_inputs
 from fedjax_dp.core.strategy import MAX_UNROLLED_CONV_STEPS, StrategyChoice, choose_strategy
 from fedjax_dp.core.uploads import Chain, chain
+from fedjax_dp.data.known_shapes import known_shapes
 from fedjax_dp.data.packing import num_steps
 from fedjax_dp.models import get_model
-from fedjax_dp.privacy.accounting.client_sampling import client_sampler
+from fedjax_dp.privacy.sampling import build as client_sampler
 from fedjax_dp.privacy.settings import PrivacySettings
 from fedjax_dp.privacy.tracker import PrivacyTracker, tracker_for
 from fedjax_dp.training.cohorts import expected_cohort, make_packer
@@ -129,34 +130,6 @@ def build_model_and_round(cfg, dataset, server_set=None):
     return choice, model, runner
 
 
-def with_compression(uploads: Chain, c) -> Chain:
-    """Compressed-sensing uploads (``compression`` section) added to a chain. Without DP the server
-    reconstructs each upload (exact for non-linear Rec); with a clip in the chain the client
-    measures first, the clip bounds the measurements, the noise covers them, and the server
-    reconstructs the noised sum (the only thing it sees under central DP). A noise transform that
-    needs no clip (CUAG-PFL's paper mode) is placed after the compression the same way: Alg. 4
-    noises the measurements."""
-    options = dict(
-        rates=c.rates,
-        r_min=c.r_min,
-        r_max=c.r_max,
-        operator=c.kind,
-        method=c.method,
-        seed=c.seed,
-        materialize_gb=float(c.materialize_gb),
-        error_feedback=bool(c.error_feedback),
-        refresh=c.refresh,
-        signs=c.signs,
-    )
-    privatising = [i for i, t in enumerate(uploads) if t.kind in ("clip", "noise")]
-    if not privatising:
-        return chain(*uploads, CompressedSensing(**options, reconstruct="each"))
-    first = privatising[0]
-    return chain(
-        *uploads[:first], CompressedSensing(**options, reconstruct="aggregate"), *uploads[first:]
-    )
-
-
 def build_round(
     cfg, model, choice: StrategyChoice, num_clients: int, server_set=None, client_sizes=None
 ) -> FederatedRound:
@@ -223,17 +196,40 @@ def validates_on_server_set(cfg) -> bool:
 
 def privacy_tracker(cfg, runner: FederatedRound, dataset):
     """The run's privacy tracker (one kind for every algorithm): on the algorithm's own ledger where
-    it declares one (example-level DP in its local steps), else on a central or local ledger over
-    the releases its upload chain states; None where nothing private is released."""
+    it declares one (example-level DP in its local steps), else on the ledger the releases of its
+    upload chain and the sampler choose (``privacy.tracker.tracker_for``, which refuses an event
+    that ledger cannot compose); None where nothing private is released."""
     settings = PrivacySettings.from_config(cfg)
     own = registry.get(cfg.algorithm).ledger
     if own is not None:
         return PrivacyTracker(own(cfg, dataset, runner.algorithm), settings)
     if runner.uploads.releases_anything:
-        return tracker_for(
-            runner.uploads.releases(1), settings, client_sampler(cfg.sampling, dataset.num_clients)
-        )
+        sampler = client_sampler(cfg.sampling, dataset.num_clients)
+        return tracker_for(runner.uploads.releases(1), settings, sampler)
     return None
+
+
+def check_releases_before_data(cfg) -> None:
+    """The ledger's refusal of an event it cannot compose (``UnsupportedEventError``), before any
+    data loads: the configured round is built on a stand-in model of the source's known input
+    shape and classes, and its upload chain's releases are given to the ledger the run will use. A
+    source whose shapes are known only from its data is checked when the run's tracker is built,
+    after loading; so is a round that cannot be built without the data (a server-held set, the
+    clients' sizes)."""
+    shape, classes = known_shapes(cfg.data.source)
+    if shape is None or registry.get(cfg.algorithm).ledger is not None:
+        return
+    try:
+        model = get_model(cfg.model.name, shape, classes)
+        cohort = int(expected_cohort(cfg, cfg.data.num_clients))
+        runner = build_round(
+            cfg, model, resolve_engine(cfg, model.has_conv, cohort), cfg.data.num_clients
+        )
+    except (TypeError, ValueError, AttributeError):  # needs the data: checked after loading
+        return
+    if runner.uploads.releases_anything:
+        sampler = client_sampler(cfg.sampling, cfg.data.num_clients)
+        tracker_for(runner.uploads.releases(1), PrivacySettings.from_config(cfg), sampler)
 
 
 def server_set_notes(cfg) -> list[str]:
@@ -248,7 +244,7 @@ def server_set_notes(cfg) -> list[str]:
 
 
 def server_set_breaches(cfg) -> list[str]:
-    """Why a server-held set voids the client-level guarantee (issue 16, finding 1): it is drawn
+    """Why a server-held set voids the client-level guarantee: it is drawn
     from the protected clients' own examples (IID, ``server_data.overlap`` < 0) or partly from their
     writers (overlap > 0), and is used without noise. Held-out writers only (overlap 0) keep the
     guarantee."""

@@ -1,4 +1,4 @@
-"""Hooks around the training loop (issue 73; pfl-research's ``TrainingProcessCallback`` shape):
+"""Hooks around the training loop (pfl-research's ``TrainingProcessCallback`` shape):
 evaluation, divergence, the progress bar, results and TensorBoard, checkpoints and plots are
 callbacks on a short loop (``training.loop.train``), and a user passes their own from Python
 (``run_experiment(..., callbacks=[...])``, ``Experiment.run(..., callbacks=[...])``): log every row

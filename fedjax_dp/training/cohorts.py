@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -16,8 +15,7 @@ from fedjax_dp.data.packing import (
     pack_sampled_cohort,
     pack_uga_cohort,
 )
-from fedjax_dp.privacy.accounting.client_sampling import client_sampler
-from fedjax_dp.privacy.accounting.participation_sampling import ParticipationSampling
+from fedjax_dp.privacy.sampling import build as client_sampler
 
 
 def expected_cohort(cfg, num_clients: int) -> float:
@@ -32,20 +30,10 @@ def sample_cohort(
     return client_sampler(cfg.sampling, num_clients).sample(generator, eligible, t)
 
 
-def poisson_slots(rate: float, num_clients: int, drawn: int) -> int:
-    """Fixed cohort capacity for Poisson rounds: mean + 4 sd, rounded up to a multiple of 8."""
-    base = rate * num_clients + 4 * math.sqrt(num_clients * rate * (1 - rate))
-    return max(8, 8 * math.ceil(max(base, drawn) / 8))
-
-
 def cohort_slots(cfg, num_clients: int, drawn: int) -> int | None:
     """The capacity a round's cohort is packed into, where cohorts vary in size (None: exactly the
-    cohort)."""
-    # the largest rate of a schedule: one capacity, one program
-    if cfg.sampling.method == "poisson":
-        return poisson_slots(client_sampler(cfg.sampling, num_clients).max_rate, num_clients, drawn)
-    sampler = client_sampler(cfg.sampling, num_clients)
-    return sampler.slots(drawn) if isinstance(sampler, ParticipationSampling) else None
+    cohort): the sampler's."""
+    return client_sampler(cfg.sampling, num_clients).slots(drawn)
 
 
 def make_packer(cfg, dataset, requirements):
@@ -161,16 +149,13 @@ def _check_fits(cfg, dataset, passes, sized_by: str) -> None:
     except (AttributeError, ValueError, OSError):  # no sysconf (Windows): nothing to compare with
         return
     # the most a round packs
-    slots = cohort_slots(cfg, dataset.num_clients, 0) or cfg.sampling.cohort_size
+    sampler = client_sampler(cfg.sampling, dataset.num_clients)
+    slots = sampler.capacity()
     # input, label, mask, gather and example index (int64)
     example = dataset.x[:1].nbytes + 4 + 1 + 2 * 8
     needed = slots * example * sum(steps * width for steps, width in passes)
     if needed > memory:
-        sampling = (
-            f"sampling.method={cfg.sampling.method!r} (up to {slots} clients)"
-            if cfg.sampling.method != "uniform"
-            else f"sampling.cohort_size={slots}"
-        )
+        sampling = f"sampling.method={cfg.sampling.method!r} (up to {slots} clients)"
         raise ValueError(
             f"one round's packed cohort needs {needed / 1e9:.1f} GB ({slots} clients x "
             f"{' + '.join(f'{steps} steps x {width}' for steps, width in passes)} examples of "

@@ -7,6 +7,7 @@ line is stale."""
 from __future__ import annotations
 
 from fedjax_dp.algorithms import registry
+from fedjax_dp.core import config_sections
 from fedjax_dp.privacy.settings import DOCS as PRIVACY_DOCS
 
 GENERIC_DOCS = {
@@ -100,34 +101,6 @@ GENERIC_DOCS = {
     "server.learning_rate": "server learning rate eta_g (1.0 with sgd = plain FedAvg)",
     "server.momentum": "server momentum",
     "server.lr_decay": "server learning rate x lr_decay**t in round t",
-    "compression.enabled": (
-        "compressed-sensing uploads (CUAG-PFL Alg. 2-3), composable with any algorithm and DP"
-    ),
-    "compression.kind": "measurement operator: block (Alg. 3, O(I)) | gaussian | bernoulli",
-    "compression.rates": "'dynamic' (Alg. 2, layer-wise) or a fixed rate such as '0.5'",
-    "compression.r_min": "Alg. 2: the least measurement rate",
-    "compression.r_max": "Alg. 2: the largest measurement rate",
-    "compression.method": "server reconstruction: min_norm | ista_dct",
-    "compression.seed": "seed of the measurement matrices (shared by clients and server)",
-    "compression.materialize_gb": (
-        "gaussian/bernoulli: hold the round's matrices in memory up to this many GB (float32; "
-        "one generation a round instead of one a product); 0 = regenerate tile by tile"
-    ),
-    "compression.refresh": (
-        "fixed: the same measurement matrices every round (Alg. 3 as written: the model moves only"
-        " in their fixed row space) | round: each layer's entries permuted per round from the"
-        " shared seed (not in seed 004; same traffic)"
-    ),
-    "compression.signs": (
-        "none: Alg. 3 as written (its block rows sum to all-ones, so each layer's mean shift is"
-        " kept whole: measured to collapse CIFAR-100) | random: a shared +-1 per entry before"
-        " measuring, so every direction is kept alike (not in seed 004; same cost and traffic)"
-    ),
-    "compression.error_feedback": (
-        "keep each client's residual x - Rec(Phi x) and add it to its next upload (error "
-        "feedback, Karimireddy et al. 2019; not in seed 004; needs refresh='round'; with partial "
-        "participation the residuals go stale (Li & Li 2023): it lowered seed 004's accuracy)"
-    ),
     "server_data.fraction": (
         "server-held set (FedMeta's D_meta, FedShare's shared set): fraction of training examples"
     ),
@@ -136,37 +109,6 @@ GENERIC_DOCS = {
         "(0 keeps the guarantee)"
     ),
     "server_data.num_writers": "writers drawn for the server-held set on natural partitions",
-    "sampling.method": (
-        "uniform (exactly m clients, replace-one) | poisson (each client with probability q,"
-        " add/remove-one) | min_separation (clients check in at random; one inside its b-round"
-        " window or with k rounds is refused) | single (each client at most once) | cyclic (b fixed"
-        " groups in turn) | cyclic_poisson (b groups in turn, members with probability q: amplified"
-        " BandMF). The last four are the participation schemes correlated noise (dp.noise) is"
-        " calibrated for"
-    ),
-    "sampling.cohort_size": (
-        "uniform sampling: clients per round m; min_separation / single: the most a round takes "
-        "(and the fixed denominator)"
-    ),
-    "sampling.rate": (
-        "poisson sampling: probability q that a client takes part in a round; cyclic_poisson: that"
-        " a member of the round's group does"
-    ),
-    "sampling.rate_schedule": (
-        "poisson sampling: per-round rates '1:q1,t2:q2,...' (from round t on, replacing "
-        "sampling.rate; Geyer et al. 2017's m_t = q_t K), each round accounted at its own q_t; "
-        "DP-FedAvg divides by q_t K"
-    ),
-    "sampling.min_separation": (
-        "b: min_separation: the fewest rounds between two of one client's; cyclic schemes: "
-        "the number of groups"
-    ),
-    "sampling.max_participations": (
-        "k: min_separation: a client's most rounds (0 = as many as b and the rounds allow)"
-    ),
-    "sampling.check_in_rate": (
-        "min_separation / single: the chance a client checks in (is available) in a round"
-    ),
     "engine.strategy": (
         "how clients run: auto | vmap | chunked | sequential | loop (same numbers, different speed)"
     ),
@@ -200,7 +142,7 @@ GENERIC_DOCS = {
 def key_docs() -> dict[str, str]:
     """Every documented key: generic, privacy and the registered sections'."""
     algorithms = {"algorithm": " | ".join(registry.names()) + " (algorithms.registry.names())"}
-    return {**GENERIC_DOCS, **algorithms, **PRIVACY_DOCS, **registry.section_docs()}
+    return {**GENERIC_DOCS, **algorithms, **PRIVACY_DOCS, **config_sections.docs()}
 
 
 class _KeyDocs(dict):

@@ -10,9 +10,9 @@ import jax
 
 import fedjax_dp.algorithms  # noqa: F401  (registers every algorithm)
 from fedjax_dp.algorithms import registry
+from fedjax_dp.core import config_sections
 from fedjax_dp.core import hosts
 from fedjax_dp.core.cohort import STRATEGIES
-from fedjax_dp.core.schedules import parse_schedule
 from fedjax_dp.core.deferred_dense import DEFERRED_DENSE_MODES as DEFERRED_DENSE
 from fedjax_dp.data.builders import NATURAL_SOURCES, PARTITIONS, SOURCES
 from fedjax_dp.data.augmentation import AUGMENTATIONS, FLIPPABLE_SOURCES
@@ -21,21 +21,10 @@ from fedjax_dp.core.optimizers import OPTIMIZERS
 from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES, PENULTIMATE_MODELS
 from fedjax_dp.models.conv import CONV_IMPLS
 from fedjax_dp.models.pfl_cnn import check_input_shape
-from fedjax_dp.privacy.correlated.participation import SCHEMES as PARTICIPATION_SCHEMES
+from fedjax_dp.data.known_shapes import KNOWN_INPUT_SHAPES
 from fedjax_dp.privacy.settings import check_privacy
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.unread_keys import check_unread_keys
-
-KNOWN_INPUT_SHAPES = {
-    "mnist_5k": (28, 28, 1),
-    "mnist": (28, 28, 1),
-    "femnist": (28, 28, 1),
-    "fashion_mnist": (28, 28, 1),
-    "cifar10": (32, 32, 3),
-    "cifar100": (32, 32, 3),
-}
-"""Example shapes known from a source's name alone, so a model that cannot take them is refused
-before loading."""
 
 
 def validate_config(cfg, overridden=()) -> None:
@@ -176,21 +165,12 @@ def validate_config(cfg, overridden=()) -> None:
             0 < cfg[side].lr_decay <= 1,
             f"{side}.lr_decay must lie in (0, 1], got {cfg[side].lr_decay}",
         )
-    if cfg.compression.enabled:
-        _validate_compression(cfg, need)
-    else:
-        need(
-            not cfg.compression.error_feedback,
-            "compression.error_feedback=True feeds back the compression residual; "
-            "it needs compression.enabled=True",
-        )
     sd = cfg.server_data
     need(0 < sd.fraction <= 1, f"server_data.fraction must lie in (0, 1], got {sd.fraction}")
     need(
         sd.overlap < 0 or sd.overlap <= 1,
         f"server_data.overlap must be < 0 (IID) or in [0, 1], got {sd.overlap}",
     )
-    _validate_sampling(cfg, need)
     e = cfg.engine
     need(
         e.strategy in STRATEGIES + ("auto",),
@@ -240,77 +220,16 @@ def validate_config(cfg, overridden=()) -> None:
     check_privacy(cfg, need)
     # an override where the chosen value of another key does not read it
     check_unread_keys(cfg, overridden, need)
+    # the owned sections' own checks (sampling, compression, ...)
+    config_sections.validate(cfg, need, unread=registry.unread_section(cfg))
     # the algorithm's own section, and sections it does not read left alone
     registry.validate(cfg, need)
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
 
 
-SAMPLING_METHODS = ("uniform", "poisson") + PARTICIPATION_SCHEMES
-
-
-def _validate_sampling(cfg, need) -> None:
-    s, clients = cfg.sampling, cfg.data.num_clients
-    need(
-        s.method in SAMPLING_METHODS,
-        f"sampling.method {s.method!r} unknown; available: {SAMPLING_METHODS}",
-    )
-    if s.method in ("uniform", "min_separation", "single"):
-        need(
-            1 <= s.cohort_size <= clients,
-            f"sampling.cohort_size must lie in [1, data.num_clients={clients}], got"
-            f" {s.cohort_size}",
-        )
-    if s.method in ("poisson", "cyclic_poisson"):
-        need(0 < s.rate <= 1, f"sampling.rate q must lie in (0, 1], got {s.rate}")
-        if s.method == "poisson" and s.rate_schedule:
-            try:
-                for _, q in parse_schedule(
-                    s.rate_schedule, s.rate, key="sampling.rate_schedule", unit="q"
-                ):
-                    need(
-                        0 < q <= 1,
-                        f"sampling.rate_schedule={s.rate_schedule!r}: every q must lie in (0, 1],"
-                        f" got {q}",
-                    )
-            except ValueError as error:
-                need(False, str(error))
-    if s.method in ("min_separation", "cyclic", "cyclic_poisson"):
-        need(
-            isinstance(s.min_separation, int) and 1 <= s.min_separation <= max(cfg.rounds, 1),
-            f"sampling.min_separation b must be an integer in [1, rounds={cfg.rounds}], got"
-            f" {s.min_separation!r}",
-        )
-    if s.method in ("cyclic", "cyclic_poisson"):
-        need(
-            not isinstance(s.min_separation, int) or s.min_separation <= clients,
-            f"sampling.min_separation={s.min_separation} cyclic groups need at least as many"
-            f" clients (data.num_clients={clients})",
-        )
-    need(
-        isinstance(s.max_participations, int) and s.max_participations >= 0,
-        "sampling.max_participations k must be an integer >= 0 (0 = no limit), got"
-        f" {s.max_participations!r}",
-    )
-    need(
-        0 < s.check_in_rate <= 1,
-        f"sampling.check_in_rate must lie in (0, 1], got {s.check_in_rate}",
-    )
-    if s.method in PARTICIPATION_SCHEMES:
-        need(
-            (
-                registry.get(cfg.algorithm).participation
-                if cfg.algorithm in registry.names()
-                else True
-            ),
-            f"sampling.method={s.method!r} is a participation scheme for correlated noise"
-            f" (dp.noise), which algorithm={cfg.algorithm!r} does not run; algorithms that do:"
-            f" {[n for n in registry.names() if registry.get(n).participation]}",
-        )
-
-
 def _numbers(cfg, prefix: str = ""):
-    """``(dotted key, value)`` of every float in ``cfg`` (issue 74, item 17: ``dp.clip_norm=inf``
+    """``(dotted key, value)`` of every float in ``cfg`` (``dp.clip_norm=inf``
     passed the ``> 0`` check, wrote the non-standard ``Infinity`` to config.json and failed in round
     1)."""
     for key, value in cfg.items():
@@ -333,36 +252,3 @@ def _refuse_unknown_keys(cfg, defaults, prefix: str, need, root=None) -> None:
             need(False, message.replace(f"{path!r}", f"{path!r} (= {cfg[key]!r})", 1))
         elif hasattr(cfg[key], "keys") and hasattr(defaults[key], "keys"):
             _refuse_unknown_keys(cfg[key], defaults[key], path + ".", need, root)
-
-
-def _validate_compression(cfg, need) -> None:
-    from fedjax_dp.compression.operators import KINDS
-    from fedjax_dp.compression.reconstruction import METHODS
-    from fedjax_dp.compression.refresh import REFRESH
-    from fedjax_dp.compression.signs import SIGNS
-    from fedjax_dp.compression.upload_transform import FIXED_MATRIX_FEEDBACK
-
-    c = cfg.compression
-    need(c.kind in KINDS, f"compression.kind {c.kind!r} unknown; available: {KINDS}")
-    need(c.method in METHODS, f"compression.method {c.method!r} unknown; available: {METHODS}")
-    need(
-        0 < c.r_min <= 1 and 0 < c.r_max <= 1,
-        f"compression rates must lie in (0, 1]; got r_min={c.r_min}, r_max={c.r_max}",
-    )
-    need(c.r_min <= c.r_max, f"compression.r_min={c.r_min} exceeds r_max={c.r_max}")
-    need(c.seed >= 0, f"compression.seed must be >= 0, got {c.seed}")
-    need(
-        c.materialize_gb >= 0,
-        f"compression.materialize_gb must be >= 0 (0 = never), got {c.materialize_gb}",
-    )
-    need(c.refresh in REFRESH, f"compression.refresh {c.refresh!r} unknown; available: {REFRESH}")
-    need(c.signs in SIGNS, f"compression.signs {c.signs!r} unknown; available: {SIGNS}")
-    need(not c.error_feedback or c.refresh != "fixed", FIXED_MATRIX_FEEDBACK)
-    if c.rates != "dynamic":
-        try:
-            need(
-                0 < float(c.rates) <= 1,
-                f"compression.rates must be 'dynamic' or a rate in (0, 1], got {c.rates!r}",
-            )
-        except ValueError:
-            need(False, f"compression.rates must be 'dynamic' or a rate in (0, 1], got {c.rates!r}")

@@ -6,7 +6,9 @@ back locked: assigning a key it does not have raises, naming the closest one
 import ml_collections
 
 import fedjax_dp.algorithms  # noqa: F401  (registers every algorithm)
-from fedjax_dp.algorithms import registry
+import fedjax_dp.compression  # noqa: F401  (registers the compression section)
+import fedjax_dp.privacy.sampling  # noqa: F401  (registers every sampler)
+from fedjax_dp.core import config_sections
 from fedjax_dp.privacy import settings as privacy_settings
 
 
@@ -73,26 +75,6 @@ def default_config() -> ml_collections.ConfigDict:
     c.server = ml_collections.ConfigDict(
         dict(optimizer="sgd", learning_rate=1.0, momentum=0.0, lr_decay=1.0)
     )
-    c.compression = ml_collections.ConfigDict(
-        dict(
-            # compressed-sensing uploads (seed 004), composable with any algorithm and DP
-            enabled=False,
-            kind="block",  # block | gaussian | bernoulli measurement operator
-            rates="dynamic",  # "dynamic" (Alg. 2) or a fixed rate such as "0.5"
-            r_min=0.2,
-            r_max=0.5,
-            method="min_norm",
-            seed=0,  # Alg. 2 bounds; min_norm | ista_dct
-            # random matrices held in memory per round up to this size (0: never)
-            materialize_gb=1.0,
-            # fixed: Alg. 3's matrices every round | round: permuted per round (not in seed 004)
-            refresh="fixed",
-            # none: Alg. 3 | random: a shared +-1 per entry before measuring (not in seed 004)
-            signs="none",
-            # keep each client's compression residual for its next upload (refresh='round')
-            error_feedback=False,
-        )
-    )
     c.server_data = ml_collections.ConfigDict(
         dict(
             # a server-held set (D_meta, a shared set): this fraction of the training examples
@@ -100,22 +82,6 @@ def default_config() -> ml_collections.ConfigDict:
             # < 0: IID from the training clients; [0, 1]: writer overlap (natural partitions)
             overlap=-1.0,
             num_writers=20,
-        )
-    )
-    c.sampling = ml_collections.ConfigDict(
-        dict(
-            # uniform | poisson | min_separation | single | cyclic | cyclic_poisson
-            method="uniform",
-            cohort_size=10,
-            rate=0.1,
-            # poisson: "1:0.3,6:0.5" (q_t from that round on, replacing rate; Geyer et al.'s m_t)
-            rate_schedule="",
-            # b: rounds between two of a client's (min_separation); groups (cyclic)
-            min_separation=1,
-            # k: a client's most rounds under min_separation (0 = as b and the rounds allow)
-            max_participations=0,
-            # min_separation / single: the chance a client checks in (is available) in a round
-            check_in_rate=1.0,
         )
     )
     # delta, accountant, budgets, stops, secure RNG
@@ -132,8 +98,9 @@ def default_config() -> ml_collections.ConfigDict:
             deferred_dense="auto",
         )
     )
-    for name, section in registry.sections().items():  # each algorithm's and wrapper's own section
-        c[name] = section
+    # each owned section: the algorithms' and wrappers', sampling's, compression's
+    for name, section in config_sections.sections().items():
+        c[name] = ml_collections.ConfigDict(dict(section.defaults))
     c.lock()
     return c
 

@@ -1,4 +1,4 @@
-"""Stopping a run that has diverged, DP or not (issue 74, item 16).
+"""Stopping a run that has diverged, DP or not.
 
 A non-DP run whose global model turns non-finite stops at once (``loop``). A DP run does not get
 there: clipping maps infinite or huge updates to the bound and the noise keeps the model finite, so
@@ -18,7 +18,7 @@ import dataclasses
 import math
 
 FACTOR = 1e6
-"""How far above the first round's training loss counts as exploding. The cases of issue 74: a
+"""How far above the first round's training loss counts as exploding. The cases seen: a
 learning rate of 1e9 under DP-FedAvg (about 3e26, from 2.3) and local noise at z = 9.67 (1.05e8 by
 round 20) are 1e7 and more above; CUAG-PFL's local objective with its regulariser legitimately rises
 6e4-fold in a 3-round golden run while its personalised accuracy holds at 0.8, so a smaller factor

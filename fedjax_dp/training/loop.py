@@ -1,4 +1,4 @@
-"""The experiment loop (issue 73): a short loop of rounds (``train``) with hooks around it
+"""The experiment loop: a short loop of rounds (``train``) with hooks around it
 (``training.callbacks``: evaluation, divergence, progress, results and TensorBoard, checkpoints,
 plots, and the user's own); ``training.run_context.RunContext`` holds the run and runs a round,
 privacy included.

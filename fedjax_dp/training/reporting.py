@@ -75,10 +75,9 @@ OUTSIDE_GUARANTEE = {
         " data: the mean, spread and quantiles over clients, and the share of unseen test labels"
     ),
 }
-"""Statistics a run may publish beside its epsilon that no DP mechanism covers (issue 16, finding 9;
-issue 74, item 5): a key, or a prefix ending in ``_`` for a family. ``eval_client_data=False`` keeps
-every evaluation on client data out of a run (the global model is then scored on the central,
-server-held test set only)."""
+"""Statistics a run may publish beside its epsilon that no DP mechanism covers: a key, or a prefix
+ending in ``_`` for a family. ``eval_client_data=False`` keeps every evaluation on client data out
+of a run (the global model is then scored on the central, server-held test set only)."""
 CLIENT_TEST_SET = {
     "test_accuracy": (
         "accuracy on the central test set, which is the union of the clients' own test "

@@ -14,6 +14,7 @@ keeps batch selection and noise together).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -29,9 +30,11 @@ from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.data.builders import build_dataset, build_server_set
 from fedjax_dp.data.shared_set import share_with_clients
 from fedjax_dp.models import evaluation_model
+from fedjax_dp.privacy.sampling import build as client_sampler
 from fedjax_dp.training import results
 from fedjax_dp.training.build import (
     build_model_and_round,
+    check_releases_before_data,
     compression_rates,
     needs_server_set,
     privacy_tracker,
@@ -118,6 +121,7 @@ class RunContext:
             if tensorboard and hosts.is_primary()
             else None
         )
+        check_releases_before_data(cfg)  # an event no ledger composes: refused before the data
         start = time.perf_counter()
         dataset = build_dataset(cfg.data, cfg.seed)
         server_set = None
@@ -210,6 +214,11 @@ class RunContext:
             self.cfg.eval_client_data,
         )
 
+    @functools.cached_property
+    def sampler(self):
+        """The sampler that draws the cohorts (and whose events the tracker composes)."""
+        return client_sampler(self.cfg.sampling, self.dataset.num_clients)
+
     def stop(self, reason: str, diverged: bool = False) -> None:
         if self.stop_reason is None:
             self.stop_reason, self.diverged = reason, diverged
@@ -224,8 +233,7 @@ class RunContext:
         releases = uploads.releases(t, self.state.uploads) if tracker is not None else []
         eligible = tracker.eligible(t, releases) if tracker is not None else None
         if tracker is not None and (
-            not tracker.allows(t, releases)
-            or (cfg.sampling.method == "uniform" and eligible.sum() < cfg.sampling.cohort_size)
+            not tracker.allows(t, releases) or not self.sampler.can_draw(eligible)
         ):
             tracker.stopped_at = t
             self.stop("privacy budget")

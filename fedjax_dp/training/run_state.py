@@ -7,7 +7,7 @@ upload chain's: error feedback's residuals), and a JSON record of the host RNGs 
 participation history, the run's resolved config and what the privacy tracker had composed
 (``tracker.composed()``).
 
-Resume (issue 74, items 9 and 10) refuses a checkpoint whose config differs from the run's (or that
+Resume refuses a checkpoint whose config differs from the run's (or that
 holds
 none: it cannot be verified), replays the participations into the tracker (never reset, never
 counted twice) and refuses unless the replay composes exactly what the checkpoint says ran: a resume

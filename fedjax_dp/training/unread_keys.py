@@ -17,15 +17,10 @@ the chosen algorithm does not read at all are the registry's to refuse
 from __future__ import annotations
 
 from fedjax_dp.algorithms import registry
+from fedjax_dp.core import config_sections
 
 READ_ONLY_WHEN = (
     # (key, the key that decides, the values under which the first key is read)
-    ("sampling.cohort_size", "sampling.method", ("uniform", "min_separation", "single")),
-    ("sampling.rate", "sampling.method", ("poisson", "cyclic_poisson")),
-    ("sampling.rate_schedule", "sampling.method", ("poisson",)),
-    ("sampling.min_separation", "sampling.method", ("min_separation", "cyclic", "cyclic_poisson")),
-    ("sampling.max_participations", "sampling.method", ("min_separation",)),
-    ("sampling.check_in_rate", "sampling.method", ("min_separation", "single")),
     ("data.alpha", "data.partition", ("dirichlet",)),
     ("data.shards_per_client", "data.partition", ("shards",)),
     ("data.classes_per_client", "data.partition", ("acid", "alid")),
@@ -61,15 +56,12 @@ def check_unread_keys(cfg, overridden, need) -> None:
     ``READ_ONLY_WHEN`` while its deciding key holds a value that does not read it, or a key of an
     on/off section that is off."""
     entry = registry.get(cfg.algorithm) if cfg.algorithm in registry.names() else None
-    owned, switched = (
-        set(registry.sections()),
-        (
-            "compression",
-            *(w.name for w in registry.wrappers()),
-        ),
-    )
+    owned = set(registry.sections())
+    # on/off sections: the owned ones with a switch key, and the wrappers
+    switched = {n for n, s in config_sections.sections().items() if s.switch}
+    switched.update(w.name for w in registry.wrappers())
     conditions = {}
-    for key, decider, reading in READ_ONLY_WHEN + registry.read_when():
+    for key, decider, reading in READ_ONLY_WHEN + config_sections.read_when():
         conditions.setdefault(key, []).append((decider, reading))
     for key in _expand(cfg, overridden):
         section, _, leaf = key.partition(".")

@@ -1,4 +1,4 @@
-"""One run per workdir at a time (issue 74, item 14).
+"""One run per workdir at a time.
 
 Two runs into one workdir interleaved their rows into an unparseable ``metrics.jsonl`` and both
 crashed in orbax. ``WorkdirLock`` holds an exclusive ``fcntl`` lock on ``<workdir>/.fedjax_dp.lock``

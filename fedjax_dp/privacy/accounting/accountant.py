@@ -38,6 +38,7 @@ from dp_accounting import rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 
+from fedjax_dp.privacy.accounting import events
 from fedjax_dp.privacy.accounting.cached_pld import CachedPldAccountant
 
 SAMPLINGS = ("poisson", "fixed", "full")
@@ -47,31 +48,44 @@ RDP_ORDERS = tuple(
 )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class RoundEvent:
-    """One round of a subsampled Gaussian mechanism at client level.
+    """One round at client level: the sampler's part (who could be in the cohort) and the
+    mechanism's part (what one application on the cohort releases), as dp_accounting composes them.
 
     Attributes:
       sampling: 'poisson', 'fixed' or 'full'.
-      noise_multiplier: z = noise std on the clipped sum / per-client clip norm S.
+      noise_multiplier: z of a Gaussian mechanism (noise std on the clipped sum / per-client clip
+        norm S); nan where the mechanism is not Gaussian.
       sampling_rate: q for 'poisson'; ignored otherwise.
       population: K (for 'fixed').
       cohort_size: m (for 'fixed').
+      mechanism: the ``dp_accounting`` event of the round's releases on the cohort, stated for
+        add/remove-one (``Release.event``); None: the Gaussian of ``noise_multiplier``.
     """
 
     sampling: str
-    noise_multiplier: float
+    noise_multiplier: float = math.nan
     sampling_rate: float = 1.0
     population: int = 0
     cohort_size: int = 0
+    mechanism: dp_accounting.DpEvent | None = None
 
     def __post_init__(self):
         if self.sampling not in SAMPLINGS:
             raise ValueError(f"sampling {self.sampling!r} unknown; choose one of {SAMPLINGS}")
-        if not self.noise_multiplier >= 0 or not math.isfinite(self.noise_multiplier):
-            raise ValueError(
-                f"noise multiplier must be >= 0 and finite, got {self.noise_multiplier}"
+        if self.mechanism is None:
+            if not self.noise_multiplier >= 0 or not math.isfinite(self.noise_multiplier):
+                raise ValueError(
+                    f"noise multiplier must be >= 0 and finite, got {self.noise_multiplier}"
+                )
+            object.__setattr__(self, "mechanism", gaussian_mechanism(self.noise_multiplier))
+        elif not isinstance(self.mechanism, dp_accounting.DpEvent):
+            raise TypeError(
+                f"a round's mechanism is a dp_accounting DpEvent, got {self.mechanism!r}"
             )
+        else:
+            object.__setattr__(self, "noise_multiplier", multiplier_of(self.mechanism))
         if self.sampling == "poisson" and not 0 < self.sampling_rate <= 1:
             raise ValueError(f"sampling rate q must lie in (0, 1], got {self.sampling_rate}")
         if self.sampling == "fixed" and not 1 <= self.cohort_size <= self.population:
@@ -79,6 +93,26 @@ class RoundEvent:
                 "fixed-size sampling needs 1 <= cohort_size <= population, "
                 f"got cohort_size={self.cohort_size}, population={self.population}"
             )
+
+    def _key(self) -> tuple:
+        return (
+            self.sampling,
+            repr(self.mechanism),
+            self.sampling_rate,
+            self.population,
+            self.cohort_size,
+        )
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RoundEvent) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    @property
+    def gaussian(self) -> bool:
+        """Whether the round's mechanism is a Gaussian (or releases nothing private)."""
+        return isinstance(self.mechanism, GAUSSIAN_LIKE)
 
     @property
     def rate(self) -> float:
@@ -100,22 +134,48 @@ class RoundEvent:
     def dp_event(self, kind: str = "rdp") -> dp_accounting.DpEvent:
         """The dp_accounting event of this round for accountant ``kind`` (fixed-size sampling under
         PLD: the Dong-Roth-Su reduction, see the module docstring)."""
-        if self.noise_multiplier == 0:
-            return dp_accounting.NonPrivateDpEvent()
+        inner = self.mechanism
+        if isinstance(inner, (dp_accounting.NonPrivateDpEvent, dp_accounting.NoOpDpEvent)):
+            return inner
         if self.sampling == "poisson":
-            return dp_accounting.PoissonSampledDpEvent(
-                self.sampling_rate, dp_accounting.GaussianDpEvent(self.noise_multiplier)
-            )
-        if self.sampling == "fixed" and kind == "pld":
-            return dp_accounting.PoissonSampledDpEvent(
-                self.rate, dp_accounting.GaussianDpEvent(self.noise_multiplier / 2)
-            )
+            if self.sampling_rate == 1 and not self.gaussian:
+                return inner  # nothing sampled: the mechanism itself (RDP has no sampled Laplace)
+            return dp_accounting.PoissonSampledDpEvent(self.sampling_rate, inner)
         if self.sampling == "fixed":
-            gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier * replace_one_scale())
+            doubled = events.at_double_sensitivity(inner)
+            if doubled is None:  # no replace-one form known: an event no accountant composes
+                return dp_accounting.UnsupportedDpEvent()
+            if kind == "pld":
+                return dp_accounting.PoissonSampledDpEvent(self.rate, doubled)
+            if self.gaussian:
+                inner = dp_accounting.GaussianDpEvent(self.noise_multiplier * replace_one_scale())
             return dp_accounting.SampledWithoutReplacementDpEvent(
-                self.population, self.cohort_size, gaussian
+                self.population, self.cohort_size, inner
             )
-        return dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        return inner
+
+
+GAUSSIAN_LIKE = (dp_accounting.GaussianDpEvent, dp_accounting.NonPrivateDpEvent)
+
+
+def gaussian_mechanism(noise_multiplier: float) -> dp_accounting.DpEvent:
+    """The Gaussian of ``noise_multiplier`` relative to its sensitivity (no noise: non-private)."""
+    if noise_multiplier <= 0:
+        return dp_accounting.NonPrivateDpEvent()
+    return dp_accounting.GaussianDpEvent(float(noise_multiplier))
+
+
+def multiplier_of(event: dp_accounting.DpEvent) -> float:
+    """z of a Gaussian event, 0 for a non-private one, nan for any other mechanism."""
+    if isinstance(event, dp_accounting.GaussianDpEvent):
+        return float(event.noise_multiplier)
+    if isinstance(event, dp_accounting.NonPrivateDpEvent):
+        return 0.0
+    return math.nan
+
+
+class UnsupportedEventError(ValueError):
+    """An event the chosen accountant cannot compose (dp_accounting's accountants refuse it too)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -177,9 +237,10 @@ def make_accountant(
     """A dp_accounting accountant for events of ``RoundEvent.dp_event(kind)`` under
     ``neighboring_relation`` (replace-one under PLD composes the Dong-Roth-Su events, which are
     add/remove Poisson events; PLD: ``cached_pld.CachedPldAccountant``, dp_accounting's with each
-    round's mechanism PLD built once)."""
+    round's mechanism PLD built once), both also composing the project's registered events
+    (``events``)."""
     if kind == "rdp":
-        return rdp.RdpAccountant(
+        return events.RdpAccountant(
             orders=list(check_rdp_orders(rdp_orders)), neighboring_relation=neighboring_relation
         )
     if kind == "pld":
@@ -192,10 +253,37 @@ def make_accountant(
     raise ValueError(f"accountant {kind!r} unknown; choose one of {ACCOUNTANTS}")
 
 
+def relation_for(event: RoundEvent, kind: str) -> NeighboringRelation:
+    """The relation accountant ``kind`` composes ``event`` under (PLD: add/remove-one always, the
+    fixed-size reduction included)."""
+    return event.neighboring_relation if kind == "rdp" else NeighboringRelation.ADD_OR_REMOVE_ONE
+
+
+@functools.lru_cache(maxsize=512)
+def supports(event: RoundEvent, kind: str) -> bool:
+    """Whether accountant ``kind`` can compose ``event`` (dp_accounting's ``supports``, with the
+    registered events)."""
+    return make_accountant(kind, relation_for(event, kind)).supports(event.dp_event(kind))
+
+
+def check_supported(event: RoundEvent, kind: str) -> None:
+    """Raises ``UnsupportedEventError`` naming the event and the accountants that could compose
+    it."""
+    if supports(event, kind):
+        return
+    able = [other for other in ACCOUNTANTS if other != kind and supports(event, other)]
+    could = f"the {' or '.join(able)} accountant can" if able else "no accountant here can"
+    raise UnsupportedEventError(
+        f"the {kind} accountant cannot compose {event.dp_event(kind)} ({event.sampling} sampling"
+        f" of {event.mechanism}); {could}"
+    )
+
+
 @functools.lru_cache(maxsize=256)
 def event_rdp(event: RoundEvent, orders: tuple = RDP_ORDERS):
     """RDP curve (over ``orders``) of one round, computed once per distinct event."""
-    acc = rdp.RdpAccountant(orders=list(orders), neighboring_relation=event.neighboring_relation)
+    check_supported(event, "rdp")
+    acc = events.RdpAccountant(orders=list(orders), neighboring_relation=event.neighboring_relation)
     with _unconverged_orders_silenced():
         acc.compose(event.dp_event())
     return acc.rdp
@@ -261,9 +349,15 @@ class Accountant:
         self.events: list[tuple[RoundEvent, int]] = []
         self._relation = None
 
-    def compose(self, event: RoundEvent, count: int = 1) -> "Accountant":
+    def compose(self, event: RoundEvent | dp_accounting.DpEvent, count: int = 1) -> "Accountant":
+        """Adds ``count`` rounds of ``event`` (a ``RoundEvent``, or a dp_accounting event composed
+        as it stands under add/remove-one: a sampler's own event); refuses an event this kind of
+        accountant cannot compose (``UnsupportedEventError``)."""
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
+        if not isinstance(event, RoundEvent):
+            event = RoundEvent("full", mechanism=event)
+        check_supported(event, self.kind)
         if self._relation is None:
             self._relation = event.neighboring_relation
         elif event.neighboring_relation != self._relation:
@@ -306,7 +400,7 @@ class Accountant:
             rdp_privacy_accountant.compute_delta(self.rdp_orders, self._rdp_curve(), epsilon)[0]
         )
 
-    def copy_with(self, event: RoundEvent, count: int = 1) -> "Accountant":
+    def copy_with(self, event: RoundEvent | dp_accounting.DpEvent, count: int = 1) -> "Accountant":
         """A new accountant with this one's history plus ``count`` more rounds (nothing mutated)."""
         other = Accountant(self.kind, self.pld_discretization, self.rdp_orders)
         for past, n in self.events:
@@ -335,99 +429,3 @@ def epsilon_of(
     for event, count in events:
         acc.compose(event, count)
     return acc.epsilon(delta)
-
-
-@functools.lru_cache(maxsize=64)  # pure; a config's validation and its build ask the same question
-def calibrate_noise_multiplier(
-    target_epsilon: float,
-    target_delta: float,
-    rounds: int,
-    sampling: str,
-    sampling_rate: float = 1.0,
-    population: int = 0,
-    cohort_size: int = 0,
-    kind: str = "rdp",
-    max_noise: float = 1e3,
-) -> float:
-    """The smallest z whose ``rounds``-fold composition is (target_epsilon, target_delta)-DP.
-
-    Uses ``dp_accounting.calibrate_dp_mechanism`` (Brent's method over fresh accountants).
-    """
-    check_epsilon(target_epsilon)
-    check_delta(target_delta)
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
-    make_event = lambda z: RoundEvent(sampling, z, sampling_rate, population, cohort_size)  # noqa: E731
-    rate = make_event(1.0).rate
-    if rate < 1 and target_delta >= rate:
-        raise ValueError(
-            f"delta={target_delta} >= the sampling rate q={rate:.6g}: any noise meets it (a client "
-            "is in a round with probability q), so there is nothing to calibrate; choose delta < q"
-        )
-    relation = make_event(1.0).neighboring_relation
-    if epsilon_of([(make_event(max_noise), rounds)], target_delta, kind) > target_epsilon:
-        raise ValueError(
-            f"no noise multiplier <= {max_noise} reaches epsilon={target_epsilon} at"
-            f" delta={target_delta} over {rounds} rounds"
-        )
-    bracket = dp_accounting.ExplicitBracketInterval(1e-3, max_noise)
-    # bracketed by RDP's answer for the event the PLD composes (fixed-size: rate m/K, z / 2)
-    if kind == "pld":
-        fixed = sampling == "fixed"
-        z_rdp = (2.0 if fixed else 1.0) * calibrate_noise_multiplier(
-            target_epsilon,
-            target_delta,
-            rounds,
-            "poisson" if fixed else sampling,
-            rate,
-            kind="rdp",
-            max_noise=max_noise,
-        )
-        bracket = _pld_bracket(
-            lambda z: epsilon_of([(make_event(z), rounds)], target_delta, "pld") > target_epsilon,
-            z_rdp,
-        )
-    with _unconverged_orders_silenced():
-        return float(
-            dp_accounting.calibrate_dp_mechanism(
-                lambda: make_accountant(kind, relation),
-                lambda z: dp_accounting.SelfComposedDpEvent(make_event(z).dp_event(kind), rounds),
-                target_epsilon,
-                target_delta,
-                bracket,
-                tol=1e-4,
-            )
-        )
-
-
-PLD_BRACKET_FACTORS = (0.9, 0.75, 0.5, 0.25)
-"""Lower ends tried, as fractions of the RDP answer, until one spends more than the target
-(``_pld_bracket``)."""
-
-
-def _pld_bracket(overspends, z_rdp: float) -> dp_accounting.ExplicitBracketInterval:
-    """A bracket of the PLD calibration's root from the RDP answer z_rdp for the same dp_accounting
-    event: RDP over-states epsilon, so z_pld <= z_rdp, and the PLD answer is usually within 10 % of
-    it (0.94 z_rdp at q = 0.2, z ~ 1; for fixed-size sampling RDP's own replace-one bound is looser,
-    0.6, hence the Poisson event of the Dong-Roth-Su reduction). A PLD of little noise is costly to
-    build, so the lower end steps down from 0.9 z_rdp (``PLD_BRACKET_FACTORS``) instead of starting
-    at 0.25 z_rdp, and a step that does not overspend becomes the upper end
-    (``benchmarks/pld_calibration.py`` measures the gain; z is the same to the tolerance, 1e-4)."""
-    upper = z_rdp * 1.001
-    for factor in PLD_BRACKET_FACTORS:
-        if overspends(factor * z_rdp):
-            return dp_accounting.ExplicitBracketInterval(factor * z_rdp, upper)
-        upper = factor * z_rdp
-    raise ValueError(
-        f"the PLD accountant reaches the target epsilon below {PLD_BRACKET_FACTORS[-1]} x the RDP "
-        f"calibration's z = {z_rdp:.6g}: no bracket"
-    )
-
-
-def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
-    """One-shot Gaussian noise std for (epsilon, delta)-DP by the analytic Gaussian mechanism
-    (Balle and Wang 2018, in dp_accounting), valid for every epsilon > 0 (unlike the classic
-    sqrt(2 ln(1.25/delta)) / epsilon, proven only for epsilon < 1)."""
-    check_epsilon(epsilon)
-    check_delta(delta)
-    return sensitivity * float(dp_accounting.get_sigma_gaussian(epsilon, delta))

@@ -28,8 +28,11 @@ import weakref
 
 import dp_accounting
 import numpy as np
+from dp_accounting import privacy_accountant
 from dp_accounting.pld import common, pld_privacy_accountant, privacy_loss_distribution
 from scipy import special
+
+from fedjax_dp.privacy.accounting import events
 
 
 def build_subsampled_gaussian_pld(
@@ -71,7 +74,33 @@ class CachedPldAccountant(pld_privacy_accountant.PLDAccountant):
             )
             self._pld = self._pld.compose(self_compose(mechanism, count))
             return None
-        return super()._maybe_compose(event, count, do_compose)
+        registered = self._registered_pld(event)
+        if registered is None:
+            return super()._maybe_compose(event, count, do_compose)
+        if isinstance(registered, str):
+            return privacy_accountant.CompositionErrorDetails(
+                invalid_event=event, error_message=registered
+            )
+        if do_compose:
+            self._pld = self._pld.compose(self_compose(registered(), count))
+        return None
+
+    def _registered_pld(self, event):
+        """None for dp_accounting's events; for a registered one (``events``) a thunk of its PLD,
+        or why it is refused."""
+        inner, q = event, None
+        if isinstance(event, dp_accounting.PoissonSampledDpEvent):
+            inner, q = event.event, event.sampling_probability
+        rule = events.rule_of(inner)
+        if rule is None:
+            return None
+        step = self._value_discretization_interval
+        if q is None and rule.pld is not None:
+            return lambda: rule.pld(inner, step)
+        if q is not None and rule.poisson_pld is not None:
+            return lambda: rule.poisson_pld(inner, q, step)
+        sampled = "Poisson-subsampled " if q is not None else ""
+        return f"no PLD is registered for the {sampled}{type(inner).__name__}"
 
 
 class ChernoffBounds:

@@ -1,4 +1,4 @@
-"""Poisson batches cut to a cap: the cap, and what the cut costs in delta (issue 74, F03).
+"""Poisson batches cut to a cap: the cap, and what the cut costs in delta.
 
 A Poisson step takes each of a client's n_k examples with probability q_k = B / n_k; static shapes
 pad the batch to a cap b, and a batch larger than b is cut to b at random. The cut mechanism M'

@@ -176,7 +176,7 @@ def adaptive_clip_count_round(
     ``upload_clipping.AdaptiveQuantileClip`` releases it: each present client's unclipped bit
     (through the transform's own client side), summed, plus N(0, sigma_b^2)
     (``clip.count_noise_std``). Add/remove neighbours: the canary client (norm ``canary_norm``) is
-    present or absent. ``centred=False`` re-creates the accounting bug of issue 16, finding 2: 0/1
+    present or absent. ``centred=False`` re-creates an earlier accounting bug (CHANGELOG.md): 0/1
     bits (sensitivity 1) where the claim assumes centred bits b - 1/2 (sensitivity 1/2). The
     adversary knows the other clients' bits and subtracts them."""
     from fedjax_dp.core.uploads import ClientContext

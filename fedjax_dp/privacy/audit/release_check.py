@@ -1,4 +1,4 @@
-"""Does the chain add the noise its release declares, and bound what it declares? (issue 74, item 6)
+"""Does the chain add the noise its release declares, and bound what it declares?
 
 The canary audit (``audit``) bounds epsilon from below: it catches a mechanism with no noise or no
 clip, but not one with half its noise (a claim of 2.34 that truly spends 5.17 gave a lower bound of

@@ -1,3 +1,3 @@
-"""Correlated-noise DP-FL (issue 75): matrix-factorization noise strategies (jax_privacy's, and
+"""Correlated-noise DP-FL: matrix-factorization noise strategies (jax_privacy's, and
 binary-tree aggregation), the client participation they are calibrated for, and the noise plan a run
 follows."""

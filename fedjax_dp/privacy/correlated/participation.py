@@ -135,6 +135,7 @@ def sensitivity(C: np.ndarray, participation: Participation) -> float:
     C = np.asarray(C, np.float64)
     n = C.shape[1]  # rounds (C is rounds x rounds, or nodes x rounds for Honaker's tree)
     if participation.amplified:  # privacy from the sampling: the per-participation norm
+        check_banded(C, participation.min_separation)
         return float(np.linalg.norm(C, axis=0).max())
     X = C.T @ C
     if participation.scheme == "cyclic":
@@ -158,3 +159,16 @@ def brute_force_sensitivity(C: np.ndarray, participation: Participation) -> floa
     C = np.asarray(C, np.float64)
     X = np.abs(C.T @ C)
     return float(math.sqrt(max(X[np.ix_(p, p)].sum() for p in participation.patterns(C.shape[1]))))
+
+
+def check_banded(C: np.ndarray, bands: int) -> None:
+    """Refuses a C that is not lower triangular with at most ``bands`` bands: amplified BandMF's
+    sensitivity (the largest column norm, privacy from the sampling) holds for those only
+    (Choquette-Choo et al. 2023, Sec. 4)."""
+    C = np.asarray(C)
+    rows, cols = np.nonzero(C)
+    if C.shape[0] != C.shape[1] or np.any(rows - cols >= bands) or np.any(rows < cols):
+        raise ValueError(
+            f"cyclic Poisson participation (amplified BandMF) needs a lower-triangular C of at"
+            f" most {bands} bands; this {C.shape[0]} x {C.shape[1]} C is not"
+        )

@@ -26,12 +26,13 @@ import dataclasses
 import functools
 import math
 
+import dp_accounting
 import jax
 import numpy as np
+from jax_privacy.experimental.accounting import amplified_bandmf_event
 from jax_privacy.matrix_factorization import toeplitz
 
-from fedjax_dp.privacy.accounting.accountant import RoundEvent, calibrate_noise_multiplier
-from fedjax_dp.privacy.correlated import strategies
+from fedjax_dp.privacy.correlated import soundness, strategies
 from fedjax_dp.privacy.correlated.participation import Participation, sensitivity
 
 # runs this short get sens(C[:t, :t]) for every t; longer ones a grid of ~48 points
@@ -88,6 +89,14 @@ class NoisePlan:
             raise ValueError(
                 f"correlated noise needs a noise multiplier z > 0, got {self.noise_multiplier}"
             )
+        strategy = self.strategy
+        soundness.check(
+            strategy.name,
+            strategy.rounds,
+            self.participation,
+            bands=strategy.bands if strategy.name == "banded" else 0,
+            period=strategy.period or 0,
+        )
 
     @property
     def rounds(self) -> int:
@@ -122,20 +131,12 @@ class NoisePlan:
             )
         return float(self.sensitivities[np.searchsorted(self.grid, t)])
 
-    def event_through(self, t: int) -> tuple[RoundEvent, int]:
-        """The stream of rounds 1..t as ``(event, count)`` (module docstring)."""
-        if self.participation.amplified:
-            count = -(-t // self.participation.min_separation)
-            return (
-                RoundEvent("poisson", self.noise_multiplier, sampling_rate=self.participation.rate),
-                count,
-            )
-        return (
-            RoundEvent(
-                "full", self.noise_multiplier * self.sensitivity / self.sensitivity_through(t)
-            ),
-            1,
-        )
+    def event_through(self, t: int) -> dp_accounting.DpEvent:
+        """The stream of rounds 1..t as one event (module docstring)."""
+        z = self.noise_multiplier
+        if not self.participation.amplified:  # z sens(C) / sens(C[:t, :t])
+            z = z * self.sensitivity / self.sensitivity_through(t)
+        return stream_event(self.participation, z, t)
 
     @functools.cached_property
     def prefix_errors(self) -> np.ndarray | None:
@@ -161,23 +162,30 @@ class NoisePlan:
         }
 
 
-def calibrate(
-    rounds: int,
-    participation: Participation,
-    target_epsilon: float,
-    delta: float,
-    accountant: str = "pld",
-) -> float:
-    """The least z whose whole stream (``rounds`` rounds of the strategy) spends ``target_epsilon``
-    at ``delta``: one Gaussian, or for amplified BandMF ceil(rounds / b) Poisson-sampled rounds (the
-    strategy does not enter: z is relative to its sensitivity)."""
+def stream_event(
+    participation: Participation, noise_multiplier: float, t: int
+) -> dp_accounting.DpEvent:
+    """The stream of rounds 1..t as one event: the Gaussian of its multiplier (z sens(C) /
+    sens(C[:t, :t]); z after the strategy's last round), or for amplified BandMF ceil(t / b)
+    Poisson-sampled Gaussian rounds of multiplier z (jax_privacy's ``amplified_bandmf_event``;
+    module docstring)."""
     if participation.amplified:
-        return calibrate_noise_multiplier(
-            target_epsilon,
-            delta,
-            -(-rounds // participation.min_separation),
-            "poisson",
-            sampling_rate=participation.rate,
-            kind=accountant,
+        return amplified_bandmf_event(
+            noise_multiplier,
+            t,
+            num_bands=participation.min_separation,
+            sampling_prob=participation.rate,
         )
-    return calibrate_noise_multiplier(target_epsilon, delta, 1, "full", kind=accountant)
+    return dp_accounting.GaussianDpEvent(noise_multiplier)
+
+
+def stream_parts(event: dp_accounting.DpEvent) -> tuple[float, int]:
+    """(multiplier, count) of a stream's event: a Gaussian, or amplified BandMF's self-composed
+    Poisson-sampled Gaussian rounds (nan where it is neither)."""
+    count = 1
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        event, count = event.event, event.count
+    if isinstance(event, dp_accounting.PoissonSampledDpEvent):
+        event = event.event
+    z = event.noise_multiplier if isinstance(event, dp_accounting.GaussianDpEvent) else np.nan
+    return float(z), int(count)

@@ -242,7 +242,7 @@ def dense_noising(C_inverse: np.ndarray) -> streaming_matrix.StreamingMatrix:
     return streaming_matrix.StreamingMatrix.from_array_implementation(init, multiply_next)
 
 
-def _default_span(rounds: int, participation: Participation) -> int:
+def default_span(rounds: int, participation: Participation) -> int:
     """The default bands of ``banded`` and period of ``tree_restart``: the separation b, so a
     client's participations never share a band or a tree; single participation has no second round
     to keep apart, so the whole run."""
@@ -266,10 +266,10 @@ def build(
                 f" {rounds}"
             )
         if name == "tree_restart":
-            return tree_restart(rounds, period or _default_span(rounds, participation))
+            return tree_restart(rounds, period or default_span(rounds, participation))
         return tree(rounds) if name == "tree" else tree_honaker(rounds)
     if name == "banded":
-        return banded(rounds, bands or _default_span(rounds, participation))
+        return banded(rounds, bands or default_span(rounds, participation))
     if name == "blt":
         return blt(rounds, participation)
     return dense_strategy(rounds, participation)

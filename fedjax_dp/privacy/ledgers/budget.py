@@ -5,7 +5,7 @@ exceeded (Geyer et al.'s rule "stop once delta(epsilon_target) > Q" checked pros
 * ``max_delta`` Q at ``target_epsilon``: stop when delta(target_epsilon) would exceed Q;
 * ``max_epsilon`` at ``delta``: stop when epsilon(delta) would exceed the budget.
 
-``ClientLedger`` tracks every client's own participations and noise: each participation in which a
+``ClientBook`` tracks every client's own participations and noise: each participation in which a
 client's clipped update is released with Gaussian noise of multiplier z (relative to the L2
 sensitivity) is a (1/z)-GDP mechanism for that client, and GDP composes exactly: the client's
 mu = sqrt(sum_t z_t^-2), converted to epsilon at delta exactly (``gdp.epsilon_from_mu``). This
@@ -78,7 +78,7 @@ class BudgetRule:
         return True
 
 
-class ClientLedger:
+class ClientBook:
     """Per-client privacy spent, as GDP mu^2 sums, with per-client epsilon budgets at one delta."""
 
     def __init__(

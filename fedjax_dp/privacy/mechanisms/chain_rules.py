@@ -1,4 +1,4 @@
-"""The privacy rules every upload chain must pass (issue 73: they lived in ``core.uploads.chain``),
+"""The privacy rules every upload chain must pass,
 registered with ``core.uploads.register_chain_rule`` when ``fedjax_dp.privacy`` is imported
 (``import fedjax_dp`` does).
 
@@ -11,7 +11,7 @@ example-weighted upload is not bounded by a clip of the update).
 
 from __future__ import annotations
 
-from fedjax_dp.core.uploads import register_chain_rule
+from fedjax_dp.core.uploads import CohortLevel, register_chain_rule
 
 
 @register_chain_rule
@@ -46,7 +46,7 @@ def noise_follows_a_clip(transforms, names: str) -> None:
             " dividing by the realised count would release it un-noised"
         )
     if getattr(transforms[noise], "local", False) and any(
-        t.cohort_level for t in transforms[:noise]
+        isinstance(t, CohortLevel) for t in transforms[:noise]
     ):
         raise ValueError(
             f"upload chain {names}: local noise after a server-side clip cannot be local"

@@ -5,7 +5,7 @@ N(0, (z S)^2 I) to their sum and divides by a fixed denominator. Local DP (seed 
 adds its own N(0, (z S)^2 I) to its clipped update before sending; the server only averages.
 ``gaussian_noise_like`` is the single primitive; ``NoiseMode`` says who calls it.
 
-Floating-point noise (issue 16, finding 8; the Gaussian analogue of Mironov 2012): one float32
+Floating-point noise (the Gaussian analogue of Mironov 2012): one float32
 ``jax.random.normal`` draw comes from an inverse-erf of a 24-bit uniform, so its support stops at
 about 5.4 sigma and is a grid. Every noise draw here is instead the sum of ``NOISE_DRAWS``
 independent standard normals divided by sqrt(NOISE_DRAWS): exactly N(0, 1) in distribution, support

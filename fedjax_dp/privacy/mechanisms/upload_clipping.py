@@ -24,7 +24,17 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.core import rng, tree
-from fedjax_dp.core.uploads import ClientContext, Flow, Release, ServerContext, UploadTransform
+from fedjax_dp.core.uploads import (
+    BoundMapping,
+    ClientContext,
+    CohortLevel,
+    Flow,
+    KeyDrawing,
+    Release,
+    ServerContext,
+    Stateful,
+    UploadTransform,
+)
 from fedjax_dp.privacy.mechanisms import clipping
 from fedjax_dp.privacy.mechanisms.gaussian import standard_normal
 
@@ -55,7 +65,7 @@ def _flow(result: clipping.ClipResult, bound, keep) -> Flow:
 
 
 @dataclasses.dataclass(frozen=True)
-class FlatClip(UploadTransform):
+class FlatClip(BoundMapping, UploadTransform):
     kind: ClassVar[str] = "clip"
     clip_norm: float = 1.0
 
@@ -78,7 +88,7 @@ class FlatClip(UploadTransform):
 
 
 @dataclasses.dataclass(frozen=True)
-class PerLayerClip(UploadTransform):
+class PerLayerClip(BoundMapping, UploadTransform):
     """``layer_norms``: C_l per leaf, in ``jax.tree_util`` leaf order (``equal_split`` gives S /
     sqrt(L))."""
 
@@ -124,7 +134,7 @@ class PerLayerClip(UploadTransform):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: no float can take another's place
-class AdaptiveQuantileClip(UploadTransform):
+class AdaptiveQuantileClip(Stateful, BoundMapping, KeyDrawing, UploadTransform):
     """Andrew et al. 2021: S_{t+1} = S_t exp(-eta_C (b_bar - gamma)),
     b_bar = clamp((sum_k (b_k - 1/2) + N(0, sigma_b^2)) / D + 1/2, 0, 1) (the clamp: TF
     Privacy's)."""
@@ -187,12 +197,11 @@ class AdaptiveQuantileClip(UploadTransform):
 
 
 @dataclasses.dataclass(frozen=True)
-class MedianClip(UploadTransform):
+class MedianClip(CohortLevel, UploadTransform):
     """Geyer et al. 2017's S = median of the round's update norms, then flat clipping. The threshold
     is computed from raw updates without noise: no DP guarantee covers it."""
 
     kind: ClassVar[str] = "clip"
-    cohort_level: ClassVar[bool] = True
 
     def cohort(self, uploads, ctx: ServerContext):
         norms = jax.vmap(tree.l2_norm)(uploads)

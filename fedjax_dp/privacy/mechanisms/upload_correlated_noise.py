@@ -1,4 +1,4 @@
-"""Correlated Gaussian noise on the clipped sum, as an upload transform (issue 75): the server's
+"""Correlated Gaussian noise on the clipped sum, as an upload transform: the server's
 side of DP-FTRL (Kairouz et al. 2021) and of matrix-factorization DP-FL (Choquette-Choo et al. 2023;
 McMahan et al. 2024's BLT-DP-FTRL for Gboard). Round t's noise is row t of C^{-1} Z: the round draws
 Z_t ~ N(0, (z sens(C) S)^2 I) with its own server-noise key (exactly the draw of
@@ -23,8 +23,16 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.core import rng
-from fedjax_dp.core.uploads import Release, ServerContext, UploadTransform
-from fedjax_dp.privacy.correlated.plan import NoisePlan
+from fedjax_dp.core.uploads import (
+    KeyDrawing,
+    Release,
+    Scheduled,
+    ServerContext,
+    Stateful,
+    UploadTransform,
+)
+from fedjax_dp.privacy.correlated.participation import Participation
+from fedjax_dp.privacy.correlated.plan import NoisePlan, stream_event, stream_parts
 from fedjax_dp.privacy.mechanisms.gaussian import gaussian_noise_like
 
 STRATEGY_NAMES = {
@@ -39,7 +47,7 @@ STRATEGY_NAMES = {
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class CorrelatedNoise(UploadTransform):
+class CorrelatedNoise(Stateful, Scheduled, KeyDrawing, UploadTransform):
     kind: ClassVar[str] = "noise"
     local: ClassVar[bool] = False
     plan: NoisePlan = None
@@ -99,18 +107,8 @@ class CorrelatedNoise(UploadTransform):
                 f"round {t}: the {plan.strategy.name!r} noise strategy is built for {plan.rounds}"
                 " rounds"
             )
-        event, count = plan.event_through(t)
-        if plan.participation.amplified:
-            from jax_privacy.experimental.accounting import amplified_bandmf_event
-
-            dp_event = amplified_bandmf_event(
-                plan.noise_multiplier,
-                t,
-                num_bands=plan.participation.min_separation,
-                sampling_prob=plan.participation.rate,
-            )
-        else:
-            dp_event = event.dp_event()
+        event = plan.event_through(t)
+        z_stream, count = stream_parts(event)
         details = {
             "noise_strategy": plan.strategy.name,
             "participation": plan.participation.describe(),
@@ -123,7 +121,7 @@ class CorrelatedNoise(UploadTransform):
         }
         note = (
             "the rounds so far are one Gaussian of multiplier z sens(C) / sens(C[:t, :t]) = "
-            f"{event.noise_multiplier:.6g}"
+            f"{z_stream:.6g}"
             if not plan.participation.amplified
             else (
                 f"amplified BandMF: {count} Poisson-sampled Gaussian rounds (q ="
@@ -138,8 +136,22 @@ class CorrelatedNoise(UploadTransform):
                 "the clip before it (S)",
                 note="; ".join(n for n in (note, self.note) if n),
                 bound_value=bound,
-                event=dp_event,
-                cumulative=(event, count),
+                event=event,
+                stream=True,
                 details=details,
             ),
         )
+
+
+def stream_release(participation: Participation, noise_multiplier: float, rounds: int) -> Release:
+    """The release of a whole correlated stream of ``rounds`` rounds at multiplier z, what a
+    calibration solves for (the strategy does not enter: z is relative to its sensitivity)."""
+    return Release(
+        "correlated Gaussian noise on the clipped sum",
+        "central",
+        noise_multiplier,
+        "the clip before it (S)",
+        event=stream_event(participation, noise_multiplier, rounds),
+        stream=True,
+        details={"participation": participation.describe()},
+    )

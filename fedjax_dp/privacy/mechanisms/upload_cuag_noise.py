@@ -29,14 +29,24 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.core import rng, tree
-from fedjax_dp.core.uploads import UNBOUNDED, Claim, ClientContext, Flow, Release, UploadTransform
+from fedjax_dp.core.uploads import (
+    UNBOUNDED,
+    BoundMapping,
+    Claim,
+    ClientContext,
+    Flow,
+    KeyDrawing,
+    Release,
+    Scheduled,
+    UploadTransform,
+)
 from fedjax_dp.privacy.mechanisms import adaptive_gdp
 from fedjax_dp.privacy.mechanisms.upload_clipping import PerLayerClip
 from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: no float can take another's place
-class CuagPaperNoise(UploadTransform):
+class CuagPaperNoise(Scheduled, BoundMapping, KeyDrawing, UploadTransform):
     """Alg. 4 as written; ``mu`` the paper's GDP target, the rest its sigma_t setting."""
 
     kind: ClassVar[str] = "noise"

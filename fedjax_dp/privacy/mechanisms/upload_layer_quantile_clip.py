@@ -18,7 +18,7 @@ sigma_b / (sqrt(L) / 2). Where the noise is added decides who may see the counts
   composes (2 / z)^2 = L / sigma_b^2 per participation beside its update noise. The server's count
   noise is then the sum of the clients' draws (std sigma_b sqrt(cohort)).
 
-ALGORITHMS.md §4 / issue 17 ask for it as the sound mode's alternative to a fixed C_l.
+ALGORITHMS.md §4 asks for it as the sound mode's alternative to a fixed C_l.
 """
 
 from __future__ import annotations
@@ -31,7 +31,16 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.core import rng
-from fedjax_dp.core.uploads import ClientContext, Flow, Release, ServerContext, UploadTransform
+from fedjax_dp.core.uploads import (
+    BoundMapping,
+    ClientContext,
+    Flow,
+    KeyDrawing,
+    Release,
+    ServerContext,
+    Stateful,
+    UploadTransform,
+)
 from fedjax_dp.privacy.mechanisms import clipping
 from fedjax_dp.privacy.mechanisms.gaussian import standard_normal
 from fedjax_dp.privacy.mechanisms.upload_clipping import (
@@ -45,7 +54,7 @@ COUNT_BOUND = AdaptiveQuantileClip.COUNT_BOUND
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)  # by name only: no float can take another's place
-class PerLayerQuantileClip(UploadTransform):
+class PerLayerQuantileClip(Stateful, BoundMapping, KeyDrawing, UploadTransform):
     kind: ClassVar[str] = "clip"
     initial_layer_norms: tuple = ()  # C_l^1 per leaf, in jax.tree_util leaf order
     target_quantile: float = 0.5  # gamma

@@ -20,13 +20,21 @@ import jax.numpy as jnp
 
 from fedjax_dp.core import rng, tree
 from fedjax_dp.core.schedules import parse_schedule, schedule_value  # noqa: F401  (re-exported)
-from fedjax_dp.core.uploads import ClientContext, Flow, Release, ServerContext, UploadTransform
+from fedjax_dp.core.uploads import (
+    ClientContext,
+    Flow,
+    KeyDrawing,
+    Release,
+    Scheduled,
+    ServerContext,
+    UploadTransform,
+)
 from fedjax_dp.privacy.mechanisms import clipping
 from fedjax_dp.privacy.mechanisms.gaussian import add_gaussian_noise
 
 
 @dataclasses.dataclass(frozen=True)
-class GaussianNoise(UploadTransform):
+class GaussianNoise(Scheduled, KeyDrawing, UploadTransform):
     kind: ClassVar[str] = "noise"
     schedule: tuple = ((1, 1.0),)  # ((first round, z), ...)
     local: bool = False

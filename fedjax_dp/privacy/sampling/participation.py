@@ -1,4 +1,4 @@
-"""The sampler of correlated-noise runs: it draws cohorts under a stated participation scheme
+"""The samplers of correlated-noise runs: it draws cohorts under a stated participation scheme
 (``privacy.correlated.participation``) and enforces it, so the sensitivity the noise was calibrated
 for holds.
 
@@ -24,7 +24,9 @@ import math
 
 import numpy as np
 
-from fedjax_dp.privacy.correlated.participation import Participation
+from fedjax_dp.privacy.accounting.accountant import RoundEvent
+from fedjax_dp.privacy.correlated.participation import SCHEMES, Participation
+from fedjax_dp.privacy.sampling.registry import register_sampler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +35,8 @@ class ParticipationSampling:
     participation: Participation
     cohort_size: int = 0  # min_separation / single: the most clients a round takes
     check_in_rate: float = 1.0  # min_separation / single: the chance a client checks in
+
+    relation = "zero-out (participation schedule fixed)"
 
     def __post_init__(self):
         p = self.participation
@@ -96,7 +100,7 @@ class ParticipationSampling:
             checked_in = np.sort(rng.choice(checked_in, size=self.cohort_size, replace=False))
         return checked_in
 
-    def expected_cohort(self) -> float:
+    def expected_cohort(self, t: int | None = None) -> float:
         """The fixed denominator: the cohort cap, or the (expected) group size."""
         p = self.participation
         if p.scheme == "cyclic":
@@ -116,3 +120,147 @@ class ParticipationSampling:
             base = p.rate * group + 4 * math.sqrt(group * p.rate * (1 - p.rate))
             return max(drawn, min(group, max(8, 8 * math.ceil(base / 8))))
         return self.cohort_size
+
+    def capacity(self) -> int:
+        return self.slots(0)
+
+    def denominators(self) -> tuple:
+        return ()
+
+    def can_draw(self, eligible: np.ndarray) -> bool:
+        return True
+
+    def rate_at(self, t: int | None) -> float:
+        """The chance a client is in a round's cohort (its group's, for the cyclic schemes)."""
+        return self.expected_cohort() / self.num_clients
+
+    def round_event(self, mechanism, t: int | None = None, eligible: int | None = None):
+        """A round alone is not what correlated noise is accounted by (the ledger composes the
+        stream's event); this is the round's mechanism, unsampled (no amplification assumed)."""
+        if isinstance(mechanism, (int, float)):
+            return RoundEvent("full", mechanism)
+        return RoundEvent("full", mechanism=mechanism)
+
+    def describe(self) -> str:
+        return self.participation.describe()
+
+    def accounting_notes(self) -> tuple[str, ...]:
+        return ()
+
+
+def participation_of(section) -> Participation:
+    """The participation scheme a config's ``sampling`` section states."""
+    method = section.method
+    return Participation(
+        method,
+        int(section.min_separation),
+        int(section.max_participations),
+        rate=float(section.rate) if method == "cyclic_poisson" else 1.0,
+    )
+
+
+def build(section, num_clients: int) -> ParticipationSampling:
+    return ParticipationSampling(
+        num_clients,
+        participation_of(section),
+        int(section.cohort_size),
+        float(section.check_in_rate),
+    )
+
+
+def _check_cohort(cfg, need) -> None:
+    s, clients = cfg.sampling, cfg.data.num_clients
+    need(
+        1 <= s.cohort_size <= clients,
+        f"sampling.cohort_size must lie in [1, data.num_clients={clients}], got {s.cohort_size}",
+    )
+    need(
+        0 < s.check_in_rate <= 1,
+        f"sampling.check_in_rate must lie in (0, 1], got {s.check_in_rate}",
+    )
+
+
+def _check_separation(cfg, need) -> None:
+    s = cfg.sampling
+    need(
+        isinstance(s.min_separation, int) and 1 <= s.min_separation <= max(cfg.rounds, 1),
+        f"sampling.min_separation b must be an integer in [1, rounds={cfg.rounds}], got"
+        f" {s.min_separation!r}",
+    )
+
+
+def _check_groups(cfg, need) -> None:
+    s, clients = cfg.sampling, cfg.data.num_clients
+    _check_separation(cfg, need)
+    need(
+        not isinstance(s.min_separation, int) or s.min_separation <= clients,
+        f"sampling.min_separation={s.min_separation} cyclic groups need at least as many"
+        f" clients (data.num_clients={clients})",
+    )
+
+
+def _check_min_separation(cfg, need) -> None:
+    _check_cohort(cfg, need)
+    _check_separation(cfg, need)
+    s = cfg.sampling
+    need(
+        isinstance(s.max_participations, int) and s.max_participations >= 0,
+        "sampling.max_participations k must be an integer >= 0 (0 = no limit), got"
+        f" {s.max_participations!r}",
+    )
+
+
+def _check_cyclic_poisson(cfg, need) -> None:
+    _check_groups(cfg, need)
+    need(0 < cfg.sampling.rate <= 1, f"sampling.rate q must lie in (0, 1], got {cfg.sampling.rate}")
+
+
+COHORT = (10, "min_separation / single: the most clients a round takes (and the fixed denominator)")
+CHECK_IN = (1.0, "min_separation / single: the chance a client checks in (is available) in a round")
+SEPARATION = (
+    1,
+    "min_separation: the fewest rounds b between two of one client's; cyclic schemes: the number"
+    " of groups",
+)
+KEYS = {
+    "min_separation": {
+        "cohort_size": COHORT,
+        "min_separation": SEPARATION,
+        "max_participations": (
+            0,
+            "min_separation: a client's most rounds k (0 = as many as b and the rounds allow)",
+        ),
+        "check_in_rate": CHECK_IN,
+    },
+    "single": {"cohort_size": COHORT, "check_in_rate": CHECK_IN},
+    "cyclic": {"min_separation": SEPARATION},
+    "cyclic_poisson": {
+        "rate": (
+            0.1,
+            "cyclic_poisson: the probability that a member of the round's group takes part",
+        ),
+        "min_separation": SEPARATION,
+    },
+}
+CHECKS = {
+    "min_separation": _check_min_separation,
+    "single": _check_cohort,
+    "cyclic": _check_groups,
+    "cyclic_poisson": _check_cyclic_poisson,
+}
+SUMMARIES = {
+    "min_separation": "clients check in at random; one inside its b-round window or with k rounds"
+    " is refused",
+    "single": "each client at most once",
+    "cyclic": "b fixed groups in turn",
+    "cyclic_poisson": "b groups in turn, members with probability q: amplified BandMF",
+}
+for _scheme in SCHEMES:
+    register_sampler(
+        _scheme,
+        build=build,
+        keys=KEYS[_scheme],
+        validate=CHECKS[_scheme],
+        participation=True,
+        summary=SUMMARIES[_scheme] + " (a participation scheme for correlated noise, dp.noise)",
+    )

@@ -7,9 +7,8 @@ its run's, else 0). For every per-client epsilon it prints:
 
   mean +- t half-width of each method's final test accuracy;
   ldp_fixed - ldp (claim 1, "less noise for the same guarantee": fixed noise calibrated per client
-  against the
-    threshold schedule) and ldp_mean - ldp (claim 2, "better accuracy from correlation weighting":
-    the plain mean on the same privacy path), paired by seed.
+    against the threshold schedule) and ldp_mean - ldp (claim 2, "better accuracy from correlation
+    weighting": the plain mean on the same privacy path), paired by seed.
 
     python experiments/seed003_seeds.py experiments/raw_rows/seed003_cnn_seeds.json --json
     results/cnn_seeds.json

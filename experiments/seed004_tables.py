@@ -4,26 +4,22 @@
 ``--rounds`` rounds (300 in the paper) on ``--splits``.
 
   --table 1   the epsilon each DP method had spent when it first reached the DP baselines' best
-  accuracies,
-              read from Table 2 runs (``--rows results/.../rows.json``; runs nothing)
+              accuracies, read from Table 2 runs (``--rows results/.../rows.json``; runs nothing)
   --table 2   CUAG-PFL paper / sound, PFLDyn(Proto), SCAFFOLD, FedAvg, and the DP baselines
-  PriFedSync,
-              UDP (paper calibration and sound), DP-SCAFFOLD (median clip as the seed, fixed clip)
-              (Table 2; FedAvg, UDP and SCAFFOLD run E = 5 epochs of B = 50, the same 2,500 examples
-              per client and round as P = 25 pairs of 50; DP-SCAFFOLD runs K = 25 DP-SGD steps of B
-              = 50: per-example gradients cost more, and the seed's P is 25)
+              PriFedSync, UDP (paper calibration and sound), DP-SCAFFOLD (median clip as the seed,
+              fixed clip) (Table 2; FedAvg, UDP and SCAFFOLD run E = 5 epochs of B = 50, the same
+              2,500 examples per client and round as P = 25 pairs of 50; DP-SCAFFOLD runs K = 25
+              DP-SGD steps of B = 50: per-example gradients cost more, and the seed's P is 25)
   --table 6   dynamic rates vs fixed 0.5 / 0.4 / 0.3 (CUAG paper mode)
   --table 7   block vs gaussian vs bernoulli measurement matrices (CUAG paper mode)
   --table 5   Alg. 4's noise N(0, (2 C sigma / B)^2) with sigma in {0.45, 0.65, 1.0, the sigma_t
-  schedule}
-              x C in {0.5, 1, 1.5 (clipped first: sound mode, a formal but large epsilon), the
-              layer's own norm (paper mode, no guarantee)} (``cuag.sigma``); and, not in the paper,
-              the sound counterpart of the adaptive C: each layer's C_l following the median of its
-              norms by a private quantile estimate (``cuag.adaptive_clip``, counts noised by each
-              client, accounted)
+              schedule} x C in {0.5, 1, 1.5 (clipped first: sound mode, a formal but large epsilon),
+              the layer's own norm (paper mode, no guarantee)} (``cuag.sigma``); and, not in the
+              paper, the sound counterpart of the adaptive C: each layer's C_l following the median
+              of its norms by a private quantile estimate (``cuag.adaptive_clip``, counts noised by
+              each client, accounted)
   --table 3   mu in {0.1, 0.15, 0.2, 0.5, 1, 2} (paper and sound modes; ``--mus`` runs other values,
-  such as
-              the larger mu the sound mode needs to train at all)
+              such as the larger mu the sound mode needs to train at all)
   --table 8   heterogeneous mu_n, 100 values evenly spaced in [0.1, 4] (paper and sound modes)
 
 Every row carries the accuracy (mean personalised test accuracy over all clients, as the seed scores

@@ -4,9 +4,8 @@ test module.
 
     --kill_at_round K   process 1 kills itself (SIGKILL, no clean-up) when round K has trained
     --writes_log FILE   every process but 0 records each path under the workdir it opened for
-    writing, created,
-                        renamed or removed (Python's file calls), one per line in FILE.<process>, at
-                        exit
+                        writing, created, renamed or removed (Python's file calls), one per line in
+                        FILE.<process>, at exit
 """
 
 import atexit

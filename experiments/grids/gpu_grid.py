@@ -12,15 +12,13 @@ rows exist is skipped.
 
 Cells (seeds 0, 1, 2 each):
   seed 004, Table 2 at 300 rounds (CIFAR-10 ACID3): CUAG-PFL paper mode with Alg. 4's sigma x 1,
-  1/2, 1/4, 1/8,
-    1/16 (``cuag.sigma_scale``), with sigma fixed at 0.45, the sound mode, compression alone,
-    PFLDyn(Proto), FedAvg scored by prototype adaptation as SCAFFOLD is (``eval_prototypes``; the
-    global model's accuracy beside it), and PFLDyn(Proto) and paper mode on the PFLDyn authors'
-    0.8M-parameter CNN (``model.name=cnn_pfl_authors``);
+    1/2, 1/4, 1/8, 1/16 (``cuag.sigma_scale``), with sigma fixed at 0.45, the sound mode,
+    compression alone, PFLDyn(Proto), FedAvg scored by prototype adaptation as SCAFFOLD is
+    (``eval_prototypes``; the global model's accuracy beside it), and PFLDyn(Proto) and paper mode
+    on the PFLDyn authors' 0.8M-parameter CNN (``model.name=cnn_pfl_authors``);
   seed 002 at the paper's scale: FEMNIST (E = 5, B = 64, lr 0.002, 500 rounds) for every method,
-  UGA's server rate
-    eta_g swept over 0.002, 0.01, 0.05, 0.2, 1 and ``uga.gradient_reduction=sum_of_batch_means``,
-    and Shakespeare (300 rounds).
+    UGA's server rate eta_g swept over 0.002, 0.01, 0.05, 0.2, 1 and
+    ``uga.gradient_reduction=sum_of_batch_means``, and Shakespeare (300 rounds).
 The time estimates (``ESTIMATE_NOTE``) are arithmetic from the recorded GPU runs, not measurements
 of these cells.
 """

@@ -32,9 +32,8 @@ class Model:
       num_classes: number of output classes.
       has_conv: whether the model convolves (the cohort engine picks strategies by it on CPU).
       has_penultimate: whether ``apply(..., penultimate=True)`` gives the last hidden layer (after
-      its
-        ReLU, before the output layer): the representation PFLDyn(Proto)'s authors build prototypes
-        on.
+        its ReLU, before the output layer): the representation PFLDyn(Proto)'s authors build
+        prototypes on.
       compute_dtype: ``None`` (float32 throughout) or ``'bfloat16'``: mixed precision. Parameters,
         gradients, optimizer state, clipping and privacy noise stay float32; only the forward and
         backward arithmetic of ``apply`` runs in bfloat16 (parameters and inputs are cast on entry,

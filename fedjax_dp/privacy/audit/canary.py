@@ -7,8 +7,7 @@ An (epsilon, delta)-DP mechanism bounds every test between neighbouring inputs:
 TPR <= e^epsilon FPR + delta (and the same with the roles of 1 - FPR and 1 - TPR swapped). Running
 the mechanism many times with and without a canary client, scoring each output by its projection on
 the canary direction, and bounding TPR from below and FPR from above with Clopper-Pearson intervals
-gives
-    epsilon_lower = max over thresholds of log((TPR_low - delta) / FPR_high)
+    gives epsilon_lower = max over thresholds of log((TPR_low - delta) / FPR_high)
 which holds with the stated confidence. The threshold is chosen on one half of the trials and the
 bound computed on the other, so selecting it does not bias the bound. A mechanism whose
 epsilon_lower exceeds its claimed epsilon is broken (or mis-accounted); a sound one's stays below.

@@ -5,6 +5,8 @@
     fedjax-dp --config my_config.py --seeds 0,1,2      # three seeds: mean and 95 % interval
     fedjax-dp --help                                   # the options, the shipped configs, every key
     fedjax-dp configs                                  # the shipped configs only
+    fedjax-dp --import my_module --config.model.name=my_cnn --config.data.source=my_clients
+                                                       # your model and data, registered there
 
 Exit status (one line on stderr says why for every status but 0):
   0    the run trained and wrote its results;
@@ -62,6 +64,13 @@ _SEEDS = flags.DEFINE_string(
 _TENSORBOARD = flags.DEFINE_bool(
     "tensorboard", False, "Also write TensorBoard scalars (needs tensorboardX).", flag_values=FLAGS
 )
+_IMPORT = flags.DEFINE_multi_string(
+    "import",
+    [],
+    "A module (name or .py path) to import first, which registers your models and data sources"
+    " (fedjax_dp.register_model / register_data)",
+    flag_values=FLAGS,
+)
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.", flag_values=FLAGS)
 _VERBOSE = flags.DEFINE_bool(
     "verbose", False, "Show library logs (orbax, dp_accounting); -v for short.", flag_values=FLAGS
@@ -91,7 +100,8 @@ _DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
 )
 
 USAGE = """usage: fedjax-dp [--config NAME|PATH] [--config.KEY=VALUE ...] [--workdir DIR]
-                 [--seeds 0,1,2] [--overwrite] [--resume] [--tensorboard] [--noprogress] [-v]
+                 [--import MODULE ...] [--seeds 0,1,2] [--overwrite] [--resume] [--tensorboard]
+                 [--noprogress] [-v]
                  [--distributed [--coordinator_address H:P --num_processes N --process_id I]]
        fedjax-dp configs          list the shipped configs
        fedjax-dp --help           this text, the shipped configs and every config key"""
@@ -106,6 +116,7 @@ def help_text() -> str:
         _OVERWRITE,
         _RESUME,
         _SEEDS,
+        _IMPORT,
         _TENSORBOARD,
         _PROGRESS,
         _VERBOSE,
@@ -300,16 +311,27 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, RuntimeError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
+    from fedjax_dp import plugins
     from fedjax_dp.experiment import Experiment, SeedsSummary
     from fedjax_dp.training.config_validation import validate_config
+    from fedjax_dp.training.fit_to_data import adopt_source_clients
     from fedjax_dp.training.results import ResultsWriteError
     from fedjax_dp.training.workdir_lock import WorkdirInUse
+
+    try:  # your registrations, before the config that names them is checked
+        for spec in _IMPORT.value:
+            plugins.import_module(spec)
+        plugins.load_entry_points()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
     use_persistent_cache()  # before anything compiles: a later run of the same programs loads them
 
     workdir = _WORKDIR.value or f"results/{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         # what Experiment checks, and the overrides
+        adopt_source_clients(cfg, overridden=_override_keys(argv))
         validate_config(cfg, overridden=_override_keys(argv))
         experiment = Experiment(cfg)
         options = dict(

@@ -29,7 +29,9 @@ from fedjax_dp import algorithms, compression, configs, core, data, models, priv
 from fedjax_dp.core.host_devices import use_a_device_per_core
 from fedjax_dp.data.sources import register_data
 from fedjax_dp.experiment import Experiment, RunSummary, SeedsSummary
-from fedjax_dp.models import ModelFunctions, register_model
+
+# ModelFunctions: a shortcut for fedjax_dp.models.ModelFunctions (documented there)
+from fedjax_dp.models import ModelFunctions, register_model  # noqa: F401
 from fedjax_dp.training.default_config import default_config
 
 __all__ = [
@@ -39,7 +41,6 @@ __all__ = [
     "default_config",
     "register_model",
     "register_data",
-    "ModelFunctions",
     "configs",
     "algorithms",
     "compression",

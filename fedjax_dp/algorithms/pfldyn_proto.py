@@ -265,11 +265,11 @@ def check_pfldyn(cfg, need) -> None:
     )
     need(
         p.representation != "penultimate" or has_penultimate(cfg.model.name),
-        f"pfldyn.representation='penultimate' builds prototypes on the model's penultimate features"
-        f" (apply(..., penultimate=True)), which model.name={cfg.model.name!r} does not give;"
-        f" models that do: {[n for n in model_names() if has_penultimate(n)]} (yours: a"
-        " `penultimate` argument of its __call__, or ModelFunctions(features=...)), or use"
-        " pfldyn.representation='output'",
+        "pfldyn.representation='penultimate' needs a model with a hidden layer whose penultimate"
+        f" features it builds prototypes on (apply(..., penultimate=True)), which"
+        f" model.name={cfg.model.name!r} does not give; models that do:"
+        f" {[n for n in model_names() if has_penultimate(n)]} (yours: a `penultimate` argument of"
+        " its __call__, or ModelFunctions(features=...)), or use pfldyn.representation='output'",
     )
     need(
         p.evaluated_model in EVALUATED_MODELS,

@@ -160,9 +160,11 @@ def _builder(model, input_shape, num_classes):
     def build(name, shape, classes, conv_impl):
         shape = _fits(name, input_shape, shape)
         module = make(num_classes or classes)
-        return Model(
-            name, module, shape, num_classes or classes, has_conv=_convolves(module, shape)
-        )
+        try:
+            convolves = _convolves(module, shape)
+        except TypeError:  # an unhashable module: fit_to_data refuses it, naming why
+            convolves = False
+        return Model(name, module, shape, num_classes or classes, has_conv=convolves)
 
     return build, penultimate
 

@@ -70,7 +70,7 @@ def validate_config(cfg, overridden=()) -> None:
     )
     need(
         not cfg.eval_prototypes or models.has_penultimate(cfg.model.name),
-        "eval_prototypes needs a model that gives its penultimate features"
+        "eval_prototypes needs a model with a hidden layer whose penultimate features it scores"
         f" ({[n for n in models.names() if models.has_penultimate(n)]}), got"
         f" model.name={cfg.model.name!r}",
     )

@@ -76,10 +76,10 @@ def check_model(name: str, dataset):
         ) from None
     try:
         hash(model.module)
-    except TypeError as error:
+    except TypeError:
         raise ValueError(
-            f"model {name!r}: its module cannot be hashed ({error}): give it tuples, not lists or"
-            " dicts, as fields (the engine compiles it as a static argument)"
+            f"model {name!r}: its module cannot be hashed: give it tuples, not lists or dicts, as"
+            " fields (the engine compiles it as a static argument)"
         ) from None
     n = min(2, len(dataset.x))
     x = jax.ShapeDtypeStruct((n,) + shape, jnp.float32)

@@ -137,6 +137,7 @@ def help_text() -> str:
             "options:\n" + options,
             environment,
             configs_text(),
+            registered_text(),
             "config keys (--config.KEY=VALUE; defaults of training/default_config.py):\n"
             + describe_keys(),
         ]
@@ -152,6 +153,19 @@ def _option_name(holder) -> str:
 def configs_text() -> str:
     return "shipped configs (--config NAME; a path to a config file works too):\n" + "\n".join(
         f"  {name:<24} {configs.summary(name)}" for name in configs.names()
+    )
+
+
+def registered_text() -> str:
+    """The registered models and data sources (yours join them: ``--import``)."""
+    from fedjax_dp.data import source_names
+    from fedjax_dp.models import model_names
+
+    return (
+        "models (--config.model.name; yours: fedjax_dp.register_model in a module given to"
+        f" --import):\n  {', '.join(model_names())}\n"
+        "data sources (--config.data.source; yours: fedjax_dp.register_data):\n"
+        f"  {', '.join(source_names())}"
     )
 
 

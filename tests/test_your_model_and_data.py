@@ -430,6 +430,10 @@ def test_the_shipped_models_and_sources_are_entries_of_the_same_registries(monke
         fedjax_dp.register_model("cnn_fedavg", TinyCNN, replace=True)
     with pytest.raises(ValueError, match="data source 'mnist' is already registered"):
         fedjax_dp.register_data("mnist", non_iid_clients(2), replace=True)
+    with pytest.raises(ValueError, match="data.partition='dirichlet' is not read: data.source="):
+        fedjax_dp.Experiment(
+            "fedavg_mnist", {"data.source": "my_clients", "data.partition": "dirichlet"}
+        )
     with pytest.raises(
         ValueError, match="data.num_clients=5, but data.source='my_clients' gives 12"
     ):

@@ -17,6 +17,7 @@ the chosen algorithm does not read at all are the registry's to refuse
 from __future__ import annotations
 
 from fedjax_dp.algorithms import registry
+from fedjax_dp.data import sources
 
 READ_ONLY_WHEN = (
     # (key, the key that decides, the values under which the first key is read)
@@ -40,6 +41,19 @@ READ_ONLY_WHEN = (
 """The generic sections' conditional keys (checked against the source: each is read nowhere else);
 the algorithm sections register theirs with the section
 (``registry.register_section(read_when=...)``)."""
+
+
+PARTITION_KEYS = (
+    "data.partition",
+    "data.shards_per_client",
+    "data.alpha",
+    "data.classes_per_client",
+    "data.max_train_per_client",
+    "data.max_test_per_client",
+    "data.min_train_per_client",
+)
+"""What deals a pool of examples out to clients: unread where the source gives its own clients
+(``data.sources``, kind ``clients``)."""
 
 
 def _value(cfg, dotted: str):
@@ -71,8 +85,16 @@ def check_unread_keys(cfg, overridden, need) -> None:
     conditions = {}
     for key, decider, reading in READ_ONLY_WHEN + registry.read_when():
         conditions.setdefault(key, []).append((decider, reading))
+    own_clients = sources.kind(cfg.data.source) == "clients"
     for key in _expand(cfg, overridden):
         section, _, leaf = key.partition(".")
+        if own_clients and key in PARTITION_KEYS:
+            need(
+                False,
+                f"{key}={_value(cfg, key)!r} is not read: data.source={cfg.data.source!r} gives its"
+                " own clients (no partition); drop it",
+            )
+            continue
         if (
             section in owned
             and section not in switched

@@ -5,6 +5,9 @@ The one obvious path::
     import fedjax_dp
     summary = fedjax_dp.Experiment("dp_fedavg_mnist", {"rounds": 20}).run("results/dp")
 
+Your own model and federated data: ``register_model`` / ``register_data`` (or ``Experiment(...,
+model=..., data=...)``); see ``docs/your_model_and_data.md``.
+
 ``fedjax_dp.configs`` lists the shipped configs; ``fedjax_dp.default_config()`` has every key. The
 building blocks, to compose by hand: ``core`` (the ``Algorithm`` protocol, ``FederatedRound``,
 upload ``chain``s), ``privacy`` (upload transforms that declare their DP releases, samplers that
@@ -24,7 +27,11 @@ __version__ = "0.2.0"
 
 from fedjax_dp import algorithms, compression, configs, core, data, models, privacy, training
 from fedjax_dp.core.host_devices import use_a_device_per_core
+from fedjax_dp.data.sources import register_data
 from fedjax_dp.experiment import Experiment, RunSummary, SeedsSummary
+
+# ModelFunctions: a shortcut for fedjax_dp.models.ModelFunctions (documented there)
+from fedjax_dp.models import ModelFunctions, register_model  # noqa: F401
 from fedjax_dp.training.default_config import default_config
 
 __all__ = [
@@ -32,6 +39,8 @@ __all__ = [
     "RunSummary",
     "SeedsSummary",
     "default_config",
+    "register_model",
+    "register_data",
     "configs",
     "algorithms",
     "compression",

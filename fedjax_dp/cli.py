@@ -5,6 +5,8 @@
     fedjax-dp --config my_config.py --seeds 0,1,2      # three seeds: mean and 95 % interval
     fedjax-dp --help                                   # the options, the shipped configs, every key
     fedjax-dp configs                                  # the shipped configs only
+    fedjax-dp --import my_module --config.model.name=my_cnn --config.data.source=my_clients
+                                                       # your model and data, registered there
 
 Exit status (one line on stderr says why for every status but 0):
   0    the run trained and wrote its results;
@@ -62,6 +64,13 @@ _SEEDS = flags.DEFINE_string(
 _TENSORBOARD = flags.DEFINE_bool(
     "tensorboard", False, "Also write TensorBoard scalars (needs tensorboardX).", flag_values=FLAGS
 )
+_IMPORT = flags.DEFINE_multi_string(
+    "import",
+    [],
+    "A module (name or .py path) to import first, which registers your models and data sources"
+    " (fedjax_dp.register_model / register_data)",
+    flag_values=FLAGS,
+)
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.", flag_values=FLAGS)
 _VERBOSE = flags.DEFINE_bool(
     "verbose", False, "Show library logs (orbax, dp_accounting); -v for short.", flag_values=FLAGS
@@ -91,7 +100,8 @@ _DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
 )
 
 USAGE = """usage: fedjax-dp [--config NAME|PATH] [--config.KEY=VALUE ...] [--workdir DIR]
-                 [--seeds 0,1,2] [--overwrite] [--resume] [--tensorboard] [--noprogress] [-v]
+                 [--import MODULE ...] [--seeds 0,1,2] [--overwrite] [--resume] [--tensorboard]
+                 [--noprogress] [-v]
                  [--distributed [--coordinator_address H:P --num_processes N --process_id I]]
        fedjax-dp configs          list the shipped configs
        fedjax-dp --help           this text, the shipped configs and every config key"""
@@ -106,6 +116,7 @@ def help_text() -> str:
         _OVERWRITE,
         _RESUME,
         _SEEDS,
+        _IMPORT,
         _TENSORBOARD,
         _PROGRESS,
         _VERBOSE,
@@ -126,6 +137,7 @@ def help_text() -> str:
             "options:\n" + options,
             environment,
             configs_text(),
+            registered_text(),
             "config keys (--config.KEY=VALUE; defaults of training/default_config.py):\n"
             + describe_keys(),
         ]
@@ -141,6 +153,19 @@ def _option_name(holder) -> str:
 def configs_text() -> str:
     return "shipped configs (--config NAME; a path to a config file works too):\n" + "\n".join(
         f"  {name:<24} {configs.summary(name)}" for name in configs.names()
+    )
+
+
+def registered_text() -> str:
+    """The registered models and data sources (yours join them: ``--import``)."""
+    from fedjax_dp.data import source_names
+    from fedjax_dp.models import model_names
+
+    return (
+        "models (--config.model.name; yours: fedjax_dp.register_model in a module given to"
+        f" --import):\n  {', '.join(model_names())}\n"
+        "data sources (--config.data.source; yours: fedjax_dp.register_data):\n"
+        f"  {', '.join(source_names())}"
     )
 
 
@@ -300,16 +325,27 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, RuntimeError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
+    from fedjax_dp import plugins
     from fedjax_dp.experiment import Experiment, SeedsSummary
     from fedjax_dp.training.config_validation import validate_config
+    from fedjax_dp.training.fit_to_data import adopt_source_clients
     from fedjax_dp.training.results import ResultsWriteError
     from fedjax_dp.training.workdir_lock import WorkdirInUse
+
+    try:  # your registrations, before the config that names them is checked
+        for spec in _IMPORT.value:
+            plugins.import_module(spec)
+        plugins.load_entry_points()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
     use_persistent_cache()  # before anything compiles: a later run of the same programs loads them
 
     workdir = _WORKDIR.value or f"results/{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         # what Experiment checks, and the overrides
+        adopt_source_clients(cfg, overridden=_override_keys(argv))
         validate_config(cfg, overridden=_override_keys(argv))
         experiment = Experiment(cfg)
         options = dict(

@@ -8,6 +8,12 @@ The config is a shipped config's name, a config file's path, or a ``ConfigDict``
 ``fedjax_dp.default_config()``); it is copied, locked (a misspelt key raises, naming the closest
 one) and validated when the ``Experiment`` is made, before any data is loaded. Client sampling and
 privacy accounting both come from ``config.sampling``, so they cannot disagree.
+
+Your own model and data (``docs/your_model_and_data.md``) are registered by name
+(``fedjax_dp.register_model``, ``fedjax_dp.register_data``) and named in the config, or given here
+(``model=``, ``data=``), which registers them and sets ``model.name`` / ``data.source``:
+
+    summary = fedjax_dp.Experiment("fedavg_mnist", {"rounds": 5}, model=CNN, data=clients).run()
 """
 
 from __future__ import annotations
@@ -19,8 +25,12 @@ import ml_collections
 
 from fedjax_dp import configs
 from fedjax_dp.core.host_devices import use_a_device_per_core
+from fedjax_dp.data.sources import register_data
+from fedjax_dp.models import register_model
+from fedjax_dp.plugins import load_entry_points
 from fedjax_dp.training import plots, results
 from fedjax_dp.training.config_validation import validate_config
+from fedjax_dp.training.fit_to_data import adopt_source_clients
 from fedjax_dp.training.loop import run_experiment
 from fedjax_dp.training.quiet import quiet_console
 from fedjax_dp.training.reporting import RunSummary
@@ -51,11 +61,31 @@ class Experiment:
         self,
         config: str | ml_collections.ConfigDict = configs.DEFAULT,
         overrides: dict | None = None,
+        *,
+        model=None,
+        data=None,
     ):
         """``overrides``: dotted keys to values, e.g. ``{"dp.noise_multiplier": 1.2, "rounds":
-        50}``. Asks JAX for one CPU device per core first (``core.host_devices``: a no-op once JAX
-        has started)."""
+        50}``. ``model``: your model (what ``register_model`` takes), registered and named as
+        ``model.name``; ``data``: your federated data (what ``register_data`` takes), registered
+        and named as ``data.source``. Loads the ``fedjax_dp.plugins`` entry points
+        (``fedjax_dp.plugins``) and asks JAX for one CPU device per core first
+        (``core.host_devices``: a no-op once JAX has started)."""
         use_a_device_per_core()
+        load_entry_points()
+        overrides = dict(overrides or {})
+        for key, given, register in (
+            ("model.name", model, register_model),
+            ("data.source", data, register_data),
+        ):
+            if given is None:
+                continue
+            if key in overrides:
+                raise ValueError(
+                    f"Experiment: {key}={overrides[key]!r} and {key.split('.')[0]}= both given;"
+                    " give one"
+                )
+            overrides[key] = register(None, given)
         if isinstance(config, str):
             cfg = configs.get(config, overrides)
         else:
@@ -63,7 +93,8 @@ class Experiment:
             cfg.lock()
             for key, value in (overrides or {}).items():
                 configs.set_value(cfg, key, value)
-        validate_config(cfg, overridden=tuple(overrides or ()))
+        adopt_source_clients(cfg, overridden=tuple(overrides))
+        validate_config(cfg, overridden=tuple(overrides))
         self.config = cfg
 
     def run(

@@ -17,6 +17,7 @@ TINY = {
     "cuag_pfl.ipynb": "ROUNDS, LOCAL_STEPS = 1, 1",
     "uga_fedmeta.ipynb": "ROUNDS = 2",
     "dp_ftrl.ipynb": "ROUNDS, SEPARATION = 4, 2",
+    "your_model_and_data.ipynb": "ROUNDS = 2",
 }
 """Overrides of each notebook's ``parameters`` cell for the suite (every notebook must have an
 entry)."""

@@ -52,7 +52,8 @@ from fedjax_dp.core.algorithm import (
 )
 from fedjax_dp.core.local_training import make_local_trainer
 from fedjax_dp.core.prototypes import prototype_correct, prototype_loss
-from fedjax_dp.models import PENULTIMATE_MODELS, evaluation_model
+from fedjax_dp.models import evaluation_model, model_names
+from fedjax_dp.models.registry import has_penultimate
 
 SERVER_MEANS = ("cohort", "population")
 EVALUATED_MODELS = ("server", "client_mean")
@@ -263,9 +264,12 @@ def check_pfldyn(cfg, need) -> None:
         f"pfldyn.representation {p.representation!r} unknown; use one of {REPRESENTATIONS}",
     )
     need(
-        p.representation != "penultimate" or cfg.model.name in PENULTIMATE_MODELS,
-        "pfldyn.representation='penultimate' needs a model with a hidden layer"
-        f" ({PENULTIMATE_MODELS}), got model.name={cfg.model.name!r}",
+        p.representation != "penultimate" or has_penultimate(cfg.model.name),
+        "pfldyn.representation='penultimate' needs a model with a hidden layer whose penultimate"
+        f" features it builds prototypes on (apply(..., penultimate=True)), which"
+        f" model.name={cfg.model.name!r} does not give; models that do:"
+        f" {[n for n in model_names() if has_penultimate(n)]} (yours: a `penultimate` argument of"
+        " its __call__, or ModelFunctions(features=...)), or use pfldyn.representation='output'",
     )
     need(
         p.evaluated_model in EVALUATED_MODELS,

@@ -74,8 +74,8 @@ class Requirements:
       personalized: the algorithm defines ``personalized_correct(state, client_state, train,
         test) -> (n_test,)``: 1.0 per test example that the client's own model (built from the
         global state, its stored state and its padded training data ``{x, y, mask}``) labels
-        correctly (PFLDyn's prototypes, a fine-tune). It is traced: evaluation maps it over every client in one compiled
-        pass and reports the mean and the distribution over clients.
+        correctly (PFLDyn's prototypes, a fine-tune). It is traced: evaluation maps it over every
+        client in one compiled pass and reports the mean and the distribution over clients.
       batches_per_step: with ``sampled_steps``, each step draws this many batches of B at once,
         without replacement (PFLDyn's two disjoint batches D, D' are one draw of 2B, split in
         halves).

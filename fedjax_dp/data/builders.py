@@ -1,11 +1,13 @@
 """Builds a ``FederatedDataset`` from a data configuration (source + partition).
 
-Sources: ``mnist_5k`` (embedded, no download), ``mnist``, ``cifar10``, ``cifar100`` (a non-canonical
-split: ``cifar_files``), ``femnist``, ``shakespeare`` (local files under ``data.data_dir``) and
+Sources (registered in ``data.sources``, where yours join them: ``register_data``): ``mnist_5k``
+(embedded, no download), ``mnist``, ``cifar10``, ``cifar100`` (a non-canonical split:
+``cifar_files``), ``femnist``, ``shakespeare`` (local files under ``data.data_dir``) and
 ``tfds:<name>`` (tensorflow-datasets).
 Partitions: label-based ``iid``, ``shards``, ``dirichlet`` (clients hold out ``test_fraction`` of
 their own data), ``iid_split``, ``acid``, ``alid`` (clients get local test data from the test
-split), and ``natural`` (one client per writer or speaking role).
+split), and ``natural`` (one client per writer or speaking role). A source that gives its own
+clients reads no partition.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import dataclasses
 
 import numpy as np
 
-from fedjax_dp.data import class_partitions, partition
+from fedjax_dp.data import class_partitions, partition, sources
 from fedjax_dp.data.cifar_files import NUM_CLASSES, load_cifar10
 from fedjax_dp.data.embedded import load_mnist_5k
 from fedjax_dp.data.federated_dataset import FederatedDataset
@@ -26,8 +28,6 @@ from fedjax_dp.data.normalization import standardize
 from fedjax_dp.data.server_sets import ServerSet, default_size, iid_server_set, writer_server_set
 from fedjax_dp.data.shakespeare_files import PAD_ID, SEQUENCE_LENGTH, VOCAB_SIZE, load_shakespeare
 
-SOURCES = ("mnist_5k", "mnist", "cifar10", "cifar100", "femnist", "shakespeare", "tfds:<name>")
-NATURAL_SOURCES = ("femnist", "shakespeare")
 LABEL_PARTITIONS = ("iid", "shards", "dirichlet")
 SPLIT_PARTITIONS = ("iid_split", "acid", "alid")
 PARTITIONS = LABEL_PARTITIONS + SPLIT_PARTITIONS + ("natural",)
@@ -40,27 +40,31 @@ def _cache_dir(cfg) -> str | None:
 
 
 def load_source(cfg):
-    """Returns ``(x_train, y_train, x_test, y_test, num_classes)``; the test arrays are None for a
-    source without a separate test split (clients then hold out part of their own data)."""
-    source, data_dir = cfg.source, cfg.get("data_dir", "")
-    if source == "mnist_5k":
-        x, y = load_mnist_5k()
-        return x, y, None, None, 10
-    if source == "mnist":
-        return (*load_mnist(data_dir), 10)
-    if source in NUM_CLASSES:  # cifar10, cifar100
-        return (*load_cifar10(data_dir, _cache_dir(cfg), source), NUM_CLASSES[source])
-    if source.startswith("tfds:"):
-        from fedjax_dp.data.tfds_source import load_tfds
-
-        return load_tfds(
-            source[5:], data_dir, cfg.get("download", False), cfg.get("manual_dir", "")
-        )
-    if source in NATURAL_SOURCES:
+    """Returns ``(x_train, y_train, x_test, y_test, num_classes)`` of a pooled source; the test
+    arrays are None for a source without a separate test split (clients then hold out part of their
+    own data)."""
+    entry = sources.get(cfg.source)
+    if entry.kind == "natural":
         raise ValueError(
-            f"source {source!r} is partitioned by its natural clients: set data.partition='natural'"
+            f"source {cfg.source!r} is partitioned by its natural clients: set"
+            " data.partition='natural'"
         )
-    raise ValueError(f"unknown data source {source!r}; available: {SOURCES}")
+    if entry.kind == "clients":
+        raise ValueError(
+            f"source {cfg.source!r} gives its own clients: it has no pool to partition"
+        )
+    return entry.load(cfg)
+
+
+def _tfds(cfg):
+    from fedjax_dp.data.tfds_source import load_tfds
+
+    return load_tfds(
+        cfg.source[5:],
+        cfg.get("data_dir", ""),
+        cfg.get("download", False),
+        cfg.get("manual_dir", ""),
+    )
 
 
 def _label_partition(labels: np.ndarray, cfg, rng: np.random.Generator) -> list[np.ndarray]:
@@ -73,11 +77,6 @@ def _label_partition(labels: np.ndarray, cfg, rng: np.random.Generator) -> list[
 
 def _natural(cfg, rng) -> FederatedDataset:
     name = f"{cfg.source}/natural"
-    if cfg.source not in NATURAL_SOURCES:
-        raise ValueError(
-            f"partition 'natural' needs a source with natural clients {NATURAL_SOURCES}, got"
-            f" {cfg.source!r}"
-        )
     train, test = _natural_splits(cfg)
     min_train = int(cfg.get("min_train_per_client", 0))
     if cfg.source == "femnist":
@@ -147,11 +146,20 @@ def build_dataset(cfg, seed: int) -> FederatedDataset:
     """The configured federated dataset. Label partitions keep ``test_fraction`` of each client's
     examples as its local test data; the central test set is the source's test split when it has
     one, else the union of the clients' test data."""
+    entry = sources.get(cfg.source)
+    if entry.kind == "clients":
+        return entry.load(cfg, seed)
     rng = np.random.default_rng(seed)
     if cfg.partition not in PARTITIONS:
         raise ValueError(f"unknown partition {cfg.partition!r}; available: {PARTITIONS}")
     if cfg.partition == "natural":
-        return _natural(cfg, rng)
+        if entry.kind != "natural":
+            natural = [n for n in sources.names() if sources.kind(n) == "natural"]
+            raise ValueError(
+                f"partition 'natural' needs a source with natural clients {natural}, got"
+                f" {cfg.source!r}"
+            )
+        return entry.load(cfg, rng)
     x, y, x_test, y_test, num_classes = load_source(cfg)
     if cfg.get("normalize", "none") == "channel":
         x, x_test = standardize(x, cfg.source), standardize(x_test, cfg.source)
@@ -189,13 +197,13 @@ def build_server_set(
     partitions draws it from ``num_writers`` writers of whom exactly that fraction are training
     clients (seed 002 §4.4); ``overlap`` = 0 on a label partition holds the drawn examples OUT of
     the clients' training data (the returned dataset no longer has them), so the set is disjoint
-    from every client's data."""
+    from every client's data; so does ``overlap`` = 0 on a source that gives its own clients."""
     rng = np.random.default_rng([seed, 7])
     size = default_size(int(dataset.train_sizes().sum()), server_cfg.fraction)
     if server_cfg.overlap < 0:
         pool = np.concatenate(dataset.client_train)
         return iid_server_set(dataset.x[pool], dataset.y[pool], size, rng), dataset
-    if data_cfg.partition != "natural":
+    if data_cfg.partition != "natural" or sources.kind(data_cfg.source) != "natural":
         if server_cfg.overlap != 0:
             raise ValueError(
                 f"server_data.overlap={server_cfg.overlap} needs writers: partition 'natural'"
@@ -235,3 +243,22 @@ def held_out_server_set(dataset: FederatedDataset, size: int, rng: np.random.Gen
         )
     remaining = dataclasses.replace(dataset, client_train=train)
     return ServerSet(dataset.x[taken], dataset.y[taken]), remaining
+
+
+def _cifar(name: str):
+    def load(cfg):
+        data = load_cifar10(cfg.get("data_dir", ""), _cache_dir(cfg), name)
+        return (*data, NUM_CLASSES[name])
+
+    return load
+
+
+sources.register("mnist_5k", "pooled", lambda cfg: (*load_mnist_5k(), None, None, 10), shipped=True)
+sources.register(
+    "mnist", "pooled", lambda cfg: (*load_mnist(cfg.get("data_dir", "")), 10), shipped=True
+)
+for _name in NUM_CLASSES:  # cifar10, cifar100
+    sources.register(_name, "pooled", _cifar(_name), shipped=True)
+sources.register("femnist", "natural", _natural, shipped=True)
+sources.register("shakespeare", "natural", _natural, shipped=True)
+sources.register("tfds:", "pooled", _tfds, prefix=True, shipped=True)

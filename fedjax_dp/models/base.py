@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -39,6 +40,8 @@ class Model:
         backward arithmetic of ``apply`` runs in bfloat16 (parameters and inputs are cast on entry,
         logits cast back to float32 before the loss, and the gradient of the cast accumulates into
         float32 parameters). Matrix units take bfloat16 operands with float32 accumulation.
+      loss: ``(params, x, y) -> (B,)``, each example's loss in place of softmax cross-entropy (a
+        model given as functions, ``user_model.ModelFunctions``); None: cross-entropy of the logits.
     """
 
     name: str
@@ -48,6 +51,7 @@ class Model:
     has_conv: bool = False
     compute_dtype: str | None = None
     has_penultimate: bool = False
+    loss: Callable | None = None
 
     def __post_init__(self):
         if self.compute_dtype not in COMPUTE_DTYPES:
@@ -78,8 +82,11 @@ class Model:
         return self.module.apply({"params": low}, x, **options).astype(jnp.float32)
 
     def per_example_loss(self, params, batch, key=None) -> jax.Array:
-        """Softmax cross-entropy of each example of ``batch = {'x': ..., 'y': ...}``."""
+        """Softmax cross-entropy (or the model's own ``loss``) of each example of ``batch = {'x':
+        ..., 'y': ...}``."""
         del key
+        if self.loss is not None:
+            return self.loss(params, batch["x"], batch["y"])
         logits = self.apply(params, batch["x"])
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
 

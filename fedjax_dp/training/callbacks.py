@@ -182,6 +182,7 @@ class Results(Callback):
             secure_rng=cfg.privacy.secure_rng,
             client_test_set=central_test_from_clients(dataset),
             wrote_client_accuracies=bool(cfg.eval_client_data),
+            privacy_unit=dataset.metadata.get("privacy_unit"),
         )
         run.writer.write_json("privacy.json", record)
         if tracker is not None:

@@ -39,7 +39,7 @@ GENERIC_DOCS = {
     ),
     "data.source": (
         "mnist_5k (embedded, no download) | mnist | cifar10 | cifar100 | femnist | shakespeare |"
-        " tfds:<name>"
+        " tfds:<name> | yours (fedjax_dp.register_data, --import: it gives its own clients)"
     ),
     "data.data_dir": "folder of the local files, or the TFDS data_dir",
     "data.cache_dir": (
@@ -60,7 +60,7 @@ GENERIC_DOCS = {
         "iid | shards (McMahan's label shards) | dirichlet | iid_split | acid | alid | natural (by"
         " writer/role)"
     ),
-    "data.num_clients": "number of clients K",
+    "data.num_clients": "number of clients K (a source that gives its own clients: their number)",
     "data.shards_per_client": "shards partition: label-sorted shards per client",
     "data.alpha": "dirichlet partition: concentration (smaller = more skewed)",
     "data.test_fraction": "fraction of each client's examples held out as its own test data",
@@ -74,7 +74,8 @@ GENERIC_DOCS = {
     "data.sequence_length": "shakespeare: characters per training window",
     "model.name": (
         "logistic | mlp_2nn | mlp_600_100 | cnn_fedavg | cnn_pfl | vgg16 | vgg16_gn (VGG16 +"
-        " GroupNorm) | char_gru (GRU 256 x 2) | char_gru_small (one GRU of 128)"
+        " GroupNorm) | char_gru (GRU 256 x 2) | char_gru_small (one GRU of 128) | yours"
+        " (fedjax_dp.register_model, --import)"
     ),
     "model.compute_dtype": (
         "'' (float32) or 'bfloat16' (mixed precision; parameters and DP noise stay float32)"

@@ -14,13 +14,14 @@ from fedjax_dp.core import config_sections
 from fedjax_dp.core import hosts
 from fedjax_dp.core.cohort import STRATEGIES
 from fedjax_dp.core.deferred_dense import DEFERRED_DENSE_MODES as DEFERRED_DENSE
-from fedjax_dp.data.builders import NATURAL_SOURCES, PARTITIONS, SOURCES
+from fedjax_dp.data import sources
+from fedjax_dp.data.builders import PARTITIONS
 from fedjax_dp.data.augmentation import AUGMENTATIONS, FLIPPABLE_SOURCES
 from fedjax_dp.data.normalization import CHANNEL_STATS, NORMALIZATIONS
 from fedjax_dp.core.optimizers import OPTIMIZERS
-from fedjax_dp.models import COMPUTE_DTYPES, MODEL_NAMES, PENULTIMATE_MODELS
+from fedjax_dp.models import COMPUTE_DTYPES
+from fedjax_dp.models import registry as models
 from fedjax_dp.models.conv import CONV_IMPLS
-from fedjax_dp.models.pfl_cnn import check_input_shape
 from fedjax_dp.data.known_shapes import KNOWN_INPUT_SHAPES
 from fedjax_dp.privacy.settings import check_privacy
 from fedjax_dp.training.default_config import default_config
@@ -57,8 +58,9 @@ def validate_config(cfg, overridden=()) -> None:
         " eval_client_data=False forbids it",
     )
     need(
-        not cfg.eval_prototypes or cfg.model.name in PENULTIMATE_MODELS,
-        f"eval_prototypes needs a model with a hidden layer ({PENULTIMATE_MODELS}), got"
+        not cfg.eval_prototypes or models.has_penultimate(cfg.model.name),
+        "eval_prototypes needs a model with a hidden layer whose penultimate features it scores"
+        f" ({[n for n in models.names() if models.has_penultimate(n)]}), got"
         f" model.name={cfg.model.name!r}",
     )
     need(
@@ -98,11 +100,11 @@ def validate_config(cfg, overridden=()) -> None:
         f"data.partition {cfg.data.partition!r} unknown; available: {PARTITIONS}",
     )
     need(
-        cfg.data.source in SOURCES or cfg.data.source.startswith("tfds:"),
-        f"data.source {cfg.data.source!r} unknown; available: {SOURCES}",
+        sources.find(cfg.data.source) is not None,
+        f"data.source {cfg.data.source!r} unknown; available: {sources.names()}",
     )
     need(
-        cfg.data.source not in NATURAL_SOURCES or cfg.data.partition == "natural",
+        sources.kind(cfg.data.source) != "natural" or cfg.data.partition == "natural",
         f"data.source {cfg.data.source!r} is partitioned by its natural clients: set"
         f" data.partition='natural', got {cfg.data.partition!r}",
     )
@@ -135,13 +137,16 @@ def validate_config(cfg, overridden=()) -> None:
         f" (writers, roles); data.partition={cfg.data.partition!r} makes its own clients",
     )
     need(
-        cfg.model.name in MODEL_NAMES,
-        f"model.name {cfg.model.name!r} unknown; available: {MODEL_NAMES}",
+        models.is_registered(cfg.model.name),
+        f"model.name {cfg.model.name!r} unknown; available: {models.names()}",
     )
     shape = KNOWN_INPUT_SHAPES.get(cfg.data.source.removeprefix("tfds:"))
-    if shape is not None and cfg.model.name in MODEL_NAMES:
+    check_shape = (
+        models.is_registered(cfg.model.name) and models.get(cfg.model.name).check_input_shape
+    )
+    if shape is not None and check_shape:
         try:
-            check_input_shape(cfg.model.name, shape)
+            check_shape(shape)
         except ValueError as error:
             need(False, f"{error} (data.source={cfg.data.source!r})")
     need(

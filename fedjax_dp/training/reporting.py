@@ -127,10 +127,13 @@ def privacy_record(
     secure_rng: bool = False,
     client_test_set: bool = False,
     wrote_client_accuracies: bool = False,
+    privacy_unit: str | None = None,
 ) -> dict:
     """What ``privacy.json`` holds: the tracker's report (strict JSON; what the run published
     outside the guarantee listed; ``formal`` false with each reason in ``breaches``), or for a run
-    that released nothing private an unbounded epsilon."""
+    that released nothing private an unbounded epsilon. ``privacy_unit``: who a client is, where
+    the data source says (your own clients: the ids you gave)."""
+    unit = {} if privacy_unit is None else {"privacy_unit": privacy_unit}
     if tracker is None:
         return {
             "mechanism": "none",
@@ -141,6 +144,7 @@ def privacy_record(
                 ["no upload transform adds noise: no differential privacy (epsilon unbounded)"]
                 + notes
             ),
+            **unit,
         }
     record = _strict(dataclasses.asdict(tracker.report()))
     record["noise_rng"] = "secure" if secure_rng else "seeded"
@@ -149,7 +153,7 @@ def privacy_record(
         record["formal"] = False
         record["notes"] += [f"NO formal guarantee: {reason}" for reason in breaches]
     record["outside_guarantee"] = outside_guarantee(rows, client_test_set, wrote_client_accuracies)
-    return record
+    return {**record, **unit}
 
 
 def _strict(value):

@@ -45,6 +45,7 @@ from fedjax_dp.training.checkpointing import Checkpointer, Interruption
 from fedjax_dp.training.cohorts import cohort_slots, make_packer, sample_cohort
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.evaluation import evaluate_state
+from fedjax_dp.training.fit_to_data import fit_to_data
 from fedjax_dp.training.personalized_evaluation import PersonalizedEvaluator
 from fedjax_dp.training.prototype_adaptation import PrototypeAdaptation
 from fedjax_dp.training.run_state import LoopState
@@ -128,6 +129,8 @@ class RunContext:
         if needs_server_set(cfg):
             server_set, dataset = build_server_set(cfg.data, cfg.server_data, dataset, cfg.seed)
         cfg = cfg.copy_and_resolve_references()
+        # a source's own client count; a user's model checked against the data, before any build
+        cfg, dataset = fit_to_data(cfg, dataset)
         choice, model, runner = build_model_and_round(cfg, dataset, server_set)
         requirements = runner.algorithm.requirements
         _check_evaluation(cfg, dataset, requirements)

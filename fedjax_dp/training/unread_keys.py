@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from fedjax_dp.algorithms import registry
 from fedjax_dp.core import config_sections
+from fedjax_dp.data import sources
 
 READ_ONLY_WHEN = (
     # (key, the key that decides, the values under which the first key is read)
@@ -35,6 +36,19 @@ READ_ONLY_WHEN = (
 """The generic sections' conditional keys (checked against the source: each is read nowhere else);
 the algorithm sections register theirs with the section
 (``registry.register_section(read_when=...)``)."""
+
+
+PARTITION_KEYS = (
+    "data.partition",
+    "data.shards_per_client",
+    "data.alpha",
+    "data.classes_per_client",
+    "data.max_train_per_client",
+    "data.max_test_per_client",
+    "data.min_train_per_client",
+)
+"""What deals a pool of examples out to clients: unread where the source gives its own clients
+(``data.sources``, kind ``clients``)."""
 
 
 def _value(cfg, dotted: str):
@@ -63,8 +77,16 @@ def check_unread_keys(cfg, overridden, need) -> None:
     conditions = {}
     for key, decider, reading in READ_ONLY_WHEN + config_sections.read_when():
         conditions.setdefault(key, []).append((decider, reading))
+    own_clients = sources.kind(cfg.data.source) == "clients"
     for key in _expand(cfg, overridden):
         section, _, leaf = key.partition(".")
+        if own_clients and key in PARTITION_KEYS:
+            need(
+                False,
+                f"{key}={_value(cfg, key)!r} is not read: data.source={cfg.data.source!r} gives its"
+                " own clients (no partition); drop it",
+            )
+            continue
         if (
             section in owned
             and section not in switched

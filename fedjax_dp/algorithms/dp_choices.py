@@ -16,6 +16,7 @@ import math
 
 import jax
 
+from fedjax_dp.algorithms import ddp_section
 from fedjax_dp.core.release import Release
 from fedjax_dp.privacy.correlated import soundness, strategies
 from fedjax_dp.privacy.correlated.plan import NoisePlan
@@ -178,8 +179,10 @@ def strategy_name(cfg) -> str:
     return "identity" if cfg.dp.noise == "gaussian" else cfg.dp.noise
 
 
-def _independent(ctx, schedule, details) -> GaussianNoise:
+def _independent(ctx, schedule, details):
     dp = ctx.cfg.dp
+    if ddp_section.distributed(ctx.cfg):
+        return ddp_section.build_noise(ctx, schedule, details)
     adaptive = get("dp", "clip", dp.clip).traits.get("count_release") is not None
     return GaussianNoise(
         schedule,
@@ -208,7 +211,13 @@ def build_noise(ctx, schedule, details) -> object:
     return _independent(ctx, schedule, details)
 
 
-def _independent_releases(cfg, z: float, denominator: float) -> list[Release]:
+def _independent_releases(cfg, z: float, denominator: float, dim=None) -> list[Release]:
+    if ddp_section.distributed(cfg):
+        if dim is None:
+            raise ValueError("distributed noise's releases need the upload's dimension")
+        num_clients = cfg.data.num_clients
+        noise = ddp_section.build_from_plan(ddp_section.plan(cfg, num_clients, z, dim))
+        return list(noise.releases(noise.inputs(1)))
     counted = get("dp", "clip", cfg.dp.clip).traits.get("count_release")
     noise = GaussianNoise(
         ((1, z),),
@@ -218,21 +227,23 @@ def _independent_releases(cfg, z: float, denominator: float) -> list[Release]:
     return list(noise.releases(noise.inputs(1)))
 
 
-def _stream_releases(cfg, z: float, denominator: float) -> list[Release]:
+def _stream_releases(cfg, z: float, denominator: float, dim=None) -> list[Release]:
     return [stream_release(participation_of(cfg.sampling), z, strategy_rounds(cfg))]
 
 
-def _gaussian_releases(cfg, z: float, denominator: float) -> list[Release]:
+def _gaussian_releases(cfg, z: float, denominator: float, dim=None) -> list[Release]:
     if correlated(cfg):
         return _stream_releases(cfg, z, denominator)
-    return _independent_releases(cfg, z, denominator)
+    return _independent_releases(cfg, z, denominator, dim)
 
 
-def noise_releases(cfg, num_clients: int, z: float, denominator: float) -> list[Release]:
-    """What round 1 releases at noise multiplier z, from the config alone (no model): the noise
-    family's release (a correlated stream: the whole stream's) and an adaptive clip's count
-    beside it."""
-    releases = get("dp", "noise", cfg.dp.noise).releases_of(cfg, z, denominator)
+def noise_releases(
+    cfg, num_clients: int, z: float, denominator: float, dim: int | None = None
+) -> list[Release]:
+    """What round 1 releases at noise multiplier z, from the config alone (no model; distributed
+    noise: for an upload of ``dim`` coordinates): the noise family's release (a correlated stream:
+    the whole stream's) and an adaptive clip's count beside it."""
+    releases = get("dp", "noise", cfg.dp.noise).releases_of(cfg, z, denominator, dim)
     counted = get("dp", "clip", cfg.dp.clip).traits.get("count_release")
     if counted and not correlated(cfg):
         releases = releases + [counted(cfg, denominator)]

@@ -21,7 +21,9 @@ Geyer's Fig. 2 diagnostics V_c and U_s.
 
 from __future__ import annotations
 
-from fedjax_dp.algorithms import registry
+import jax
+
+from fedjax_dp.algorithms import ddp_section, registry
 from fedjax_dp.algorithms.dp_section import (
     DP_PRIVACY_KEYS,
     calibrated_noise_multiplier,
@@ -43,7 +45,8 @@ def noise_schedule(ctx) -> tuple[tuple[int, float], ...]:
     dp = ctx.cfg.dp
     if not ctx.cfg.privacy.target_epsilon:
         return parse_schedule(dp.noise_schedule, dp.noise_multiplier)
-    return ((1, calibrated_noise_multiplier(ctx.cfg, ctx.num_clients)),)
+    dim = sum(x.size for x in jax.tree_util.tree_leaves(ctx.params_template))
+    return ((1, calibrated_noise_multiplier(ctx.cfg, ctx.num_clients, dim)),)
 
 
 def calibration(ctx) -> tuple:
@@ -72,6 +75,8 @@ def dp_uploads(ctx) -> Chain:
     """Geyer's Alg. 1 uploads: clip (``dp.clip``'s rule), noise (``dp.noise``'s family, central or
     local), divide by the fixed D."""
     dp, denominator = ctx.cfg.dp, ctx.expected_cohort()
+    if ddp_section.distributed(ctx.cfg):  # the sum holds the survivors
+        denominator = ddp_section.denominator(ctx.cfg, denominator)
     clip = choices.get("dp", "clip", dp.clip).build(ctx, denominator)
     noise = choices.get("dp", "noise", dp.noise).build(ctx, noise_schedule(ctx), calibration(ctx))
     schedule = () if correlated(ctx.cfg) else ctx.denominators()
@@ -90,7 +95,7 @@ def build_dp_fedavg(ctx) -> tuple:
 registry.register(
     "dp_fedavg",
     build=build_dp_fedavg,
-    sections=("dp",),
+    sections=("dp", "ddp"),
     validate=check_dp,
     privacy_keys=DP_PRIVACY_KEYS,
     participation=True,

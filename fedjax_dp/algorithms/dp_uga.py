@@ -24,7 +24,7 @@ def check_dp_uga(cfg, need) -> None:
 registry.register(
     "dp_uga",
     build=build_dp_uga,
-    sections=("dp", "uga"),
+    sections=("dp", "ddp", "uga"),
     validate=check_dp_uga,
     privacy_keys=DP_PRIVACY_KEYS,
     participation=True,

@@ -31,7 +31,7 @@ import dp_accounting
 import numpy as np
 from dp_accounting import NeighboringRelation
 
-LOCALITIES = ("central", "local")
+LOCALITIES = ("central", "local", "distributed")
 UNITS = ("client", "example")
 
 
@@ -69,8 +69,10 @@ class Release:
     Attributes:
       mechanism: what it is, in words.
       locality: ``central`` (one draw on the cohort's sum, composed by the accountant with the
-        sampling) or ``local`` (one draw per client before sending, each participating client's own
-        ledger composes it, without amplification by sampling).
+        sampling), ``local`` (one draw per client before sending, each participating client's own
+        ledger composes it, without amplification by sampling) or ``distributed`` (each client
+        sends a share of the noise the sum carries under a simulated secure aggregation; composed
+        as a central release).
       noise_multiplier: noise std over ``bound_value`` (0: nothing private).
       bound: the per-unit bound in words.
       bound_value: the number (inf where nothing bounds the upload).

@@ -401,7 +401,7 @@ def _send(uploads: Chain, states, inputs, client, out, ok):
         "update_norm": tree.l2_norm(upload),
     }
     if split == len(uploads):
-        summed["upload"] = jax.tree_util.tree_map(lambda u: u * weight, upload)
+        summed["upload"] = jax.tree_util.tree_map(lambda u: _weighted(u, weight, keep), upload)
     else:
         per_client["upload"] = upload
     if out.client_state is not None:
@@ -409,6 +409,15 @@ def _send(uploads: Chain, states, inputs, client, out, ok):
     if client_states is not None:
         per_client[UPLOAD_CLIENT_STATE] = tuple(new_client_states)
     return summed, per_client
+
+
+def _weighted(upload, weight, keep):
+    """A client's weighted upload; an integer upload (a modular share under simulated secure
+    aggregation) is kept exact: it enters the sum whole or not at all (its weight must be 0 or
+    1), so the engine's integer sum wraps as modular arithmetic does."""
+    if jnp.issubdtype(upload.dtype, jnp.integer):
+        return jnp.where(keep, upload, jnp.zeros_like(upload))
+    return upload * weight
 
 
 def _this_host_rows(clients, num_slots: int):

@@ -8,8 +8,10 @@ import optax
 
 
 def l2_norm(tree) -> jax.Array:
-    """L2 norm of a whole pytree, as if all its leaves were flattened into one vector."""
-    return optax.tree_utils.tree_norm(tree)
+    """L2 norm of a whole pytree, as if all its leaves were flattened into one vector (integer
+    leaves as float32, whose squares cannot overflow)."""
+    as_float = lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.integer) else x
+    return optax.tree_utils.tree_norm(jax.tree_util.tree_map(as_float, tree))
 
 
 @jax.jit  # one program for the whole tree, not an eager pair of operations per leaf

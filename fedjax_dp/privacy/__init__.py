@@ -47,6 +47,9 @@ from fedjax_dp.privacy.ledgers.budget import BudgetRule, ClientBook
 from fedjax_dp.privacy.ledgers.client_level import CentralLedger, Ledger, LocalLedger
 from fedjax_dp.privacy.ledgers.correlated import CorrelatedLedger
 
+# registers distributed DP's accounting events
+from fedjax_dp.privacy import distributed  # noqa: F401
+
 # registers the privacy rules of every chain
 from fedjax_dp.privacy.mechanisms import chain_rules  # noqa: F401
 from fedjax_dp.privacy.mechanisms.update_statistics import UpdateStatistics

@@ -78,7 +78,7 @@ class CachedPldAccountant(pld_privacy_accountant.PLDAccountant):
         if registered is None:
             return super()._maybe_compose(event, count, do_compose)
         if isinstance(registered, str):
-            return privacy_accountant.CompositionErrorDetails(
+            return privacy_accountant.PrivacyAccountant.CompositionErrorDetails(
                 invalid_event=event, error_message=registered
             )
         if do_compose:

@@ -94,7 +94,7 @@ class RdpAccountant(rdp_privacy_accountant.RdpAccountant):
         if curve is None:
             return super()._maybe_compose(event, count, do_compose)
         if isinstance(curve, str):
-            return privacy_accountant.CompositionErrorDetails(
+            return privacy_accountant.PrivacyAccountant.CompositionErrorDetails(
                 invalid_event=event, error_message=curve
             )
         if do_compose:

@@ -90,6 +90,10 @@ class LedgerDefaults:
         return None
 
 
+ON_THE_SUM = ("central", "distributed")
+"""Localities whose noise is on the cohort's sum, composed by the central ledger."""
+
+
 def combine(z: np.ndarray) -> np.ndarray:
     """z_eff = (sum_i z_i^-2)^(-1/2) over axis 0 of Gaussian releases on the same data (0 where any
     is noiseless, inf where there is none)."""
@@ -151,6 +155,7 @@ class CentralLedger(LedgerDefaults):
             sensitivity_factor=2.0 if sampler.relation == "replace-one" else 1.0,
         )
         self.events_used: list[RoundEvent] = []
+        self.last_releases: list[Release] = []
 
     @staticmethod
     def mechanism(releases: list[Release]) -> dp_accounting.DpEvent:
@@ -161,7 +166,7 @@ class CentralLedger(LedgerDefaults):
                 "a correlated-noise stream is not composed per round: it needs the correlated"
                 " ledger (privacy.ledgers.correlated)"
             )
-        central = [r for r in releases if r.locality == "central"]
+        central = [r for r in releases if r.locality in ON_THE_SUM]
         for r in central:
             if r.sensitivity_factor != 1.0:
                 raise ValueError(
@@ -213,6 +218,7 @@ class CentralLedger(LedgerDefaults):
         if event.gaussian:
             self.clients.record(client_ids, event.noise_multiplier)
         self.events_used.append(event)
+        self.last_releases = list(releases)
 
     def epsilon(self) -> float:
         if not self.events_used:
@@ -266,10 +272,13 @@ class CentralLedger(LedgerDefaults):
             notes.append(f"the {' and '.join(skipped)} accountant cannot compose these events")
         other = sorted({str(e.mechanism) for e in events if not e.gaussian})
         accounting = {"round_mechanisms": other} if other else {}
+        distributed = any(r.locality == "distributed" for r in self.last_releases)
         return {
             "neighboring_relation": self.sampler.relation,
             "sampling": self.sampler.describe(),
-            "noise_mode": "central",
+            "noise_mode": "distributed (simulated secure aggregation)"
+            if distributed
+            else "central",
             "accountant": self.settings.accountant,
             "epsilons": epsilons,
             "notes": notes,

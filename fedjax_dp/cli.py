@@ -327,10 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error.args[0] if isinstance(error, KeyError) else error}", file=sys.stderr)
         return 2
     except OSError as error:  # a disk that refuses a results file (full, read-only): one line
-        print(
-            f"error: {error.strerror if isinstance(error, ResultsWriteError) else error}",
-            file=sys.stderr,
-        )
+        written = isinstance(error, ResultsWriteError) and error.strerror
+        print(f"error: {error.strerror if written else error}", file=sys.stderr)
         return 1
     from fedjax_dp.core import hosts
 

@@ -332,3 +332,40 @@ def test_an_infinite_clip_is_refused_before_anything_is_written(tmp_path):
     assert run.returncode == 2
     assert "dp.clip_norm=inf: must be a finite number" in _log(tmp_path / "w")
     assert not (tmp_path / "w").exists()
+
+
+def _tiny_dp_config(rounds=2):
+    c = default_config()
+    c.algorithm, c.rounds, c.eval_every = "dp_fedavg", rounds, rounds
+    c.data.num_clients, c.model.name, c.sampling.cohort_size = 12, "logistic", 4
+    c.client.update(epochs=1, batch_size=20)
+    return c
+
+
+def test_a_full_disk_at_the_end_writes_privacy_and_the_model_first_and_tries_every_other_file(
+    tmp_path, monkeypatch
+):
+    """A full disk at the end of a run (no checkpoint before it) lost privacy.json, summary.json
+    and the model: the first file written, client_accuracies.json, failed and nothing after it was
+    tried. privacy.json and the final checkpoint now come first, and every file is tried."""
+    written = []
+    real_replace, real_save = os.replace, loop_module.Checkpointer.save
+
+    def replace(src, dst):
+        written.append(os.path.basename(str(dst)))
+        if str(dst).endswith("client_accuracies.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst)
+
+    def save(self, *args, **kwargs):
+        written.append("checkpoint")
+        return real_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(results.os, "replace", replace)
+    monkeypatch.setattr(loop_module.Checkpointer, "save", save)
+    with pytest.raises(results.ResultsWriteError, match="client_accuracies.json") as error:
+        run_experiment(_tiny_dp_config(), str(tmp_path / "w"), progress=False)
+    assert "\n" not in error.value.strerror
+    assert written[written.index("privacy.json") :][:2] == ["privacy.json", "checkpoint"]
+    for name in ("privacy.json", "summary.json", "results.png", "checkpoints/round_000002"):
+        assert os.path.exists(tmp_path / "w" / name), name

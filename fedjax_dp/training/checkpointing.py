@@ -131,6 +131,7 @@ class Checkpointer:
                         code or errno.ENOSPC,
                         f"cannot write the checkpoint {self.path(round_index)}: "
                         f"{_first_line(error)}; {free_space(self.path(round_index))}",
+                        self.path(round_index),
                     ) from None
                 raise
         return self.path(round_index)

@@ -10,9 +10,10 @@ data side must provide, and the upload chain's declared releases say whether pri
 from __future__ import annotations
 
 import contextlib
+import functools
 
 from fedjax_dp.core import hosts
-from fedjax_dp.training import results  # noqa: F401  (tests reach the writer through this module)
+from fedjax_dp.training import results
 from fedjax_dp.training.callbacks import default_callbacks
 from fedjax_dp.training.checkpointing import Checkpointer, truncate_metrics  # noqa: F401
 from fedjax_dp.training.config_validation import validate_config
@@ -91,6 +92,6 @@ def train(run: RunContext, callbacks) -> RunSummary:
                     f" {run.interruption.signal_name or 'a signal to another process'}"
                 )
                 break
-    for callback in callbacks:
-        callback.on_train_end(run)
+    # every end hook is tried, even after one failed (a full disk: ``results.attempt_each``)
+    results.attempt_each([functools.partial(c.on_train_end, run) for c in callbacks])
     return run.summary

@@ -258,6 +258,25 @@ def _override_keys(argv: list[str]) -> tuple[str, ...]:
     )
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``' value as distinct integers >= 0 (empty: one run); a ``ValueError`` naming the
+    option and the value otherwise."""
+    seeds = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        if not re.fullmatch(r"\d+", item):
+            raise ValueError(
+                f"--seeds={text}: every seed must be an integer >= 0 (e.g. --seeds 0,1,2), got"
+                f" {item!r}"
+            )
+        seeds.append(int(item))
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(f"--seeds={text}: the seeds must be distinct, {repeated[0]} is repeated")
+    return seeds
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "--helpfull", "help") for a in argv[1:]):
@@ -275,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         FLAGS(_resolve_config_argv(argv))
         cfg = _CONFIG.value
         _ = cfg.algorithm  # a config file that failed to load raises only when first read
-        seeds = [int(s) for s in _SEEDS.value.split(",") if s.strip()]
+        seeds = parse_seeds(_SEEDS.value)
     except Exception as error:  # noqa: BLE001  (any failure to read the command or config: one line)
         print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
@@ -303,26 +322,31 @@ def main(argv: list[str] | None = None) -> int:
     from fedjax_dp.experiment import Experiment, SeedsSummary
     from fedjax_dp.training.config_validation import validate_config
     from fedjax_dp.training.results import ResultsWriteError
-    from fedjax_dp.training.workdir_lock import WorkdirInUse
+    from fedjax_dp.training.workdir_lock import WorkdirInUse, WorkdirUnusable, held_by_process_zero
 
     use_persistent_cache()  # before anything compiles: a later run of the same programs loads them
 
     workdir = _WORKDIR.value or f"results/{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        # what Experiment checks, and the overrides
-        validate_config(cfg, overridden=_override_keys(argv))
-        experiment = Experiment(cfg)
-        options = dict(
-            overwrite=_OVERWRITE.value,
-            progress=_PROGRESS.value,
-            tensorboard=_TENSORBOARD.value,
-            verbose=_VERBOSE.value,
-        )
-        summary = (
-            experiment.run_seeds(seeds, workdir, **options)
-            if seeds
-            else experiment.run(workdir, resume=_RESUME.value, **options)
-        )
+        # the workdir first: a second run into it learns at once, not after the calibration
+        with held_by_process_zero(workdir):
+            # what Experiment checks, and the overrides
+            validate_config(cfg, overridden=_override_keys(argv))
+            experiment = Experiment(cfg)
+            options = dict(
+                overwrite=_OVERWRITE.value,
+                progress=_PROGRESS.value,
+                tensorboard=_TENSORBOARD.value,
+                verbose=_VERBOSE.value,
+            )
+            summary = (
+                experiment.run_seeds(seeds, workdir, **options)
+                if seeds
+                else experiment.run(workdir, resume=_RESUME.value, **options)
+            )
+    except WorkdirUnusable as error:
+        print(f"error: --workdir={error.workdir}: {error.reason}", file=sys.stderr)
+        return 2
     except (ValueError, FileExistsError, FileNotFoundError, KeyError, WorkdirInUse) as error:
         print(f"error: {error.args[0] if isinstance(error, KeyError) else error}", file=sys.stderr)
         return 2

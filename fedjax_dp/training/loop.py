@@ -9,7 +9,6 @@ data side must provide, and the upload chain's declared releases say whether pri
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 from fedjax_dp.core import hosts
@@ -22,7 +21,7 @@ from fedjax_dp.training.run_context import (
     RunContext,
     central_test_from_clients,  # noqa: F401
 )
-from fedjax_dp.training.workdir_lock import WorkdirLock
+from fedjax_dp.training.workdir_lock import held_by_process_zero
 
 
 def run_experiment(
@@ -39,28 +38,16 @@ def run_experiment(
     ``resume`` continues the run in ``workdir`` from its newest checkpoint: the result is identical
     to an uninterrupted run. SIGINT / SIGTERM finish the round, checkpoint and return
     ``interrupted``. ``tensorboard`` also writes every round's scalars under
-    ``<workdir>/tensorboard`` (tensorboardX). One run holds ``workdir`` at a time (``WorkdirLock``);
-    ``overwrite`` first removes every artefact of the earlier run there, checkpoints included.
+    ``<workdir>/tensorboard`` (tensorboardX). One run holds ``workdir`` at a time (``WorkdirLock``,
+    taken first); ``overwrite`` first removes every artefact of the earlier run there, checkpoints
+    included.
     ``callbacks``: the user's ``training.callbacks.Callback``s, run after the evaluation and before
     the row is written (``StopWhen`` stops on a metric).
     """
-    validate_config(cfg)
-    with _held_by_process_zero(workdir):
+    with held_by_process_zero(workdir):  # first: a second run learns at once that it is taken
+        validate_config(cfg)
         run = RunContext.prepare(cfg, workdir, overwrite, resume, tensorboard)
         return train(run, default_callbacks(run.cfg, progress and hosts.is_primary(), callbacks))
-
-
-@contextlib.contextmanager
-def _held_by_process_zero(workdir: str):
-    """``WorkdirLock(workdir)`` held by process 0 (the one that writes); every process learns
-    whether it was free."""
-    lock = WorkdirLock(workdir)
-    hosts.on_primary(lock.__enter__)
-    try:
-        yield
-    finally:
-        if hosts.is_primary():
-            lock.__exit__(None, None, None)
 
 
 def train(run: RunContext, callbacks) -> RunSummary:

@@ -44,7 +44,20 @@ def config_differences(saved: dict, current: dict, defaults: dict) -> list[str]:
 def check_resumable(workdir: str, config_json: str, defaults_json: str | None = None) -> None:
     """Raises ``ValueError`` naming the differences if ``workdir``'s ``config.json`` is not this
     run's config (up to keys added to the library since, left at their defaults in
-    ``defaults_json``); nothing if ``workdir`` holds no ``config.json``."""
+    ``defaults_json``); nothing if ``workdir`` holds no ``config.json``. A ``FileNotFoundError``
+    where there is nothing to resume (no run there) or the run's ``metrics.jsonl`` is gone (the rows
+    before its checkpoint could not be restored)."""
+    has_metrics = os.path.exists(os.path.join(workdir, "metrics.jsonl"))
+    if not has_metrics and not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        raise FileNotFoundError(
+            f"--resume: no run to continue in {workdir} (no metrics.jsonl, no checkpoints); run"
+            " without --resume to start one"
+        )
+    if not has_metrics:
+        raise FileNotFoundError(
+            f"--resume: {workdir} holds checkpoints but no metrics.jsonl, so the rows of the rounds"
+            " before its newest checkpoint are lost; start the run again with --overwrite"
+        )
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return  # no run there: the checkpoint's absence is reported where it is read

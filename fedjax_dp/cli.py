@@ -319,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, RuntimeError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
+    from fedjax_dp.core import hosts
     from fedjax_dp.experiment import Experiment, SeedsSummary
+    from fedjax_dp.training import console
     from fedjax_dp.training.config_validation import validate_config
     from fedjax_dp.training.results import ResultsWriteError
     from fedjax_dp.training.workdir_lock import WorkdirInUse, WorkdirUnusable, held_by_process_zero
@@ -329,13 +331,19 @@ def main(argv: list[str] | None = None) -> int:
     workdir = _WORKDIR.value or f"results/{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         # the workdir first: a second run into it learns at once, not after the calibration
-        with held_by_process_zero(workdir):
+        with held_by_process_zero(workdir), console.shown(hosts.is_primary()):
+            target = cfg.privacy.get("target_epsilon", 0)
+            console.say(
+                "checking the config"
+                + (f" and calibrating the noise to epsilon {target:g}" if target else "")
+            )
             # what Experiment checks, and the overrides
             validate_config(cfg, overridden=_override_keys(argv))
             experiment = Experiment(cfg)
             options = dict(
                 overwrite=_OVERWRITE.value,
-                progress=_PROGRESS.value,
+                # no bar: a line per evaluation
+                progress=True if _PROGRESS.value else "lines",
                 tensorboard=_TENSORBOARD.value,
                 verbose=_VERBOSE.value,
             )
@@ -354,8 +362,6 @@ def main(argv: list[str] | None = None) -> int:
         written = isinstance(error, ResultsWriteError) and error.strerror
         print(f"error: {error.strerror if written else error}", file=sys.stderr)
         return 1
-    from fedjax_dp.core import hosts
-
     if hosts.is_primary():
         print(summary.format())
     if summary.interrupted:

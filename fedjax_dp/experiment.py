@@ -71,7 +71,7 @@ class Experiment:
         workdir: str | None = None,
         *,
         overwrite: bool = False,
-        progress: bool = True,
+        progress: bool | str = True,
         resume: bool = False,
         tensorboard: bool = False,
         verbose: bool = False,

@@ -25,7 +25,7 @@ import jax
 from tqdm import tqdm  # (not tqdm.auto: no ipywidgets warning in notebooks)
 
 from fedjax_dp.core import hosts
-from fedjax_dp.training import plots, results
+from fedjax_dp.training import console, plots, results
 from fedjax_dp.training.build import server_set_breaches, server_set_notes
 from fedjax_dp.training.divergence import DivergenceMonitor
 from fedjax_dp.training.reporting import RunSummary, privacy_record, progress_postfix, run_title
@@ -101,16 +101,19 @@ class Divergence(Callback):
 
 
 class Progress(Callback):
-    """The progress bar: round, accuracy, loss and epsilon spent."""
+    """Progress (``training.console``): the bar (round, accuracy, loss and epsilon spent) on a
+    terminal, or one line per evaluation where the output is a log file (``mode="lines"``)."""
 
-    def __init__(self, enabled: bool):
-        self.enabled, self.bar = enabled, None
+    def __init__(self, mode: str):
+        self.mode, self.bar = mode, None
 
     def on_train_begin(self, run):
+        if self.mode == "lines" and run.loop.last_evaluation_round == 0:
+            console.say(self._line(run, 0, {"epsilon": 0.0} if run.tracker else {}))
         self.bar = tqdm(
             total=run.cfg.rounds,
             initial=run.loop.rounds_run,
-            disable=not self.enabled,
+            disable=self.mode != "bar",
             desc=run.cfg.algorithm,
             unit="round",
         )
@@ -119,6 +122,20 @@ class Progress(Callback):
         self.bar.update(1)
         if run.loop.last_evaluation_round == t:
             self.bar.set_postfix(progress_postfix(run.loop.last_eval, row, run.tracker))
+            if self.mode == "lines":
+                console.say(self._line(run, t, row))
+
+    def _line(self, run, t, row):
+        """``round t/T: <accuracy> ..., test_loss ..., train_loss ..., epsilon ... (seconds)``."""
+        evaluation = run.loop.last_eval
+        accuracy = next(
+            (k for k in ("personalized_accuracy", "test_accuracy") if k in evaluation), None
+        )
+        shown = [(k, evaluation.get(k)) for k in (accuracy, "test_loss") if k]
+        shown += [("train_loss", row.get("train_loss")), ("epsilon", row.get("epsilon"))]
+        text = ", ".join(f"{k} {v:.4g}" for k, v in shown if isinstance(v, (int, float)))
+        formal = "" if row.get("formal", True) else " (formal: false)"
+        return f"round {t}/{run.cfg.rounds}: {text}{formal} ({run.seconds():.1f} s)"
 
     def on_train_end(self, run):
         self.bar.close()
@@ -275,9 +292,9 @@ class Plots(Callback):
         )
 
 
-def default_callbacks(cfg, progress: bool, extra=()) -> list[Callback]:
+def default_callbacks(cfg, progress: str, extra=()) -> list[Callback]:
     """The loop's own callbacks in the order they run, a user's ``extra`` ones before the row is
-    written."""
+    written; ``progress``: ``"bar"``, ``"lines"`` or ``"off"`` (``console.progress_mode``)."""
     written = Results()
     return [
         Evaluation(),

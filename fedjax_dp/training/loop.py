@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 
 from fedjax_dp.core import hosts
-from fedjax_dp.training import results
+from fedjax_dp.training import console, results
 from fedjax_dp.training.callbacks import default_callbacks
 from fedjax_dp.training.checkpointing import Checkpointer, truncate_metrics  # noqa: F401
 from fedjax_dp.training.config_validation import validate_config
@@ -21,6 +21,7 @@ from fedjax_dp.training.run_context import (
     RunContext,
     central_test_from_clients,  # noqa: F401
 )
+from fedjax_dp.training.privacy_plan import plan_line
 from fedjax_dp.training.workdir_lock import held_by_process_zero
 
 
@@ -28,7 +29,7 @@ def run_experiment(
     cfg,
     workdir: str,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool | str = True,
     resume: bool = False,
     tensorboard: bool = False,
     callbacks=(),
@@ -42,12 +43,22 @@ def run_experiment(
     taken first); ``overwrite`` first removes every artefact of the earlier run there, checkpoints
     included.
     ``callbacks``: the user's ``training.callbacks.Callback``s, run after the evaluation and before
-    the row is written (``StopWhen`` stops on a metric).
+    the row is written (``StopWhen`` stops on a metric). ``progress``: True shows a bar on a
+    terminal and a line per evaluation elsewhere, ``"lines"`` always the lines, False nothing; with
+    either, the slow phases and the privacy plan (noise, epsilon to spend) are said first
+    (``training.console``, ``training.privacy_plan``).
     """
-    with held_by_process_zero(workdir):  # first: a second run learns at once that it is taken
+    mode = console.progress_mode(progress) if hosts.is_primary() else "off"
+    # the lock first: a second run learns at once that the workdir is taken
+    with held_by_process_zero(workdir), console.shown(mode != "off"):
         validate_config(cfg)
         run = RunContext.prepare(cfg, workdir, overwrite, resume, tensorboard)
-        return train(run, default_callbacks(run.cfg, progress and hosts.is_primary(), callbacks))
+        if mode != "off" and not resume:
+            line = plan_line(run)
+            if line:
+                console.say(line)
+        console.say("compiling and running the first evaluation and round")
+        return train(run, default_callbacks(run.cfg, mode, callbacks))
 
 
 def train(run: RunContext, callbacks) -> RunSummary:

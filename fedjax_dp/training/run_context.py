@@ -29,7 +29,7 @@ from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.data.builders import build_dataset, build_server_set
 from fedjax_dp.data.shared_set import share_with_clients
 from fedjax_dp.models import evaluation_model
-from fedjax_dp.training import results
+from fedjax_dp.training import console, results
 from fedjax_dp.training.build import (
     build_model_and_round,
     compression_rates,
@@ -119,6 +119,7 @@ class RunContext:
             else None
         )
         start = time.perf_counter()
+        console.say(f"loading data: {cfg.data.source}, {cfg.data.partition} partition")
         dataset = build_dataset(cfg.data, cfg.seed)
         server_set = None
         if needs_server_set(cfg):

@@ -12,11 +12,17 @@ the cores shared out). Process 0 prints as usual; the others' lines are prefixed
 When a process fails the others are given ``--timeout`` seconds to notice (JAX's heartbeat) before
 they are stopped; the exit status is the first process to fail (128 + the signal where a signal
 killed it), or 0. SIGINT / SIGTERM are passed on to every process (each checkpoints and stops).
+Where the launcher itself dies without passing anything on (``kill -9``), the kernel kills each
+process too (Linux's parent-death signal, SIGKILL: JAX's own SIGTERM handler would keep a process
+running), so none trains on, or holds the workdir's lock, after it; ``--resume`` continues from the
+last checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import os
 import signal
 import socket
@@ -33,6 +39,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when the thread that started it ends
+
+
+def _ends_with(parent: int):
+    """A ``preexec_fn`` that asks the kernel to kill the child once ``parent`` (the launcher) has
+    died; None where the system has no parent-death signal (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+    def arrange() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the launcher died before the request: end now
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arrange
 
 
 def _forward(stream, prefix: str, out) -> None:
@@ -62,7 +86,7 @@ def launch(
         raise ValueError(f"-n must be >= 1 processes, got {num_processes}")
     devices = cpu_devices or max(1, host_cores() // num_processes)
     address = f"127.0.0.1:{port or free_port()}"
-    processes, threads = [], []
+    processes, threads, parent = [], [], os.getpid()
     for index in range(num_processes):
         env = {
             **os.environ,
@@ -78,17 +102,19 @@ def launch(
             env=env,
             stdout=subprocess.PIPE if piped else None,
             stderr=subprocess.STDOUT if piped else None,
+            preexec_fn=_ends_with(parent),
         )
         processes.append(process)
-        if piped:
-            threads.append(
-                threading.Thread(
-                    target=_forward,
-                    args=(process.stdout, f"[process {index}] ", sys.stderr),
-                    daemon=True,
-                )
+    # the forwarding threads after every start: a preexec_fn is unsafe beside running threads
+    for index, process in enumerate(processes[1:], start=1):
+        threads.append(
+            threading.Thread(
+                target=_forward,
+                args=(process.stdout, f"[process {index}] ", sys.stderr),
+                daemon=True,
             )
-            threads[-1].start()
+        )
+        threads[-1].start()
 
     def pass_on(signum, frame):
         for p in processes:

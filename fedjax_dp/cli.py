@@ -8,7 +8,8 @@
 
 Exit status (one line on stderr says why for every status but 0):
   0    the run trained and wrote its results;
-  1    it could not train a single round, or could not write its results (a full or read-only disk);
+  1    it could not train a single round, could not write its results (a full or read-only disk),
+       or a data file is damaged (or does not match the data folder's SHA256SUMS);
   2    an invalid command or config (naming the key and the closest valid one, before any data is
        loaded), a workdir held by another run, or an earlier run there without --overwrite /
        --resume;

@@ -22,7 +22,7 @@ from fedjax_dp.core.host_devices import use_a_device_per_core
 from fedjax_dp.training import plots, results
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.loop import run_experiment
-from fedjax_dp.training.quiet import quiet_console
+from fedjax_dp.training.quiet import LOG_FILE, quiet_console
 from fedjax_dp.training.reporting import RunSummary
 from fedjax_dp.training.seeds import SeedsSummary, curves, summarize
 from fedjax_dp.training.tensorboard import require_tensorboardx
@@ -90,10 +90,12 @@ class Experiment:
             joining.initialize()
         if tensorboard:
             require_tensorboardx()
-        with quiet_console(verbose):
+        workdir = workdir or os.path.join("results", self.config.algorithm)
+        # the libraries' detail into the workdir's log file, the console keeps our one line
+        with quiet_console(verbose, os.path.join(workdir, LOG_FILE)):
             return run_experiment(
                 self.config,
-                workdir or os.path.join("results", self.config.algorithm),
+                workdir,
                 overwrite=overwrite,
                 progress=progress,
                 resume=resume,

@@ -3,8 +3,8 @@ said before the first round, so that a run whose noise nobody chose (``privacy.t
 leaves the configured noise multiplier) does not spend its epsilon silently.
 
 The figure is the run's own tracker's, on a copy given every planned round's releases (every client
-taking part: for a local ledger the busiest possible client), so it is what the run will report if
-it runs to the end, or the round where its budget stops it.
+that may take part taking part: for a local ledger the busiest possible client), so it is what the
+run will report if it runs to the end, or the round where its budget stops it.
 """
 
 from __future__ import annotations
@@ -24,13 +24,15 @@ def plan_line(run) -> str | None:
         return None
     plan = copy.deepcopy(tracker)
     uploads = run.runner.specialized(run.state)
-    everyone = np.arange(run.dataset.num_clients)
-    rounds, stopped = run.cfg.rounds, None
-    for t in range(1, rounds + 1):
+    stopped = None
+    for t in range(1, run.cfg.rounds + 1):
         releases = uploads.releases(t, run.state.uploads)
         if not plan.allows(t, releases):
             stopped = t
             break
+        # every client that may take part (a participation scheme's own limits hold)
+        eligible = plan.eligible(t, releases)
+        everyone = np.flatnonzero(eligible) if eligible is not None else np.arange(0)
         plan.record(t, everyone, releases)
     if not plan.rounds:
         return f"privacy: the budget allows no round (round 1 would exceed it); {_noise(plan)}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import textwrap
 import time
 import traceback
 
@@ -121,16 +122,42 @@ def help_text() -> str:
         f"environment:\n  {ENV:<29} folder of the persistent compilation cache (default "
         f"{default_folder()}; 'off' disables it)"
     )
-    return "\n\n".join(
-        [
-            USAGE,
-            "options:\n" + options,
-            environment,
-            configs_text(),
-            "config keys (--config.KEY=VALUE; defaults of training/default_config.py):\n"
-            + describe_keys(),
-        ]
+    return wrapped(
+        "\n\n".join(
+            [
+                USAGE,
+                "options:\n" + options,
+                environment,
+                configs_text(),
+                "config keys (--config.KEY=VALUE; defaults of training/default_config.py):\n"
+                + describe_keys(),
+            ]
+        )
     )
+
+
+HELP_WIDTH = 120
+
+
+def wrapped(text: str, width: int = HELP_WIDTH) -> str:
+    """``text`` with every line longer than ``width`` wrapped, its continuation lines indented to
+    where the line's description starts (after its name and the gap of two or more spaces)."""
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        column = re.match(r"\s*\S+(?:\s\S+)*?\s{2,}", line)
+        indent = " " * (column.end() if column and column.end() < width // 2 else 4)
+        out += textwrap.wrap(
+            line,
+            width,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+            drop_whitespace=True,
+            replace_whitespace=False,
+        )
+    return "\n".join(out)
 
 
 def _option_name(holder) -> str:

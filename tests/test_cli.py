@@ -304,3 +304,12 @@ def test_bad_seeds_and_a_workdir_that_is_a_file_are_one_line_naming_the_option(t
     assert workdir.stderr.strip() == (
         f"error: --workdir={tmp_path / 'file'}: it is a file, not a folder"
     )
+
+
+def test_help_fits_in_120_columns():
+    """83 of its lines were wider than 120 characters."""
+    from fedjax_dp.cli import help_text
+
+    text = help_text()
+    assert max(len(line) for line in text.splitlines()) <= 120
+    assert "--seeds" in text and "dp.noise_multiplier" in text

@@ -64,37 +64,34 @@ class Requirements:
     Attributes:
       server_set: a server-held set (FedMeta's D_meta).
       client_state: per-client state kept between rounds (``client_state_init`` gives the initial
-      one).
-      evaluation_pass: cohorts also carry each client's whole data once (UGA's gradient evaluation),
-      in
-        batches of ``evaluation_batch_size`` (0: the client batch size).
+        one).
+      evaluation_pass: cohorts also carry each client's whole data once (UGA's gradient
+        evaluation), in batches of ``evaluation_batch_size`` (0: the client batch size).
       sampled_steps: > 0: cohorts hold that many local steps, each a batch of B drawn without
-      replacement
-        from the client's data independently of the others (``data.packing.pack_sampled_cohort``:
-        the sampling example-level DP accounting assumes); 0: shuffled epochs.
-      personalized: the algorithm defines ``personalized_correct(state, client_state, train, test)
-      ->
-        (n_test,)``: 1.0 per test example that the client's own model (built from the global state,
-        its stored state and its padded training data ``{x, y, mask}``) labels correctly (PFLDyn's
-        prototypes, a fine-tune). It is traced: evaluation maps it over every client in one compiled
-        pass and reports the mean and the distribution over clients.
+        replacement from the client's data independently of the others
+        (``data.packing.pack_sampled_cohort``: the sampling example-level DP accounting assumes);
+        0: shuffled epochs.
+      personalized: the algorithm defines ``personalized_correct(state, client_state, train,
+        test) -> (n_test,)``: 1.0 per test example that the client's own model (built from the
+        global state, its stored state and its padded training data ``{x, y, mask}``) labels
+        correctly (PFLDyn's prototypes, a fine-tune). It is traced: evaluation maps it over every
+        client in one compiled pass and reports the mean and the distribution over clients.
       batches_per_step: with ``sampled_steps``, each step draws this many batches of B at once,
-      without
-        replacement (PFLDyn's two disjoint batches D, D' are one draw of 2B, split in halves).
+        without replacement (PFLDyn's two disjoint batches D, D' are one draw of 2B, split in
+        halves).
       global_classifier: the global model's output is class scores (central test accuracy is
-      reported);
-        False for a representation (PFLDyn's meta-model), scored only through
+        reported); False for a representation (PFLDyn's meta-model), scored only through
         ``personalized_correct``.
       poisson_batch_cap: > 0: with ``sampled_steps``, each step is a Poisson batch instead (each
-      example
-        with probability B / n_k; ``data.packing.pack_poisson_cohort``) padded to this many slots.
+        example with probability B / n_k; ``data.packing.pack_poisson_cohort``) padded to this
+        many slots.
       step_noise: local steps draw DP-SGD noise from each client's noise key
-      (``client["noise_key"]``, its one
-        consumer: ``core.rng``), so the upload chain may not draw from it too.
-      per_example_gradients: local steps take each example's gradient (DP-SGD's clipping): on a CPU
-      ``auto``
-        then runs conv models' steps in a scan with im2col convolutions (``core.strategy``), where a
-        vmapped XLA convolution's per-example weight gradient is the slow part.
+        (``client["noise_key"]``, its one consumer: ``core.rng``), so the upload chain may not
+        draw from it too.
+      per_example_gradients: local steps take each example's gradient (DP-SGD's clipping): on a
+        CPU ``auto`` then runs conv models' steps in a scan with im2col convolutions
+        (``core.strategy``), where a vmapped XLA convolution's per-example weight gradient is the
+        slow part.
     """
 
     server_set: bool = False

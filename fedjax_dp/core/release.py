@@ -69,35 +69,29 @@ class Release:
     Attributes:
       mechanism: what it is, in words.
       locality: ``central`` (one draw on the cohort's sum, composed by the accountant with the
-      sampling) or
-        ``local`` (one draw per client before sending, each participating
-        client's own ledger composes it, without amplification by sampling).
+        sampling) or ``local`` (one draw per client before sending, each participating client's
+        own ledger composes it, without amplification by sampling).
       noise_multiplier: noise std over ``bound_value`` (0: nothing private).
       bound: the per-unit bound in words.
       bound_value: the number (inf where nothing bounds the upload).
       relation: the neighbouring relation ``event`` and ``sensitivity`` are stated for (default:
-      add/remove-one
-        for central, replace-one for local releases).
+        add/remove-one for central, replace-one for local releases).
       event: the dp_accounting event of one application (default: the Gaussian of the multiplier
-      relative to
-        ``sensitivity``; a correlated-noise mechanism states its own).
+        relative to ``sensitivity``; a correlated-noise mechanism states its own).
       formal: False when no DP proof covers the step (a threshold computed from raw data, say).
       client_multipliers: a local release whose noise differs per client (heterogeneous DP): each
-      population
-        client's multiplier, indexed by client id; ``noise_multiplier`` is then their minimum.
+        population client's multiplier, indexed by client id; ``noise_multiplier`` is then their
+        minimum.
       client_budgets: the per-client epsilon budgets (at the run's delta) the noise was calibrated
-      to, which the
-        ledger holds each client to (None: none).
+        to, which the ledger holds each client to (None: none).
       claims: what the paper claims (``Claim`` objects: a fixed figure, a per-round formula), or
-      none.
+        none.
       details: what the mechanism states about its calibration, for ``privacy.json``'s
-      ``accounting`` (CUAG-PFL's
-        per-client mu_n), or None.
+        ``accounting`` (CUAG-PFL's per-client mu_n), or None.
       cumulative: correlated noise (``privacy.correlated``): ``(RoundEvent, count)`` of the stream
-      of every round so
-        far, which ``event`` is too; a ledger replaces its account by it instead of composing the
-        round (the rounds' noise is correlated, so per-round events do not compose). None: ``event``
-        is this round's alone.
+        of every round so far, which ``event`` is too; a ledger replaces its account by it instead
+        of composing the round (the rounds' noise is correlated, so per-round events do not
+        compose). None: ``event`` is this round's alone.
     """
 
     mechanism: str

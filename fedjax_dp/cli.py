@@ -359,9 +359,12 @@ def main(argv: list[str] | None = None) -> int:
     workdir = _WORKDIR.value or f"results/{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         # the workdir first: a second run into it learns at once, not after the calibration
-        with held_by_process_zero(workdir), console.shown(hosts.is_primary()):
+        # no bar (--noprogress): a line per evaluation and per slow phase
+        progress = console.progress_mode(True if _PROGRESS.value else "lines")
+        shown = progress if hosts.is_primary() else "off"
+        with held_by_process_zero(workdir), console.shown(shown):
             target = cfg.privacy.get("target_epsilon", 0)
-            console.say(
+            console.phase(
                 "checking the config"
                 + (f" and calibrating the noise to epsilon {target:g}" if target else "")
             )
@@ -370,8 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             experiment = Experiment(cfg)
             options = dict(
                 overwrite=_OVERWRITE.value,
-                # no bar: a line per evaluation
-                progress=True if _PROGRESS.value else "lines",
+                progress=progress,
                 tensorboard=_TENSORBOARD.value,
                 verbose=_VERBOSE.value,
             )

@@ -49,3 +49,11 @@ def test_without_a_terminal_a_run_prints_its_phases_its_privacy_plan_and_each_ev
 def test_progress_false_prints_nothing(tmp_path, capsys):
     run_experiment(_tiny_dp_config(), str(tmp_path / "w"), progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_on_a_terminal_the_privacy_plan_is_the_first_line(tmp_path, capsys):
+    """``--config dp_fedavg_mnist --config.privacy.target_epsilon=0`` spent epsilon 9.08 at z = 1
+    without a word; beside the bar the slow phases are not announced, so the plan comes first."""
+    run_experiment(_tiny_dp_config(), str(tmp_path / "w"), progress="bar")
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith("privacy: z = 1, S = 1 as configured") and "will spend epsilon" in first

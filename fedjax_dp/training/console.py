@@ -1,6 +1,7 @@
-"""What a run says while it runs, besides the progress bar: one line for each slow phase (checking
-the config and calibrating the noise, loading the data, compiling), the noise and the epsilon the
-run will spend, and, where there is no bar, one line per evaluation (round, metrics, epsilon).
+"""What a run says while it runs, besides the progress bar: the noise and the epsilon it will spend
+(``say``), and where there is no bar (a log file), one line for each slow phase (checking the config
+and calibrating the noise, loading the data, compiling: ``phase``) and one per evaluation (round,
+metrics, epsilon). On a terminal the privacy line is the first the run prints.
 
 A progress bar only makes sense on a terminal: written to a log file it is a hundred ``\\r``
 frames. ``progress_mode`` picks the bar on a terminal and plain lines elsewhere (or when asked, the
@@ -38,9 +39,17 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+PHASE = logging.INFO - 1  # a slow phase's line: shown with the lines, not beside the bar
+
+
 def say(text: str) -> None:
     """One line on stderr, where the run shows its progress (``shown``)."""
     LOGGER.info(text)
+
+
+def phase(text: str) -> None:
+    """A slow phase's line, shown where there is no progress bar (``shown("lines")``)."""
+    LOGGER.log(PHASE, text)
 
 
 class _Lines(logging.StreamHandler):
@@ -56,15 +65,15 @@ class _Lines(logging.StreamHandler):
 
 
 @contextlib.contextmanager
-def shown(enabled: bool):
-    """Within, ``say`` prints its lines (once, however deeply nested); nothing when not
-    ``enabled``."""
-    if not enabled or any(isinstance(h, _Lines) for h in LOGGER.handlers):
+def shown(mode: str):
+    """Within, ``say`` prints its lines, and with ``mode="lines"`` ``phase`` too (the outermost
+    call decides); nothing with ``"off"``."""
+    if mode == "off" or any(isinstance(h, _Lines) for h in LOGGER.handlers):
         yield
         return
     handler, level, propagate = _Lines(), LOGGER.level, LOGGER.propagate
     LOGGER.addHandler(handler)
-    LOGGER.setLevel(logging.INFO)
+    LOGGER.setLevel(PHASE if mode == "lines" else logging.INFO)
     LOGGER.propagate = False
     try:
         yield

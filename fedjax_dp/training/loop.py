@@ -50,14 +50,14 @@ def run_experiment(
     """
     mode = console.progress_mode(progress) if hosts.is_primary() else "off"
     # the lock first: a second run learns at once that the workdir is taken
-    with held_by_process_zero(workdir), console.shown(mode != "off"):
+    with held_by_process_zero(workdir), console.shown(mode):
         validate_config(cfg)
         run = RunContext.prepare(cfg, workdir, overwrite, resume, tensorboard)
         if mode != "off" and not resume:
             line = plan_line(run)
             if line:
                 console.say(line)
-        console.say("compiling and running the first evaluation and round")
+        console.phase("compiling and running the first evaluation and round")
         return train(run, default_callbacks(run.cfg, mode, callbacks))
 
 

@@ -119,7 +119,7 @@ class RunContext:
             else None
         )
         start = time.perf_counter()
-        console.say(f"loading data: {cfg.data.source}, {cfg.data.partition} partition")
+        console.phase(f"loading data: {cfg.data.source}, {cfg.data.partition} partition")
         dataset = build_dataset(cfg.data, cfg.seed)
         server_set = None
         if needs_server_set(cfg):

@@ -18,6 +18,7 @@ import os
 import ml_collections
 
 from fedjax_dp import configs
+from fedjax_dp.core import hosts
 from fedjax_dp.core.host_devices import use_a_device_per_core
 from fedjax_dp.training import plots, results
 from fedjax_dp.training.config_validation import validate_config
@@ -91,8 +92,10 @@ class Experiment:
         if tensorboard:
             require_tensorboardx()
         workdir = workdir or os.path.join("results", self.config.algorithm)
-        # the libraries' detail into the workdir's log file, the console keeps our one line
-        with quiet_console(verbose, os.path.join(workdir, LOG_FILE)):
+        # the libraries' detail into the workdir's log file (process 0 writes the workdir), the
+        # console keeps our one line
+        log_file = os.path.join(workdir, LOG_FILE) if hosts.is_primary() else None
+        with quiet_console(verbose, log_file):
             return run_experiment(
                 self.config,
                 workdir,

@@ -8,7 +8,9 @@ run, to try several hosts on one machine (issue 76; a cluster starts one process
 
 Each process gets ``FEDJAX_DP_COORDINATOR`` (127.0.0.1 and a free port), ``FEDJAX_DP_NUM_PROCESSES``
 and ``FEDJAX_DP_PROCESS_ID``, and ``--cpu_devices`` CPU devices (``FEDJAX_DP_CPU_DEVICES``; default
-the cores shared out). Process 0 prints as usual; the others' lines are prefixed ``[process i]``.
+the cores shared out). Process 0 prints as usual; the others' lines are prefixed ``[process i]``;
+the runtime's own records (XLA's coordination service, gloo, a dying process's stack trace) go to
+``launch.log`` in the run's workdir instead (``launch_output``).
 When a process fails the others are given ``--timeout`` seconds to notice (JAX's heartbeat) before
 they are stopped; the exit status is the first process to fail (128 + the signal where a signal
 killed it), or 0. SIGINT / SIGTERM are passed on to every process (each checkpoints and stops).
@@ -33,6 +35,7 @@ import time
 
 from fedjax_dp.core.host_devices import host_cores
 from fedjax_dp.distributed import COORDINATOR, NUM_PROCESSES, PROCESS_ID, TIMEOUT
+from fedjax_dp.launch_output import RuntimeOutput, forward, log_path
 
 
 def free_port() -> int:
@@ -57,12 +60,6 @@ def _ends_with(parent: int):
             os.kill(os.getpid(), signal.SIGKILL)
 
     return arrange
-
-
-def _forward(stream, prefix: str, out) -> None:
-    for line in iter(stream.readline, b""):
-        out.write(prefix + line.decode(errors="replace"))
-        out.flush()
 
 
 def command_of(rest: list[str]) -> list[str]:
@@ -96,24 +93,25 @@ def launch(
             TIMEOUT: str(timeout_s),
             "FEDJAX_DP_CPU_DEVICES": str(devices),
         }
-        piped = index > 0
         process = subprocess.Popen(
             command_of(rest),
             env=env,
-            stdout=subprocess.PIPE if piped else None,
-            stderr=subprocess.STDOUT if piped else None,
+            stdout=subprocess.PIPE,
+            # process 0's stdout (the summary) stays apart; the others' lines are all prefixed
+            stderr=subprocess.PIPE if index == 0 else subprocess.STDOUT,
             preexec_fn=_ends_with(parent),
         )
         processes.append(process)
+    # the runtime's own lines (XLA, gloo) into a log file, the terminal keeps the processes' lines
+    runtime = RuntimeOutput(log_path(rest))
+    streams = [
+        (processes[0].stdout, "", sys.stdout, runtime),
+        (processes[0].stderr, "", sys.stderr, runtime),
+        *((p.stdout, f"[process {i}] ", sys.stderr, runtime) for i, p in enumerate(processes) if i),
+    ]
     # the forwarding threads after every start: a preexec_fn is unsafe beside running threads
-    for index, process in enumerate(processes[1:], start=1):
-        threads.append(
-            threading.Thread(
-                target=_forward,
-                args=(process.stdout, f"[process {index}] ", sys.stderr),
-                daemon=True,
-            )
-        )
+    for stream in streams:
+        threads.append(threading.Thread(target=forward, args=stream, daemon=True))
         threads[-1].start()
 
     def pass_on(signum, frame):
@@ -126,6 +124,12 @@ def launch(
         failures = _watch(processes, timeout_s)
         for thread in threads:
             thread.join(timeout=5)
+        if runtime.written():
+            print(
+                f"fedjax-dp-launch: the runtime's own output ({runtime.lines} lines of XLA and gloo"
+                f" records) is in {runtime.path}",
+                file=sys.stderr,
+            )
         if not failures:
             return 0
         index, code = failures[0]

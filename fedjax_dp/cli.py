@@ -358,10 +358,10 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = _WORKDIR.value or f"results/{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        # the workdir first: a second run into it learns at once, not after the calibration
         # no bar (--noprogress): a line per evaluation and per slow phase
         progress = console.progress_mode(True if _PROGRESS.value else "lines")
         shown = progress if hosts.is_primary() else "off"
+        # the workdir first: a second run into it learns at once, not after the calibration
         with held_by_process_zero(workdir), console.shown(shown):
             target = cfg.privacy.get("target_epsilon", 0)
             console.phase(

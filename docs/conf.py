@@ -41,6 +41,8 @@ autosummary_generate = True
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
 # signatures as written; resolving every annotation would need intersphinx
 autodoc_typehints = "none"
+# a default as the source writes it (``rdp_orders=RDP_ORDERS``), not its value (158 RDP orders)
+autodoc_preserve_defaults = True
 autodoc_member_order = "bysource"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False

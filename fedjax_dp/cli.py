@@ -10,7 +10,8 @@
 
 Exit status (one line on stderr says why for every status but 0):
   0    the run trained and wrote its results;
-  1    it could not train a single round, or could not write its results (a full or read-only disk);
+  1    it could not train a single round, could not write its results (a full or read-only disk),
+       or a data file is damaged (or does not match the data folder's SHA256SUMS);
   2    an invalid command or config (naming the key and the closest valid one, before any data is
        loaded), a workdir held by another run, or an earlier run there without --overwrite /
        --resume;
@@ -27,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import textwrap
 import time
 import traceback
 
@@ -131,17 +133,43 @@ def help_text() -> str:
         f"environment:\n  {ENV:<29} folder of the persistent compilation cache (default "
         f"{default_folder()}; 'off' disables it)"
     )
-    return "\n\n".join(
-        [
-            USAGE,
-            "options:\n" + options,
-            environment,
-            configs_text(),
-            registered_text(),
-            "config keys (--config.KEY=VALUE; defaults of training/default_config.py):\n"
-            + describe_keys(),
-        ]
+    return wrapped(
+        "\n\n".join(
+            [
+                USAGE,
+                "options:\n" + options,
+                environment,
+                configs_text(),
+                registered_text(),
+                "config keys (--config.KEY=VALUE; defaults of training/default_config.py):\n"
+                + describe_keys(),
+            ]
+        )
     )
+
+
+HELP_WIDTH = 120
+
+
+def wrapped(text: str, width: int = HELP_WIDTH) -> str:
+    """``text`` with every line longer than ``width`` wrapped, its continuation lines indented to
+    where the line's description starts (after its name and the gap of two or more spaces)."""
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        column = re.match(r"\s*\S+(?:\s\S+)*?\s{2,}", line)
+        indent = " " * (column.end() if column and column.end() < width // 2 else 4)
+        out += textwrap.wrap(
+            line,
+            width,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+            drop_whitespace=True,
+            replace_whitespace=False,
+        )
+    return "\n".join(out)
 
 
 def _option_name(holder) -> str:
@@ -283,6 +311,25 @@ def _override_keys(argv: list[str]) -> tuple[str, ...]:
     )
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``' value as distinct integers >= 0 (empty: one run); a ``ValueError`` naming the
+    option and the value otherwise."""
+    seeds = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        if not re.fullmatch(r"\d+", item):
+            raise ValueError(
+                f"--seeds={text}: every seed must be an integer >= 0 (e.g. --seeds 0,1,2), got"
+                f" {item!r}"
+            )
+        seeds.append(int(item))
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(f"--seeds={text}: the seeds must be distinct, {repeated[0]} is repeated")
+    return seeds
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "--helpfull", "help") for a in argv[1:]):
@@ -300,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         FLAGS(_resolve_config_argv(argv))
         cfg = _CONFIG.value
         _ = cfg.algorithm  # a config file that failed to load raises only when first read
-        seeds = [int(s) for s in _SEEDS.value.split(",") if s.strip()]
+        seeds = parse_seeds(_SEEDS.value)
     except Exception as error:  # noqa: BLE001  (any failure to read the command or config: one line)
         print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
@@ -326,11 +373,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
     from fedjax_dp import plugins
+    from fedjax_dp.core import hosts
     from fedjax_dp.experiment import Experiment, SeedsSummary
+    from fedjax_dp.training import console
     from fedjax_dp.training.config_validation import validate_config
     from fedjax_dp.training.fit_to_data import adopt_source_clients
     from fedjax_dp.training.results import ResultsWriteError
-    from fedjax_dp.training.workdir_lock import WorkdirInUse
+    from fedjax_dp.training.workdir_lock import WorkdirInUse, WorkdirUnusable, held_by_process_zero
 
     try:  # your registrations, before the config that names them is checked
         for spec in _IMPORT.value:
@@ -344,32 +393,41 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = _WORKDIR.value or f"results/{cfg.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        # what Experiment checks, and the overrides
-        adopt_source_clients(cfg, overridden=_override_keys(argv))
-        validate_config(cfg, overridden=_override_keys(argv))
-        experiment = Experiment(cfg)
-        options = dict(
-            overwrite=_OVERWRITE.value,
-            progress=_PROGRESS.value,
-            tensorboard=_TENSORBOARD.value,
-            verbose=_VERBOSE.value,
-        )
-        summary = (
-            experiment.run_seeds(seeds, workdir, **options)
-            if seeds
-            else experiment.run(workdir, resume=_RESUME.value, **options)
-        )
+        # no bar (--noprogress): a line per evaluation and per slow phase
+        progress = console.progress_mode(True if _PROGRESS.value else "lines")
+        shown = progress if hosts.is_primary() else "off"
+        # the workdir first: a second run into it learns at once, not after the calibration
+        with held_by_process_zero(workdir), console.shown(shown):
+            target = cfg.privacy.get("target_epsilon", 0)
+            console.phase(
+                "checking the config"
+                + (f" and calibrating the noise to epsilon {target:g}" if target else "")
+            )
+            # what Experiment checks, and the overrides
+            adopt_source_clients(cfg, overridden=_override_keys(argv))
+            validate_config(cfg, overridden=_override_keys(argv))
+            experiment = Experiment(cfg)
+            options = dict(
+                overwrite=_OVERWRITE.value,
+                progress=progress,
+                tensorboard=_TENSORBOARD.value,
+                verbose=_VERBOSE.value,
+            )
+            summary = (
+                experiment.run_seeds(seeds, workdir, **options)
+                if seeds
+                else experiment.run(workdir, resume=_RESUME.value, **options)
+            )
+    except WorkdirUnusable as error:
+        print(f"error: --workdir={error.workdir}: {error.reason}", file=sys.stderr)
+        return 2
     except (ValueError, FileExistsError, FileNotFoundError, KeyError, WorkdirInUse) as error:
         print(f"error: {error.args[0] if isinstance(error, KeyError) else error}", file=sys.stderr)
         return 2
     except OSError as error:  # a disk that refuses a results file (full, read-only): one line
-        print(
-            f"error: {error.strerror if isinstance(error, ResultsWriteError) else error}",
-            file=sys.stderr,
-        )
+        written = isinstance(error, ResultsWriteError) and error.strerror
+        print(f"error: {error.strerror if written else error}", file=sys.stderr)
         return 1
-    from fedjax_dp.core import hosts
-
     if hosts.is_primary():
         print(summary.format())
     if summary.interrupted:

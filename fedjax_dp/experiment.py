@@ -24,6 +24,7 @@ import os
 import ml_collections
 
 from fedjax_dp import configs
+from fedjax_dp.core import hosts
 from fedjax_dp.core.host_devices import use_a_device_per_core
 from fedjax_dp.data.sources import register_data
 from fedjax_dp.models import register_model
@@ -32,7 +33,7 @@ from fedjax_dp.training import plots, results
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.fit_to_data import adopt_source_clients
 from fedjax_dp.training.loop import run_experiment
-from fedjax_dp.training.quiet import quiet_console
+from fedjax_dp.training.quiet import LOG_FILE, quiet_console
 from fedjax_dp.training.reporting import RunSummary
 from fedjax_dp.training.seeds import SeedsSummary, curves, summarize
 from fedjax_dp.training.tensorboard import require_tensorboardx
@@ -102,7 +103,7 @@ class Experiment:
         workdir: str | None = None,
         *,
         overwrite: bool = False,
-        progress: bool = True,
+        progress: bool | str = True,
         resume: bool = False,
         tensorboard: bool = False,
         verbose: bool = False,
@@ -121,10 +122,14 @@ class Experiment:
             joining.initialize()
         if tensorboard:
             require_tensorboardx()
-        with quiet_console(verbose):
+        workdir = workdir or os.path.join("results", self.config.algorithm)
+        # the libraries' detail into the workdir's log file (process 0 writes the workdir), the
+        # console keeps our one line
+        log_file = os.path.join(workdir, LOG_FILE) if hosts.is_primary() else None
+        with quiet_console(verbose, log_file):
             return run_experiment(
                 self.config,
-                workdir or os.path.join("results", self.config.algorithm),
+                workdir,
                 overwrite=overwrite,
                 progress=progress,
                 resume=resume,

@@ -8,15 +8,23 @@ run, to try several hosts on one machine (a cluster starts one process per host 
 
 Each process gets ``FEDJAX_DP_COORDINATOR`` (127.0.0.1 and a free port), ``FEDJAX_DP_NUM_PROCESSES``
 and ``FEDJAX_DP_PROCESS_ID``, and ``--cpu_devices`` CPU devices (``FEDJAX_DP_CPU_DEVICES``; default
-the cores shared out). Process 0 prints as usual; the others' lines are prefixed ``[process i]``.
+the cores shared out). Process 0 prints as usual; the others' lines are prefixed ``[process i]``;
+the runtime's own records (XLA's coordination service, gloo, a dying process's stack trace) go to
+``launch.log`` in the run's workdir instead (``launch_output``).
 When a process fails the others are given ``--timeout`` seconds to notice (JAX's heartbeat) before
 they are stopped; the exit status is the first process to fail (128 + the signal where a signal
 killed it), or 0. SIGINT / SIGTERM are passed on to every process (each checkpoints and stops).
+Where the launcher itself dies without passing anything on (``kill -9``), the kernel kills each
+process too (Linux's parent-death signal, SIGKILL: JAX's own SIGTERM handler would keep a process
+running), so none trains on, or holds the workdir's lock, after it; ``--resume`` continues from the
+last checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import os
 import signal
 import socket
@@ -27,6 +35,7 @@ import time
 
 from fedjax_dp.core.host_devices import host_cores
 from fedjax_dp.distributed import COORDINATOR, NUM_PROCESSES, PROCESS_ID, TIMEOUT
+from fedjax_dp.launch_output import RuntimeOutput, forward, log_path
 
 
 def free_port() -> int:
@@ -35,10 +44,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _forward(stream, prefix: str, out) -> None:
-    for line in iter(stream.readline, b""):
-        out.write(prefix + line.decode(errors="replace"))
-        out.flush()
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when the thread that started it ends
+
+
+def _ends_with(parent: int):
+    """A ``preexec_fn`` that asks the kernel to kill the child once ``parent`` (the launcher) has
+    died; None where the system has no parent-death signal (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+    def arrange() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the launcher died before the request: end now
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arrange
 
 
 def command_of(rest: list[str]) -> list[str]:
@@ -62,7 +83,7 @@ def launch(
         raise ValueError(f"-n must be >= 1 processes, got {num_processes}")
     devices = cpu_devices or max(1, host_cores() // num_processes)
     address = f"127.0.0.1:{port or free_port()}"
-    processes, threads = [], []
+    processes, threads, parent = [], [], os.getpid()
     for index in range(num_processes):
         env = {
             **os.environ,
@@ -72,23 +93,26 @@ def launch(
             TIMEOUT: str(timeout_s),
             "FEDJAX_DP_CPU_DEVICES": str(devices),
         }
-        piped = index > 0
         process = subprocess.Popen(
             command_of(rest),
             env=env,
-            stdout=subprocess.PIPE if piped else None,
-            stderr=subprocess.STDOUT if piped else None,
+            stdout=subprocess.PIPE,
+            # process 0's stdout (the summary) stays apart; the others' lines are all prefixed
+            stderr=subprocess.PIPE if index == 0 else subprocess.STDOUT,
+            preexec_fn=_ends_with(parent),
         )
         processes.append(process)
-        if piped:
-            threads.append(
-                threading.Thread(
-                    target=_forward,
-                    args=(process.stdout, f"[process {index}] ", sys.stderr),
-                    daemon=True,
-                )
-            )
-            threads[-1].start()
+    # the runtime's own lines (XLA, gloo) into a log file, the terminal keeps the processes' lines
+    runtime = RuntimeOutput(log_path(rest))
+    streams = [
+        (processes[0].stdout, "", sys.stdout, runtime),
+        (processes[0].stderr, "", sys.stderr, runtime),
+        *((p.stdout, f"[process {i}] ", sys.stderr, runtime) for i, p in enumerate(processes) if i),
+    ]
+    # the forwarding threads after every start: a preexec_fn is unsafe beside running threads
+    for stream in streams:
+        threads.append(threading.Thread(target=forward, args=stream, daemon=True))
+        threads[-1].start()
 
     def pass_on(signum, frame):
         for p in processes:
@@ -100,6 +124,12 @@ def launch(
         failures = _watch(processes, timeout_s)
         for thread in threads:
             thread.join(timeout=5)
+        if runtime.written():
+            print(
+                f"fedjax-dp-launch: the runtime's own output ({runtime.lines} lines of XLA and gloo"
+                f" records) is in {runtime.path}",
+                file=sys.stderr,
+            )
         if not failures:
             return 0
         index, code = failures[0]

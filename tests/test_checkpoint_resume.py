@@ -196,7 +196,7 @@ def test_a_non_finite_client_update_is_dropped_and_named_with_its_client_id(tmp_
     c.rounds = 8
     summary = run_experiment(c, str(tmp_path / "stalled"), progress=False)
     assert (
-        summary.rounds == loop_module.STALL_ROUNDS
+        summary.rounds == run_context.STALL_ROUNDS
         and "non-finite for 3 rounds" in summary.stop_reason
     )
 

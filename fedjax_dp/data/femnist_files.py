@@ -22,6 +22,7 @@ import os
 
 import numpy as np
 
+from fedjax_dp.data.file_integrity import read_checked
 from fedjax_dp.data.local_files import find_file, open_hdf5
 from fedjax_dp.data.natural_clients import GroupedSplit
 
@@ -37,11 +38,15 @@ def load_femnist(data_dir: str, invert: bool = False) -> tuple[GroupedSplit, Gro
     if path.endswith(".h5"):
         test_path = path[: -len("_train.h5")] + "_test.h5"
         splits = [
-            _read_tff_split(path),
-            _read_tff_split(find_file(data_dir, (os.path.basename(test_path),), "FEMNIST")),
+            read_checked(path, "FEMNIST", _read_tff_split),
+            read_checked(
+                find_file(data_dir, (os.path.basename(test_path),), "FEMNIST"),
+                "FEMNIST",
+                _read_tff_split,
+            ),
         ]
     else:
-        splits = _read_npz(path)
+        splits = read_checked(path, "FEMNIST", _read_npz)
     splits = [GroupedSplit(1.0 - s.x if invert else s.x, s.y, s.client) for s in splits]
     for s, split in zip(("train", "test"), splits):
         if len(split.y) and not 0 <= split.y.min() <= split.y.max() < NUM_CLASSES:

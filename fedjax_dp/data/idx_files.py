@@ -9,6 +9,7 @@ import gzip
 
 import numpy as np
 
+from fedjax_dp.data.file_integrity import read_checked
 from fedjax_dp.data.local_files import find_file
 
 MNIST_FILES = {
@@ -44,7 +45,9 @@ def load_mnist(data_dir: str):
     labels."""
     out = []
     for split in ("train", "test"):
-        images, labels = (read_idx(_locate(data_dir, name)) for name in MNIST_FILES[split])
+        images, labels = (
+            read_checked(_locate(data_dir, name), "MNIST", read_idx) for name in MNIST_FILES[split]
+        )
         if images.shape[0] != labels.shape[0]:
             raise ValueError(
                 f"MNIST {split}: {images.shape[0]} images but {labels.shape[0]} labels"

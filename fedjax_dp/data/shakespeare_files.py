@@ -16,6 +16,7 @@ import functools
 import numpy as np
 
 from fedjax_dp.data.array_cache import cached_arrays
+from fedjax_dp.data.file_integrity import read_checked
 from fedjax_dp.data.local_files import find_file, open_hdf5
 from fedjax_dp.data.natural_clients import GroupedSplit
 
@@ -85,7 +86,7 @@ def load_shakespeare(
         arrays = cached_arrays(
             f"shakespeare_{split}",
             [path],
-            lambda: _read_split(path, sequence_length),
+            lambda: read_checked(path, "Shakespeare", lambda p: _read_split(p, sequence_length)),
             cache_dir,
             params={"sequence_length": sequence_length},
         )

@@ -9,8 +9,10 @@ evaluation's metrics) or return a reason to stop after this round. Callbacks run
 evaluation and divergence first, then a user's callbacks (``run_experiment`` puts them there: what
 they add to the row is written), then ``Results`` writes the row, then ``Checkpoints`` saves (a row
 is always written before the checkpoint of its round, so a resume never lacks one). At the end
-``Results`` writes ``privacy.json`` and ``summary.json`` before ``Checkpoints`` saves the final
-state (a full disk must not cost the results).
+the files a run cannot do without come first: ``Results`` writes ``privacy.json``, ``Checkpoints``
+the final model, then ``Summary`` writes ``summary.json`` and ``client_accuracies.json`` and
+``Plots`` ``results.png``; every end hook runs even after one has failed (a full disk costs only
+the files it cannot take), and the first failure is raised.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import jax
 from tqdm import tqdm  # (not tqdm.auto: no ipywidgets warning in notebooks)
 
 from fedjax_dp.core import hosts
-from fedjax_dp.training import plots, results
+from fedjax_dp.training import console, plots, results
 from fedjax_dp.training.build import server_set_breaches, server_set_notes
 from fedjax_dp.training.divergence import DivergenceMonitor
 from fedjax_dp.training.reporting import RunSummary, privacy_record, progress_postfix, run_title
@@ -99,16 +101,19 @@ class Divergence(Callback):
 
 
 class Progress(Callback):
-    """The progress bar: round, accuracy, loss and epsilon spent."""
+    """Progress (``training.console``): the bar (round, accuracy, loss and epsilon spent) on a
+    terminal, or one line per evaluation where the output is a log file (``mode="lines"``)."""
 
-    def __init__(self, enabled: bool):
-        self.enabled, self.bar = enabled, None
+    def __init__(self, mode: str):
+        self.mode, self.bar = mode, None
 
     def on_train_begin(self, run):
+        if self.mode == "lines" and run.loop.last_evaluation_round == 0:
+            console.say(self._line(run, 0, {"epsilon": 0.0} if run.tracker else {}))
         self.bar = tqdm(
             total=run.cfg.rounds,
             initial=run.loop.rounds_run,
-            disable=not self.enabled,
+            disable=self.mode != "bar",
             desc=run.cfg.algorithm,
             unit="round",
         )
@@ -117,15 +122,28 @@ class Progress(Callback):
         self.bar.update(1)
         if run.loop.last_evaluation_round == t:
             self.bar.set_postfix(progress_postfix(run.loop.last_eval, row, run.tracker))
+            if self.mode == "lines":
+                console.say(self._line(run, t, row))
+
+    def _line(self, run, t, row):
+        """``round t/T: <accuracy> ..., test_loss ..., train_loss ..., epsilon ... (seconds)``."""
+        evaluation = run.loop.last_eval
+        accuracy = next(
+            (k for k in ("personalized_accuracy", "test_accuracy") if k in evaluation), None
+        )
+        shown = [(k, evaluation.get(k)) for k in (accuracy, "test_loss") if k]
+        shown += [("train_loss", row.get("train_loss")), ("epsilon", row.get("epsilon"))]
+        text = ", ".join(f"{k} {v:.4g}" for k, v in shown if isinstance(v, (int, float)))
+        formal = "" if row.get("formal", True) else " (formal: false)"
+        return f"round {t}/{run.cfg.rounds}: {text}{formal} ({run.seconds():.1f} s)"
 
     def on_train_end(self, run):
         self.bar.close()
 
 
 class Results(Callback):
-    """Each round's row into ``metrics.jsonl`` (and TensorBoard); at the end
-    ``client_accuracies.json``, ``privacy.json`` and ``summary.json``, and the run's
-    ``RunSummary``."""
+    """Each round's row into ``metrics.jsonl`` (and TensorBoard); at the end ``privacy.json``, the
+    first file a run's end writes (``Summary`` writes the rest, after the final checkpoint)."""
 
     def after_round(self, run, t, row):
         row["client_updates"] = run.loop.client_updates
@@ -138,24 +156,40 @@ class Results(Callback):
             if loop.last_evaluation_round == loop.rounds_run
             else run.evaluate(with_validation=False)
         )  # interrupted: not yet evaluated
-        # process 0 writes the files; every process gets its summary (several hosts: ``core.hosts``)
+        self.metrics, self.record = [], None
+        # process 0 writes the files (several hosts: ``core.hosts``)
+        hosts.on_primary(results.attempt_each, [run.writer.close, lambda: self._write(run)])
+
+    def _write(self, run):
+        cfg = run.cfg
+        self.metrics = results.read_metrics(run.workdir)
+        self.record = privacy_record(
+            run.tracker,
+            server_set_notes(cfg),
+            self.metrics,
+            server_set_breaches(cfg),
+            secure_rng=cfg.privacy.secure_rng,
+            client_test_set=central_test_from_clients(run.dataset),
+            wrote_client_accuracies=bool(cfg.eval_client_data),
+            privacy_unit=run.dataset.metadata.get("privacy_unit"),
+        )
+        run.writer.write_json("privacy.json", self.record)
+
+
+class Summary(Callback):
+    """At the end, after the final checkpoint: ``summary.json`` and ``client_accuracies.json``, and
+    the run's ``RunSummary`` (every process gets it)."""
+
+    def __init__(self, results_callback: Results):
+        self.results = results_callback
+
+    def on_train_end(self, run):
         summary = hosts.on_primary(self._write, run, share=True)
         run.summary = RunSummary(**summary) if isinstance(summary, dict) else summary
 
     def _write(self, run):
-        loop, cfg, dataset, tracker, final = run.loop, run.cfg, run.dataset, run.tracker, self.final
-        if cfg.eval_client_data:
-            run.writer.write_json(
-                "client_accuracies.json",
-                {
-                    "measured": final.per_client_label,
-                    "round": loop.rounds_run,
-                    "client_ids": [i for i, t in enumerate(dataset.client_test) if len(t)],
-                    "accuracy": final.per_client,
-                },
-            )
-        run.writer.close()
-        metrics = results.read_metrics(run.workdir)
+        loop, cfg, dataset, tracker = run.loop, run.cfg, run.dataset, run.tracker
+        final, metrics, record = self.results.final, self.results.metrics, self.results.record
         seconds = run.seconds()
         summary = RunSummary(
             run.workdir,
@@ -174,24 +208,10 @@ class Results(Callback):
             stopped_early=run.diverged,
             seconds_total=loop.seconds_total(seconds),
         )
-        record = privacy_record(
-            tracker,
-            server_set_notes(cfg),
-            metrics,
-            server_set_breaches(cfg),
-            secure_rng=cfg.privacy.secure_rng,
-            client_test_set=central_test_from_clients(dataset),
-            wrote_client_accuracies=bool(cfg.eval_client_data),
-            privacy_unit=dataset.metadata.get("privacy_unit"),
-        )
-        run.writer.write_json("privacy.json", record)
         if tracker is not None:
             report = tracker.report()
-            summary.epsilon, summary.formal, summary.delta = (
-                report.epsilon,
-                record["formal"],
-                report.delta,
-            )
+            summary.epsilon, summary.delta = report.epsilon, report.delta
+            summary.formal = record["formal"] if record else report.formal
             if "calibrated_epsilon" in report.accounting:
                 target = report.accounting["calibrated_epsilon"]
                 summary.calibration = (
@@ -203,18 +223,33 @@ class Results(Callback):
                     )
                 )
             summary.stopped_early = run.diverged or tracker.stopped_at is not None
-        run.writer.write_json(
-            "summary.json",
-            {
-                **dataclasses.asdict(summary),
-                "engine": {
-                    **dataclasses.asdict(run.choice),
-                    "ran_on_one_device": run.runner.ran_on_one_device,
+        writes = [
+            lambda: run.writer.write_json(
+                "summary.json",
+                {
+                    **dataclasses.asdict(summary),
+                    "engine": {
+                        **dataclasses.asdict(run.choice),
+                        "ran_on_one_device": run.runner.ran_on_one_device,
+                    },
+                    "backend": jax.default_backend(),
+                    "processes": jax.process_count(),
                 },
-                "backend": jax.default_backend(),
-                "processes": jax.process_count(),
-            },
-        )
+            )
+        ]
+        if cfg.eval_client_data:
+            writes.append(
+                lambda: run.writer.write_json(
+                    "client_accuracies.json",
+                    {
+                        "measured": final.per_client_label,
+                        "round": loop.rounds_run,
+                        "client_ids": [i for i, t in enumerate(dataset.client_test) if len(t)],
+                        "accuracy": final.per_client,
+                    },
+                )
+            )
+        results.attempt_each(writes)
         return dataclasses.asdict(summary) if hosts.distributed() else summary
 
 
@@ -258,9 +293,9 @@ class Plots(Callback):
         )
 
 
-def default_callbacks(cfg, progress: bool, extra=()) -> list[Callback]:
+def default_callbacks(cfg, progress: str, extra=()) -> list[Callback]:
     """The loop's own callbacks in the order they run, a user's ``extra`` ones before the row is
-    written."""
+    written; ``progress``: ``"bar"``, ``"lines"`` or ``"off"`` (``console.progress_mode``)."""
     written = Results()
     return [
         Evaluation(),
@@ -269,6 +304,7 @@ def default_callbacks(cfg, progress: bool, extra=()) -> list[Callback]:
         *extra,
         written,
         Checkpoints(),
+        Summary(written),
         Plots(written),
     ]
 

@@ -31,6 +31,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import threading
@@ -131,6 +132,7 @@ class Checkpointer:
                         code or errno.ENOSPC,
                         f"cannot write the checkpoint {self.path(round_index)}: "
                         f"{_first_line(error)}; {free_space(self.path(round_index))}",
+                        self.path(round_index),
                     ) from None
                 raise
         return self.path(round_index)
@@ -201,9 +203,18 @@ class Checkpointer:
         )
 
 
+# TensorStore appends the spec of what it was reading, a JSON dump hundreds of characters long
+_SPECS = re.compile(r"\s*\[[\w\[\]]+='(?:[^'\\]|\\.)*'\]")
+
+
 def _first_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:200]}"
+    """An error as one readable line: TensorStore's spec dumps dropped, and a long message cut in
+    its middle, not its end (where the cause is: 'Requested byte range [0, 2062) is not valid for
+    value of size 100')."""
+    text = " ".join(_SPECS.sub("", str(error)).split())
+    if len(text) > 240:
+        text = f"{text[:80]} ... {text[-150:]}"
+    return f"{type(error).__name__}: {text}"
 
 
 def truncate_metrics(metrics_path: str, last_round: int) -> None:

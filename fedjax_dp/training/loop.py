@@ -9,10 +9,10 @@ data side must provide, and the upload chain's declared releases say whether pri
 
 from __future__ import annotations
 
-import contextlib
+import functools
 
 from fedjax_dp.core import hosts
-from fedjax_dp.training import results  # noqa: F401  (tests reach the writer through this module)
+from fedjax_dp.training import console, results
 from fedjax_dp.training.callbacks import default_callbacks
 from fedjax_dp.training.checkpointing import Checkpointer, truncate_metrics  # noqa: F401
 from fedjax_dp.training.config_validation import validate_config
@@ -21,14 +21,15 @@ from fedjax_dp.training.run_context import (
     RunContext,
     central_test_from_clients,  # noqa: F401
 )
-from fedjax_dp.training.workdir_lock import WorkdirLock
+from fedjax_dp.training.privacy_plan import plan_line
+from fedjax_dp.training.workdir_lock import held_by_process_zero
 
 
 def run_experiment(
     cfg,
     workdir: str,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool | str = True,
     resume: bool = False,
     tensorboard: bool = False,
     callbacks=(),
@@ -38,28 +39,26 @@ def run_experiment(
     ``resume`` continues the run in ``workdir`` from its newest checkpoint: the result is identical
     to an uninterrupted run. SIGINT / SIGTERM finish the round, checkpoint and return
     ``interrupted``. ``tensorboard`` also writes every round's scalars under
-    ``<workdir>/tensorboard`` (tensorboardX). One run holds ``workdir`` at a time (``WorkdirLock``);
-    ``overwrite`` first removes every artefact of the earlier run there, checkpoints included.
+    ``<workdir>/tensorboard`` (tensorboardX). One run holds ``workdir`` at a time (``WorkdirLock``,
+    taken first); ``overwrite`` first removes every artefact of the earlier run there, checkpoints
+    included.
     ``callbacks``: the user's ``training.callbacks.Callback``s, run after the evaluation and before
-    the row is written (``StopWhen`` stops on a metric).
+    the row is written (``StopWhen`` stops on a metric). ``progress``: True shows a bar on a
+    terminal and a line per evaluation elsewhere, ``"lines"`` always the lines, False nothing; with
+    either, the slow phases and the privacy plan (noise, epsilon to spend) are said first
+    (``training.console``, ``training.privacy_plan``).
     """
-    validate_config(cfg)
-    with _held_by_process_zero(workdir):
+    mode = console.progress_mode(progress) if hosts.is_primary() else "off"
+    # the lock first: a second run learns at once that the workdir is taken
+    with held_by_process_zero(workdir), console.shown(mode):
+        validate_config(cfg)
         run = RunContext.prepare(cfg, workdir, overwrite, resume, tensorboard)
-        return train(run, default_callbacks(run.cfg, progress and hosts.is_primary(), callbacks))
-
-
-@contextlib.contextmanager
-def _held_by_process_zero(workdir: str):
-    """``WorkdirLock(workdir)`` held by process 0 (the one that writes); every process learns
-    whether it was free."""
-    lock = WorkdirLock(workdir)
-    hosts.on_primary(lock.__enter__)
-    try:
-        yield
-    finally:
-        if hosts.is_primary():
-            lock.__exit__(None, None, None)
+        if mode != "off" and not resume:
+            line = plan_line(run)
+            if line:
+                console.say(line)
+        console.phase("compiling and running the first evaluation and round")
+        return train(run, default_callbacks(run.cfg, mode, callbacks))
 
 
 def train(run: RunContext, callbacks) -> RunSummary:
@@ -91,6 +90,6 @@ def train(run: RunContext, callbacks) -> RunSummary:
                     f" {run.interruption.signal_name or 'a signal to another process'}"
                 )
                 break
-    for callback in callbacks:
-        callback.on_train_end(run)
+    # every end hook is tried, even after one failed (a full disk: ``results.attempt_each``)
+    results.attempt_each([functools.partial(c.on_train_end, run) for c in callbacks])
     return run.summary

@@ -139,7 +139,18 @@ def band_label(seeds: int) -> str:
 def plot_seeds(curves: dict[str, tuple], path: str, title: str, seeds: int = 0) -> str:
     """``curves``: metric -> (rounds, mean, low, high) over ``seeds`` seeds; lines with their 95 %
     bands, clipped to each metric's range (``seed_band``) and labelled with n (``band_label``)."""
-    fig, axes = _figure(len(curves))
+    seeds_figure(curves, title, seeds).savefig(path, dpi=110)
+    return path
+
+
+def seeds_figure(curves: dict[str, tuple], title: str, seeds: int = 0):
+    """``plot_seeds``' figure. The legend is the same for every panel, so it is one, below the
+    panels and outside them (in a panel it covered the curves, and the long band label ran past
+    the figure's edge)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.2 * max(len(curves), 1), 3.9), layout="constrained")
+    axes = [fig.add_subplot(1, max(len(curves), 1), i + 1) for i in range(len(curves))]
     for ax, (metric, (x, mean, low, high)) in zip(axes, curves.items()):
         ax.plot(x, mean, label="mean over seeds")
         low, high = seed_band(metric, low, high)
@@ -148,11 +159,15 @@ def plot_seeds(curves: dict[str, tuple], path: str, title: str, seeds: int = 0) 
         )
         ax.set(xlabel="round", ylabel=metric, title=metric)
         ax.grid(alpha=0.3)
-        _legend(ax)
+    if axes and axes[0].get_legend_handles_labels()[0]:
+        fig.legend(
+            *axes[0].get_legend_handles_labels(),
+            loc="outside lower center",
+            ncols=2 if len(axes) > 1 else 1,
+            fontsize=7,
+        )
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return fig
 
 
 def test_sizes_note(sizes) -> str:

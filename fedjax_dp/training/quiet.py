@@ -1,6 +1,9 @@
-"""A quiet console by default: library INFO logs (orbax's ~36 lines per checkpoint save) and
-dp_accounting's convergence warnings during calibration are hidden unless ``verbose``; our own
-warnings (dropped clients, refusals) still show."""
+"""A quiet console by default: library logs (orbax's ~36 INFO lines per checkpoint save, its ERROR
+lines by the hundred for a full disk or damaged checkpoints, dp_accounting's convergence warnings
+during calibration) are kept out of the terminal, which gets our own one line; with a ``log_file``
+their warnings and errors are written there instead (the run's ``library.log`` in its workdir, added
+to by every run there), for whoever needs the detail. ``verbose`` shows them, INFO included, on the
+console as before."""
 
 from __future__ import annotations
 
@@ -9,21 +12,50 @@ import logging
 
 from absl import logging as absl_logging
 
-LIBRARY_LOGGERS = ("absl", "orbax", "jax._src.xla_bridge", "tensorflow")
+LIBRARY_LOGGERS = ("absl", "orbax", "jax._src.xla_bridge", "tensorflow", "asyncio")
+LOG_FILE = "library.log"  # in a run's workdir
+
+
+class _QuietFileHandler(logging.FileHandler):
+    """A log file that never adds to the console: a disk that refuses it (full, read-only) is
+    ignored here, and reported by the results it also refuses."""
+
+    def handleError(self, record) -> None:
+        pass
 
 
 @contextlib.contextmanager
-def quiet_console(verbose: bool = False):
-    """Within: absl and library loggers at ERROR (WARNING and INFO shown with ``verbose``)."""
+def quiet_console(verbose: bool = False, log_file: str | None = None):
+    """Within: library loggers off the console (WARNING and above into ``log_file`` where given);
+    with ``verbose`` at INFO on the console."""
+    loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
     saved_absl = absl_logging.get_verbosity()
-    saved = {name: logging.getLogger(name).level for name in LIBRARY_LOGGERS}
-    level = logging.INFO if verbose else logging.ERROR
-    absl_logging.set_verbosity(absl_logging.INFO if verbose else absl_logging.ERROR)
-    for name in LIBRARY_LOGGERS:
-        logging.getLogger(name).setLevel(level)
+    saved = [(lg, lg.level, lg.propagate) for lg in loggers]
+    handler = None
+    if verbose:
+        absl_logging.set_verbosity(absl_logging.INFO)
+        for lg in loggers:
+            lg.setLevel(logging.INFO)
+    else:
+        absl_logging.set_verbosity(absl_logging.WARNING if log_file else absl_logging.ERROR)
+        if log_file:
+            handler = _QuietFileHandler(log_file, delay=True)
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+            )
+        for lg in loggers:
+            lg.setLevel(logging.WARNING if log_file else logging.CRITICAL + 1)
+            lg.propagate = False
+            if handler is not None:
+                lg.addHandler(handler)
     try:
         yield
     finally:
         absl_logging.set_verbosity(saved_absl)
-        for name, old in saved.items():
-            logging.getLogger(name).setLevel(old)
+        for lg, level, propagate in saved:
+            lg.setLevel(level)
+            lg.propagate = propagate
+            if handler is not None:
+                lg.removeHandler(handler)
+        if handler is not None:
+            handler.close()

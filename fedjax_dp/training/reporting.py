@@ -225,21 +225,35 @@ def progress_postfix(evaluation: dict, row: dict, tracker) -> dict:
     return postfix
 
 
-def run_title(cfg, dataset_name: str, num_clients: int, report=None) -> str:
-    """A figure title naming the setting and its privacy parameters: algorithm, model, data, K, the
-    cohort (m, or Poisson q), E and B, and with privacy z, S, epsilon, delta and the accountant."""
-    s = cfg.sampling
-    cohort = (
-        f"m={s.cohort_size}"
-        if s.method == "uniform"
-        else (
+def cohort_text(s) -> str:
+    """How a config's ``sampling`` section draws the cohort, in a figure title's words: m (uniform),
+    Poisson q (or its schedule), or the participation scheme with its b, k and check-in rate."""
+    if s.method == "uniform":
+        return f"m={s.cohort_size}"
+    if s.method == "poisson":
+        return (
             f"Poisson q_t={s.rate_schedule}"
-            if s.get("rate_schedule", "") and s.method == "poisson"
+            if s.get("rate_schedule", "")
             else f"Poisson q={s.rate:g}"
         )
-    )
+    check_in = f", check-in {s.check_in_rate:g}" if s.check_in_rate < 1 else ""
+    if s.method == "min_separation":
+        k = f", k={s.max_participations}" if s.max_participations else ""
+        return f"m={s.cohort_size}, b={s.min_separation} min-separation{k}{check_in}"
+    if s.method == "single":
+        return f"m={s.cohort_size}, single participation{check_in}"
+    if s.method == "cyclic":
+        return f"cyclic, {s.min_separation} groups"
+    return f"cyclic Poisson, {s.min_separation} groups, q={s.rate:g}"
+
+
+def run_title(cfg, dataset_name: str, num_clients: int, report=None) -> str:
+    """A figure title naming the setting and its privacy parameters: algorithm, model, data, K, the
+    cohort (``cohort_text``), E and B, and with privacy z, S, epsilon, delta and the
+    accountant."""
     title = (
-        f"{cfg.algorithm}: {cfg.model.name} on {dataset_name}, K={num_clients}, {cohort}, "
+        f"{cfg.algorithm}: {cfg.model.name} on {dataset_name}, K={num_clients},"
+        f" {cohort_text(cfg.sampling)}, "
         f"E={cfg.client.epochs}, B={cfg.client.batch_size}"
     )
     if report is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import math
 import os
 import shutil
@@ -43,7 +44,20 @@ def config_differences(saved: dict, current: dict, defaults: dict) -> list[str]:
 def check_resumable(workdir: str, config_json: str, defaults_json: str | None = None) -> None:
     """Raises ``ValueError`` naming the differences if ``workdir``'s ``config.json`` is not this
     run's config (up to keys added to the library since, left at their defaults in
-    ``defaults_json``); nothing if ``workdir`` holds no ``config.json``."""
+    ``defaults_json``); nothing if ``workdir`` holds no ``config.json``. A ``FileNotFoundError``
+    where there is nothing to resume (no run there) or the run's ``metrics.jsonl`` is gone (the rows
+    before its checkpoint could not be restored)."""
+    has_metrics = os.path.exists(os.path.join(workdir, "metrics.jsonl"))
+    if not has_metrics and not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        raise FileNotFoundError(
+            f"--resume: no run to continue in {workdir} (no metrics.jsonl, no checkpoints); run"
+            " without --resume to start one"
+        )
+    if not has_metrics:
+        raise FileNotFoundError(
+            f"--resume: {workdir} holds checkpoints but no metrics.jsonl, so the rows of the rounds"
+            " before its newest checkpoint are lost; start the run again with --overwrite"
+        )
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return  # no run there: the checkpoint's absence is reported where it is read
@@ -89,8 +103,40 @@ def prepare_workdir(workdir: str, overwrite: bool) -> None:
 
 
 class ResultsWriteError(OSError):
-    """A results file the disk would not take; the message is one line naming it and the free
-    space."""
+    """A results file the disk would not take; the message (``strerror``) is one line naming it and
+    the free space, ``filename`` the file."""
+
+
+def attempt_each(steps) -> None:
+    """Runs every one of ``steps`` (callables without arguments), in order, even after one has
+    failed, then raises the first failure: a full disk costs the files it cannot take, never the
+    ones after them. A results file that could not be written names the others that could not
+    either, in its one line."""
+    errors = []
+    for step in steps:
+        try:
+            step()
+        except Exception as error:  # noqa: BLE001  (raised below, after the other steps)
+            errors.append(error)
+    if not errors:
+        return
+    first, others = errors[0], errors[1:]
+    if others and isinstance(first, ResultsWriteError):
+        lost = ", ".join(
+            os.path.basename(e.filename) if getattr(e, "filename", None) else _first_words(e)
+            for e in others
+        )
+        raise ResultsWriteError(
+            first.errno, f"{first.strerror}; also not written: {lost}", first.filename
+        ) from None
+    for error in others:
+        logging.warning("also failed at the end of the run: %s", _first_words(error))
+    raise first
+
+
+def _first_words(error: BaseException) -> str:
+    text = " ".join(str(getattr(error, "strerror", None) or error).split())
+    return text[:120]
 
 
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
@@ -104,7 +150,7 @@ def _writing(path: str):
         if error.errno not in DISK_ERRORS or isinstance(error, ResultsWriteError):
             raise
         raise ResultsWriteError(
-            error.errno, f"cannot write {path}: {error.strerror}; {free_space(path)}"
+            error.errno, f"cannot write {path}: {error.strerror}; {free_space(path)}", path
         ) from None
 
 

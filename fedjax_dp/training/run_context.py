@@ -31,7 +31,7 @@ from fedjax_dp.data.builders import build_dataset, build_server_set
 from fedjax_dp.data.shared_set import share_with_clients
 from fedjax_dp.models import evaluation_model
 from fedjax_dp.privacy.sampling import build as client_sampler
-from fedjax_dp.training import results
+from fedjax_dp.training import console, results
 from fedjax_dp.training.build import (
     build_model_and_round,
     check_releases_before_data,
@@ -124,6 +124,7 @@ class RunContext:
         )
         check_releases_before_data(cfg)  # an event no ledger composes: refused before the data
         start = time.perf_counter()
+        console.phase(f"loading data: {cfg.data.source}, {cfg.data.partition} partition")
         dataset = build_dataset(cfg.data, cfg.seed)
         server_set = None
         if needs_server_set(cfg):

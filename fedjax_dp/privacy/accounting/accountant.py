@@ -43,7 +43,17 @@ from fedjax_dp.privacy.accounting.cached_pld import CachedPldAccountant
 
 SAMPLINGS = ("poisson", "fixed", "full")
 ACCOUNTANTS = ("rdp", "pld")
-RDP_ORDERS = tuple(
+
+
+class _OrderGrid(tuple):
+    """The default RDP order grid: a tuple whose repr is its name, so that a signature that defaults
+    to it (``Accountant``'s, in ``help`` and the API reference) does not list every order."""
+
+    def __repr__(self) -> str:
+        return "RDP_ORDERS"
+
+
+RDP_ORDERS = _OrderGrid(
     [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [80, 96, 128, 256, 512, 1024]
 )
 
@@ -350,9 +360,12 @@ class Accountant:
         self._relation = None
 
     def compose(self, event: RoundEvent | dp_accounting.DpEvent, count: int = 1) -> "Accountant":
-        """Adds ``count`` rounds of ``event`` (a ``RoundEvent``, or a dp_accounting event composed
-        as it stands under add/remove-one: a sampler's own event); refuses an event this kind of
-        accountant cannot compose (``UnsupportedEventError``)."""
+        """Adds ``count`` rounds of ``event`` to the history and returns this accountant (so calls
+        chain). ``event``: a ``RoundEvent``, or a dp_accounting event composed as it stands under
+        add/remove-one (a sampler's own event). Refuses an event this kind of accountant cannot
+        compose (``UnsupportedEventError``), and mixing Poisson or full participation
+        (add/remove-one neighbours) with fixed-size sampling (replace-one) in one history: their
+        epsilons are not comparable."""
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
         if not isinstance(event, RoundEvent):
@@ -377,6 +390,9 @@ class Accountant:
         return sum(count * event_rdp(event, self.rdp_orders) for event, count in self.events)
 
     def epsilon(self, delta: float) -> float:
+        """The epsilon the composed rounds satisfy at ``delta``, as this accountant certifies it (0
+        before any round): RDP's conversion at the best order of the grid, or the PLD's, which is
+        pessimistic by about the discretisation per round."""
         check_delta(delta)
         if not self.events:
             return 0.0
@@ -389,6 +405,9 @@ class Accountant:
         )
 
     def delta(self, epsilon: float) -> float:
+        """The delta the composed rounds satisfy at ``epsilon``, as this accountant certifies it (0
+        before any round): the inverse question of ``epsilon``, for a budget stated as a largest
+        delta at a fixed epsilon."""
         check_epsilon(epsilon)
         if not self.events:
             return 0.0

@@ -243,6 +243,9 @@ class Everyone:
     def capacity(self):
         return self.num_clients
 
+    def sized_by(self):
+        return f"data.num_clients={self.num_clients}"
+
     def can_draw(self, eligible):
         return True
 

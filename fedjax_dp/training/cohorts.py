@@ -155,7 +155,7 @@ def _check_fits(cfg, dataset, passes, sized_by: str) -> None:
     example = dataset.x[:1].nbytes + 4 + 1 + 2 * 8
     needed = slots * example * sum(steps * width for steps, width in passes)
     if needed > memory:
-        sampling = f"sampling.method={cfg.sampling.method!r} (up to {slots} clients)"
+        sampling = sampler.sized_by()
         raise ValueError(
             f"one round's packed cohort needs {needed / 1e9:.1f} GB ({slots} clients x "
             f"{' + '.join(f'{steps} steps x {width}' for steps, width in passes)} examples of "

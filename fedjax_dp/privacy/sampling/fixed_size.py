@@ -48,6 +48,9 @@ class FixedSizeSampling:
     def capacity(self) -> int:
         return self.cohort_size
 
+    def sized_by(self) -> str:
+        return f"sampling.cohort_size={self.cohort_size}"
+
     def can_draw(self, eligible: np.ndarray) -> bool:
         """Whether m clients are still eligible (budget-stopped clients leave the population)."""
         return int(np.sum(eligible)) >= self.cohort_size

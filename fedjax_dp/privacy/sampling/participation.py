@@ -127,6 +127,14 @@ class ParticipationSampling:
     def denominators(self) -> tuple:
         return ()
 
+    def sized_by(self) -> str:
+        p = self.participation
+        if p.scheme in ("min_separation", "single"):
+            return f"sampling.cohort_size={self.cohort_size}"
+        return (
+            f"sampling.min_separation={p.min_separation} groups (up to {self.capacity()} clients)"
+        )
+
     def can_draw(self, eligible: np.ndarray) -> bool:
         return True
 

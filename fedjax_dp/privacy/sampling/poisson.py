@@ -69,6 +69,9 @@ class PoissonSampling:
     def capacity(self) -> int:
         return self.slots(0)
 
+    def sized_by(self) -> str:
+        return f"sampling.rate={self.max_rate:g} (up to {self.capacity()} clients)"
+
     def can_draw(self, eligible: np.ndarray) -> bool:
         return True
 

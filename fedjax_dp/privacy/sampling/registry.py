@@ -38,6 +38,8 @@ class Sampler(Protocol):
 
     def capacity(self) -> int: ...  # the most clients a round can hold
 
+    def sized_by(self) -> str: ...  # the config keys that set ``capacity``, with their values
+
     def can_draw(self, eligible: np.ndarray) -> bool: ...  # enough eligible clients for a round
 
     def rate_at(self, t: int | None) -> float: ...  # the chance a client is in round t

@@ -25,9 +25,10 @@ import os
 import numpy as np
 import shared_data  # noqa: F401  (FEDJAX_DP_DATA: the shipped configs' data folder)
 from fedjax_dp.experiment import Experiment
+from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.results import dumps as strict_json
-from preflight import apply_overrides, checked_runs
+from preflight import apply_overrides
 from provenance import provenance
 
 MECHANISMS = ("ddgauss", "skellam")
@@ -58,6 +59,25 @@ def plan(args):
             for bits in args.bits:
                 name = f"{method}-{bits}bits-eps{eps:g}"
                 yield name, config(method, bits, eps, args), eps, method, bits
+
+
+def feasible(parser, planned):
+    """The planned runs whose config validates, and a row for each that cannot reach its target
+    (too few bits for the dimension's rounding, say: its reason recorded, not run)."""
+    runs, infeasible = [], []
+    for name, cfg, eps, method, bits in planned():
+        try:
+            validate_config(cfg)
+        except ValueError as error:
+            if method == CENTRAL:
+                parser.error(f"{name}: {error}")
+            reason = str(error).replace("invalid configuration:\n  - ", "")
+            infeasible.append(
+                {"epsilon_target": eps, "method": method, "bits": bits, "infeasible": reason}
+            )
+            continue
+        runs.append((name, cfg, eps, method, bits))
+    return runs, infeasible
 
 
 def round_stats(workdir: str) -> dict:
@@ -138,9 +158,11 @@ def main():
     if args.dropout_table:
         dropout_table(args)
         return
-    runs = checked_runs(parser, lambda: plan(args))
+    runs, infeasible = feasible(parser, lambda: plan(args))
     os.makedirs(args.out, exist_ok=True)
-    rows = []
+    rows = list(infeasible)
+    for row in infeasible:
+        print(json.dumps(row), flush=True)
     for name, cfg, eps, method, bits in runs:
         s = Experiment(cfg).run_seeds(
             args.seeds, os.path.join(args.out, name), overwrite=True, progress=False
@@ -167,11 +189,20 @@ def main():
             }
         )
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "config"}), flush=True)
-    with open(os.path.join(args.out, "sweep.json"), "w") as f:
-        f.write(strict_json({"setting": provenance(), "args": vars(args), "rows": rows}, indent=2))
+        # after every row: a long grid stopped part-way keeps what it ran
+        with open(os.path.join(args.out, "sweep.json"), "w") as f:
+            f.write(
+                strict_json({"setting": provenance(), "args": vars(args), "rows": rows}, indent=2)
+            )
     print("| epsilon | method | bits | z | gamma | wrapped / round | accuracy |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
+        if "infeasible" in r:
+            print(
+                f"| {r['epsilon_target']:g} | {r['method']} | {r['bits']} | - | - | - |"
+                f" cannot reach the target: {r['infeasible'][:80]} |"
+            )
+            continue
         a, stats = r["accuracy"], [s for s in r["per_seed_round_stats"] if s]
         wrapped = f"{np.mean([s['wrapped_per_round'] for s in stats]):.1f}" if stats else "-"
         gamma = "-" if r["gamma"] is None else f"{r['gamma']:.3g}"

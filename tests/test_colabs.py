@@ -18,6 +18,7 @@ TINY = {
     "uga_fedmeta.ipynb": "ROUNDS = 2",
     "dp_ftrl.ipynb": "ROUNDS, SEPARATION = 4, 2",
     "your_model_and_data.ipynb": "ROUNDS = 2",
+    "distributed_dp.ipynb": "ROUNDS, BITS = 2, (12,)",
 }
 """Overrides of each notebook's ``parameters`` cell for the suite (every notebook must have an
 entry)."""

@@ -309,3 +309,16 @@ def test_a_distributed_target_epsilon_is_calibrated_over_the_distributed_event()
     assert spent.epsilon(1e-5) == pytest.approx(6.0, abs=2e-3)
     assert isinstance(release.event, DistributedDiscreteGaussianDpEvent)
     assert dp_accounting.PoissonSampledDpEvent  # the sampler's event wraps it
+
+
+def test_the_papers_emnist_setting_is_a_shipped_config_that_validates():
+    """``ddp_emnist``: fl_run.py's 3,400 writers, 100 a round, 1,500 rounds, 16 bits, beta =
+    e^-0.5, k = 4, epsilon 10, clip 0.03 (it runs where TFF's EMNIST files are present)."""
+    from fedjax_dp import configs
+    from fedjax_dp.training.config_validation import validate_config
+
+    c = configs.get("ddp_emnist")
+    validate_config(c)
+    assert (c.data.num_clients, c.rounds, c.ddp.bits, c.ddp.k_stddevs) == (3400, 1500, 16, 4.0)
+    assert c.sampling.rate * 3400 == pytest.approx(100) and c.dp.clip_norm == 0.03
+    assert c.ddp.beta == pytest.approx(math.exp(-0.5)) and c.privacy.target_epsilon == 10.0

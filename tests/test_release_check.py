@@ -22,6 +22,9 @@ from fedjax_dp.privacy.mechanisms import gaussian as mechanisms
 from fedjax_dp.privacy.audit.release_check import check_upload_noise
 from fedjax_dp.privacy.mechanisms.step_dp import ClippedNoisyGradient
 from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
+from fedjax_dp.privacy.distributed.plan import DistributedPlan
+from fedjax_dp.privacy.distributed.transform import DistributedNoise
+from fedjax_dp.privacy.mechanisms.upload_correlated_noise import CorrelatedNoise
 from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 from fedjax_dp.training.build import build_model_and_round
 from fedjax_dp.training.cohorts import make_packer
@@ -68,6 +71,26 @@ CASES = {  # every registered algorithm whose chain releases noise, in its modes
     "udp sound": _config("udp", **{"udp.mode": "sound", "udp.participations": 2}),
     "prifedsync": _config("prifedsync", **{"pfldyn.local_steps": 2}),
     "udp paper": _config("udp"),  # formal: false, so listed as unchecked
+    "dp_fedavg distributed": _config(
+        "dp_fedavg",
+        **{
+            "dp.noise_multiplier": 1.3,
+            "dp.noise_mode": "distributed",
+            "ddp.bits": 18,
+            "sampling.method": "poisson",
+            "sampling.rate": 0.5,
+            "privacy.accountant": "rdp",
+        },
+    ),
+    "dp_fedavg correlated blt": _config(
+        "dp_fedavg",
+        **{
+            "dp.noise_multiplier": 1.3,
+            "dp.noise": "blt",
+            "sampling.method": "min_separation",
+            "sampling.min_separation": 2,
+        },
+    ),
 }
 # their noise is in the local steps: the DP-SGD test below
 STEP_DP = {"ldp_minibatch", "dp_scaffold"}
@@ -132,6 +155,35 @@ class HalvedServerNoise(GaussianNoise):
         return total, ctx.state, {}
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class HalvedStream(CorrelatedNoise):
+    """A correlated stream that adds half the noise its plan declares."""
+
+    def server(self, total, ctx):
+        noised, state, metrics = super().server(total, ctx)
+        half = jax.tree_util.tree_map(lambda n, t: t + 0.5 * (n - t), noised, total)
+        return half, state, metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class HalfSharePlan(DistributedPlan):
+    """The plan with each client's discrete Gaussian share at half its std."""
+
+    def share_parameter(self) -> float:
+        return super().share_parameter() / 2
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HalvedShares(DistributedNoise):
+    """Distributed noise whose clients add shares of half the declared std."""
+
+    def client(self, upload, ctx):
+        plan = HalfSharePlan(
+            **{f.name: getattr(self.plan, f.name) for f in dataclasses.fields(self.plan)}
+        )
+        return DistributedNoise(plan, self.template, self.dropout).client(upload, ctx)
+
+
 @dataclasses.dataclass(frozen=True)
 class LooseClip(FlatClip):
     """Declares the bound S but lets every upload through unclipped."""
@@ -186,3 +238,32 @@ def test_the_dp_sgd_step_adds_z_c_noise_to_a_clipped_sum(per_example):
     )
     total = float(jnp.linalg.norm(clipped["w"])) * (batch_size if per_example else 1)
     assert total == pytest.approx(clip * (batch_size if per_example else 1), rel=1e-5)
+
+
+def test_a_correlated_stream_is_checked_round_by_round_against_its_own_std():
+    """Three rounds of BLT noise from the stream's first state: each round's noise against z
+    sens(C) S ||C^-1[t]||; the same stream at half its std is caught."""
+    runner, state, cohort, _ = _round_and_cohort(CASES["dp_fedavg correlated blt"])
+    check = check_upload_noise(runner, state, cohort, jax.random.key(4), round_index=3)
+    assert check.checked and check.passed, check
+    uploads = list(runner.uploads)
+    for i, t in enumerate(uploads):
+        if isinstance(t, CorrelatedNoise):
+            uploads[i] = HalvedStream(t.plan)
+    broken = FederatedRound(runner.algorithm, chain(*uploads), "vmap")
+    check = check_upload_noise(
+        broken, broken.init(state.params), cohort, jax.random.key(4), round_index=3
+    )
+    assert not check.passed and check.chi2_z < -20
+
+
+def test_distributed_noise_is_checked_against_the_surviving_shares():
+    runner, state, cohort, _ = _round_and_cohort(CASES["dp_fedavg distributed"])
+    assert check_upload_noise(runner, state, cohort, jax.random.key(5)).passed
+    uploads = list(runner.uploads)
+    for i, t in enumerate(uploads):
+        if isinstance(t, DistributedNoise):
+            uploads[i] = HalvedShares(t.plan, t.template, t.dropout)
+    broken = FederatedRound(runner.algorithm, chain(*uploads), "vmap")
+    check = check_upload_noise(broken, broken.init(state.params), cohort, jax.random.key(5))
+    assert not check.passed and check.chi2_z < -20

@@ -13,6 +13,10 @@ transform:
   chi-square with N degrees of freedom; the check fails when its standardised value (chi2 - N) /
   sqrt(2N) lies beyond ``tolerance`` (5: a false alarm below 1e-6; halved noise at N = 7850 sits 47
   standard deviations out).
+* a correlated stream adds row t of C^-1 Z in round t: the check runs the stream's rounds 1..t
+  from its first state and tests each round's noise against its own std, z sens(C) S ||C^-1[t]||;
+* distributed DP: the decoded sum of the surviving clients' discrete shares, std sqrt(survivors)
+  sigma per entry (sigma the share's std, unscaled; the rotation keeps it);
 * bound: every client's upload is replaced by a huge one (each entry 1e3), and the probe reads the
   norm of what enters the noise transform: it must not exceed the bound S the noise is calibrated
   to.
@@ -130,32 +134,48 @@ def check_upload_noise(
     )
     options = dict(runner._engine_options, strategy="vmap", mesh=None, devices=None)
 
-    def metrics(value):
+    def metrics(value, start=probed_state, t=round_index, round_key=key):
         probe = FederatedRound(_FixedUploads(runner.algorithm, value), probed, **options)
         result = probe(
-            probed_state,
+            start,
             cohort,
-            key,
-            round_index,
+            round_key,
+            t,
             client_states=client_states,
             uploads=probed,
-            noise_key=jax.random.fold_in(key, 1),
+            noise_key=jax.random.fold_in(round_key, 1),
         )
-        return {
-            k: np.asarray(v) for k, v in result.metrics.items() if k.startswith("release_check_")
-        }
+        found = {k: np.asarray(v) for k, v in result.metrics.items() if k.startswith(PREFIXES)}
+        return found, result.state
 
-    quiet, loud = metrics(0.0), metrics(HUGE_ENTRY)
-    kept = quiet["release_check_kept"].astype(bool)
-    bound = float(quiet["release_check_bound"][kept][0])
-    if release.locality == "local":
-        ids = np.asarray(cohort.get("client_id", np.zeros(len(kept), np.int32)))[kept]
-        variance = float(np.sum(np.square(release.multipliers_for(ids) * bound)))
+    loud = metrics(HUGE_ENTRY)[0]
+    if release.stream:  # every round of the stream from the first: each one's own std
+        totals, variances, start = [], [], probed_state
+        for t in range(1, round_index + 1):
+            quiet, start = metrics(0.0, start, t, jax.random.fold_in(key, t))
+            bound = float(quiet["release_check_bound"][quiet["release_check_kept"].astype(bool)][0])
+            totals.append(quiet["release_check_total"])
+            variances.append(
+                np.full(quiet["release_check_total"].size, stream_variance(noise, t, bound))
+            )
+        total, variance = np.concatenate(totals).astype(np.float64), np.concatenate(variances)
     else:
-        variance = float((release.noise_multiplier * bound) ** 2)
-    total = quiet["release_check_total"].astype(np.float64)
+        quiet = metrics(0.0)[0]
+        kept = quiet["release_check_kept"].astype(bool)
+        bound = float(quiet["release_check_bound"][kept][0])
+        if release.locality == "local":
+            ids = np.asarray(cohort.get("client_id", np.zeros(len(kept), np.int32)))[kept]
+            variance = float(np.sum(np.square(release.multipliers_for(ids) * bound)))
+        elif release.locality == "distributed":  # the surviving shares' sum
+            d = release.details
+            share = d["ddp_share_std_integer_units"] * d["ddp_gamma"]
+            variance = float(quiet["ddp_survivors"]) * share**2
+        else:
+            variance = float((release.noise_multiplier * bound) ** 2)
+        total = quiet["release_check_total"].astype(np.float64)
+        variance = np.full(total.size, variance)
     entries = total.size
-    chi2 = float(np.sum(np.square(total)) / variance)
+    chi2 = float(np.sum(np.square(total) / variance))
     loud_kept = loud["release_check_kept"].astype(bool)
     ratio = float(
         np.max(loud["release_check_norm"][loud_kept] / loud["release_check_bound"][loud_kept])
@@ -163,10 +183,26 @@ def check_upload_noise(
     return ReleaseCheck(
         release.mechanism,
         True,
-        math.sqrt(variance),
+        float(np.sqrt(np.mean(variance))),
         float(np.sqrt(np.mean(np.square(total)))),
         entries,
         (chi2 - entries) / math.sqrt(2 * entries),
         ratio,
         tolerance,
     )
+
+
+PREFIXES = ("release_check_", "ddp_survivors")
+
+
+def stream_variance(noise, t: int, bound: float) -> float:
+    """Round t's noise variance per entry under a correlated stream: (z sens(C) S)^2 times the
+    squared norm of row t of C^-1 (the round adds row t of C^-1 Z; Choquette-Choo et al. 2023)."""
+    plan = noise.plan
+    if plan.strategy.draws != 1:
+        raise ValueError(
+            f"the {plan.strategy.name!r} stream draws {plan.strategy.draws} vectors a round: its"
+            " per-round std is not checked here"
+        )
+    inverse = np.linalg.inv(plan.strategy.matrix(t))
+    return float((plan.std_over_clip * bound * np.linalg.norm(inverse[t - 1])) ** 2)

@@ -209,7 +209,7 @@ def test_every_key_a_run_derives_has_exactly_one_use(key_log, make_config, tmp_p
 
 def test_the_local_count_noise_and_every_leafs_upload_noise_are_uncorrelated():
     """The real round's per-client keys (``core.round.client_inputs``) through the real client side
-    (``core.round._send``): zero updates, so each client's upload is pure leaf noise and its counts
+    (``core.round.send``): zero updates, so each client's upload is pure leaf noise and its counts
     are 1/2 + count noise. Over N clients the sample correlation of two independent normals is about
     N(0, 1/N); the bound 5.5 / sqrt(N) keeps the false-alarm chance over all pairs tested below
     1e-4, and the shared-key defect (correlation 1/4) is 16 standard deviations away."""
@@ -231,7 +231,7 @@ def test_the_local_count_noise_and_every_leafs_upload_noise_are_uncorrelated():
     out = ClientOut(leaves, jnp.float32(1.0), None, jnp.float32(0.0), jnp.bool_(True))
 
     def one(client):
-        summed, _ = round_lib._send(uploads, states, inputs, client, out, jnp.bool_(True))
+        summed, _ = round_lib.send(uploads, states, inputs, client, out, jnp.bool_(True))
         return summed["extras"][0]["layer_counts"], summed["upload"]
 
     counts, noise = jax.jit(jax.vmap(one))({k: v for k, v in clients.items()})

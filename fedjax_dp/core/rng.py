@@ -20,8 +20,9 @@ The tree of a round t (each arrow one use):
   key (one
   consumer: local upload noise split into leaves, or the DP-SGD steps' noise split into steps),
   ``CLIENT_COUNT_NOISE`` -split(cohort)-> each client's count-noise key (a local adaptive clip's
-  counts), ``SERVER_NOISE`` (central noise, split into leaves), ``CLIP_ADAPTATION`` (a central
-  adaptive clip's count noise).
+  counts), ``CANARY_NOISE`` and ``CANARY_COUNT_NOISE`` -split(canaries)-> the same for each canary
+  client of an audit (``privacy.audit.canaries``), ``SERVER_NOISE`` (central noise, split into
+  leaves), ``CLIP_ADAPTATION`` (a central adaptive clip's count noise).
 
 A run has three device streams derived from its seed (``run_streams``): ``rounds`` (round t's key is
 ``round_key(rounds, t)``, from which ``purpose_key`` derives client training, evaluation...),
@@ -57,6 +58,8 @@ class Purpose(enum.IntEnum):
     EVALUATION = 6
     SERVER_META = 7
     CLIENT_COUNT_NOISE = 8
+    CANARY_NOISE = 9  # the canary clients' upload noise (``privacy.audit``)
+    CANARY_COUNT_NOISE = 10  # the canary clients' count noise
 
 
 class Stream(enum.IntEnum):
@@ -69,6 +72,7 @@ class Stream(enum.IntEnum):
     NOISE = 2
     MEASUREMENT = 3  # compressed sensing's measurement matrices, folded with the tile index
     MEASUREMENT_START = 4  # the power iteration's start vector (the operator's Lipschitz estimate)
+    CANARIES = 5  # the audit's canary directions and coins (public: the auditor knows them)
 
 
 class RunStreams(NamedTuple):

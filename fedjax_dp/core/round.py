@@ -32,6 +32,7 @@ import numpy as np
 
 from fedjax_dp.core import hosts, rng, tree
 from fedjax_dp.core.algorithm import Aggregate, Algorithm
+from fedjax_dp.core.canary_uploads import CanaryCohort, add_canaries, canary_sums
 from fedjax_dp.core.cohort import MAX_REPLICATED_BYTES, CohortEngine
 from fedjax_dp.core.uploads import (
     UNBOUNDED,
@@ -86,6 +87,8 @@ class RoundResult:
     upload_client_states: Any = None
     # the chain's releases this round (``core.release``)
     releases: list = dataclasses.field(default_factory=list)
+    # what the server received: the aggregate's mean, total / denominator (a device array)
+    released: Any = None
 
 
 class FederatedRound:
@@ -125,6 +128,7 @@ class FederatedRound:
         # refuses a bad strategy now, not in round 1
         CohortEngine(lambda s, c: (s, c), **self._engine_options)
         self._programs: dict = {}
+        self._canary_programs: dict = {}
 
     @property
     def strategy(self) -> str:
@@ -169,6 +173,7 @@ class FederatedRound:
         noise_key: jax.Array | None = None,
         upload_client_states=None,
         step_noise=None,
+        canaries: CanaryCohort | None = None,
     ) -> RoundResult:
         """``uploads``: the chain already specialised for ``state`` (saves the host-side rate
         computation). ``noise_key``: every DP noise draw of the round derives from it (a separate
@@ -176,8 +181,9 @@ class FederatedRound:
         training. ``upload_client_states``: the cohort's stacked states of the chain
         (``Chain.client_state_init``), where a transform keeps per-client state. ``step_noise``:
         each slot's local DP-SGD noise multiplier, where the algorithm's steps draw noise
-        (``Requirements.step_noise``; ``STEP_NOISE``). The result's ``releases`` are those of the
-        chain that ran (``Chain.releases`` with the round's states)."""
+        (``Requirements.step_noise``; ``STEP_NOISE``). ``canaries``: canary clients sent through the
+        chain beside the cohort (``core.canary_uploads``; an audit's). The result's ``releases`` are
+        those of the chain that ran (``Chain.releases`` with the round's states)."""
         noise_key = key if noise_key is None else noise_key
         if self.algorithm.requirements.client_state and client_states is None:
             raise ValueError(
@@ -213,7 +219,10 @@ class FederatedRound:
         sums, per_client = engine(
             (self.algorithm.broadcast(state), state.uploads, inputs), engine_clients
         )
-        new_state, metrics = server_step(
+        if canaries is not None:
+            canary_fn = self._canary_program(uploads, state)
+            sums = add_canaries(sums, canary_fn(state.uploads, inputs, canaries, noise_key))
+        new_state, metrics, released = server_step(
             state,
             sums,
             per_client,
@@ -232,6 +241,7 @@ class FederatedRound:
             per_client.get(CLIENT_STATE),
             per_client.get(UPLOAD_CLIENT_STATE),
             releases,
+            released,
         )
 
     def round(self, state, cohort, key: jax.Array, client_states=None):
@@ -239,6 +249,23 @@ class FederatedRound:
         scripts."""
         result = self(state, cohort, key, client_states=client_states)
         return result.state, result.metrics
+
+    def _canary_program(self, uploads: Chain, state):
+        if uploads.split < len(uploads):
+            raise ValueError(
+                f"canary clients cannot join a cohort-level transform"
+                f" ({type(uploads[uploads.split]).__name__}: it needs every upload stacked)"
+            )
+        key = uploads.static_key()
+        if key not in self._canary_programs:
+            template = self.algorithm.upload_template(state.params)
+            own = (
+                self.uploads.client_state_init(template)
+                if self.uploads.keeps_client_state
+                else None
+            )
+            self._canary_programs[key] = canary_sums(send, uploads, template, own)
+        return self._canary_programs[key]
 
     def _program(self, uploads: Chain):
         key = uploads.static_key()
@@ -260,7 +287,7 @@ class FederatedRound:
             out = algorithm.client_update(
                 algorithm_shared, client, client.get(CLIENT_STATE), client["key"]
             )
-            return _send(uploads, states, inputs, client, out, out.ok)
+            return send(uploads, states, inputs, client, out, out.ok)
 
         return client_fn
 
@@ -282,7 +309,7 @@ class FederatedRound:
             out = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
             if client.get(CLIENT_STATE) is not None:  # the old state, unchanged
                 out = out._replace(client_state=client[CLIENT_STATE])
-            summed, per_client = _send(uploads, states, inputs, client, out, jnp.bool_(False))
+            summed, per_client = send(uploads, states, inputs, client, out, jnp.bool_(False))
             return summed, {**per_client, "finite": jnp.bool_(False)}
 
         return failed_fn
@@ -333,14 +360,16 @@ class FederatedRound:
                 total, new_states[i], transform_metrics = uploads[i].server(total, ctx)
                 metrics.update(transform_metrics)
             weight = sums["weight"]
+            received = weight + sums.get("canary_weight", 0.0)  # canaries count in a mean
             fixed = weighting is not None and weighting.denominator > 0
             if fixed and weighting.schedule:  # D_t of a rate schedule, a traced input
                 denominator = inputs[list(uploads).index(weighting)]["denominator"]
             else:
                 denominator = (
-                    jnp.float32(weighting.denominator) if fixed else jnp.maximum(weight, 1e-12)
+                    jnp.float32(weighting.denominator) if fixed else jnp.maximum(received, 1e-12)
                 )
             aggregate = Aggregate(total, denominator, jnp.sum(kept), fixed)
+            released = jax.tree_util.tree_map(lambda x: x / denominator, total)
             new_state, algorithm_metrics = algorithm.server_update(
                 state.replace(uploads=tuple(new_states)), aggregate, key
             )
@@ -350,12 +379,12 @@ class FederatedRound:
                 metrics["train_data_loss"] = sums["data_loss"] / jnp.maximum(weight, 1e-12)
             if not uploads.releases_anything:
                 metrics["mean_update_norm"] = _masked_mean(per_client["update_norm"], kept)
-            return new_state, metrics
+            return new_state, metrics, released
 
         return server_fn
 
 
-def _send(uploads: Chain, states, inputs, client, out, ok):
+def send(uploads: Chain, states, inputs, client, out, ok):
     """A client's ``ClientOut`` through the client sides of the chain: zeroed unless ``ok`` and
     real, clipped, noised, compressed, weighted (see the module docstring, steps 2-3)."""
     split, uniform = uploads.split, uploads.weighting is not None

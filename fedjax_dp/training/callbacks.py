@@ -18,6 +18,7 @@ the files it cannot take), and the first failure is raised.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 
@@ -173,7 +174,25 @@ class Results(Callback):
             wrote_client_accuracies=bool(cfg.eval_client_data),
             privacy_unit=run.dataset.metadata.get("privacy_unit"),
         )
+        if run.audit is not None and hosts.is_primary():
+            self.record["empirical"] = empirical_record(run)
+            if run.loop.audit_state is not None:
+                self.record["outside_guarantee"].append(
+                    "empirical: computed from the canary model trained beside the run's on the"
+                    " same clients (audit.side_by_side)"
+                )
         run.writer.write_json("privacy.json", self.record)
+
+
+def empirical_record(run) -> dict:
+    """The canaries' estimate for ``privacy.json``; a failure is recorded, never lets the file go
+    unwritten."""
+    try:
+        model = run.loop.audit_state if run.loop.audit_state is not None else run.state
+        return run.audit.report(model.params, run.tracker)
+    except Exception as error:  # noqa: BLE001 (privacy.json is written whatever happens here)
+        logging.exception("the canary audit failed")
+        return {"kind": "an empirical estimate, NOT a guarantee", "error": repr(error)}
 
 
 class Summary(Callback):

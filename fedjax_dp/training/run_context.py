@@ -30,6 +30,7 @@ from fedjax_dp.core.client_states import ClientStateStore
 from fedjax_dp.data.builders import build_dataset, build_server_set
 from fedjax_dp.data.shared_set import share_with_clients
 from fedjax_dp.models import evaluation_model
+from fedjax_dp.privacy.audit.in_run import CanaryAudit
 from fedjax_dp.privacy.sampling import build as client_sampler
 from fedjax_dp.training import console, results
 from fedjax_dp.training.build import (
@@ -98,6 +99,7 @@ class RunContext:
     # the round's row is the last and no callback may extend it (a non-finite model)
     halted: bool = False
     summary: object = None  # the ``RunSummary``, once the results callback has written it
+    audit: CanaryAudit | None = None  # canary clients (``audit.canaries``)
 
     @classmethod
     def prepare(
@@ -158,6 +160,8 @@ class RunContext:
         checkpointer = Checkpointer(
             os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint_keep or None
         )
+        if cfg.audit.canaries and cfg.audit.side_by_side:
+            loop.audit_state = state  # the canary model starts where the run's does
         if resume:
             state = loop.restore(
                 checkpointer,
@@ -167,6 +171,22 @@ class RunContext:
                 json.loads(default_config().to_json_best_effort()),
                 runner.uploads.releases,
             )
+        audit = (
+            CanaryAudit(
+                cfg.audit,
+                cfg.seed,
+                dataset.num_clients,
+                params,
+                runner.algorithm.upload_template(params),
+                cfg.dp.clip_norm,
+                tracker.settings.delta,
+                os.path.join(workdir, "audit"),
+                loop.rounds_run,
+                write=hosts.is_primary(),
+            )
+            if cfg.audit.canaries
+            else None
+        )
         writer = hosts.on_primary(
             results.ResultsWriter,
             workdir,
@@ -198,6 +218,7 @@ class RunContext:
             personalized=personalized_evaluator(cfg, dataset, model, requirements),
             template_bytes=dense_upload_bytes(runner.algorithm.upload_template(params)),
             download_bytes=broadcast_bytes(runner.algorithm.broadcast(state)),
+            audit=audit,
         )
 
     def seconds(self) -> float:
@@ -268,17 +289,26 @@ class RunContext:
                 compression_rates(uploads),
             )
             previous = self.state
-            result = runner(
-                self.state,
-                cohort,
-                rng_lib.round_key(self.streams.rounds, t),
-                t,
-                stacked,
-                uploads,
+            inputs = dict(
+                round_index=t,
+                client_states=stacked,
+                uploads=uploads,
                 noise_key=rng_lib.round_key(self.streams.noise, t),
                 upload_client_states=stacked_uploads,
                 step_noise=step_noise,
             )
+            key = rng_lib.round_key(self.streams.rounds, t)
+            canaries = self.audit.cohort(t, ids) if self.audit is not None else None
+            if loop.audit_state is not None:  # side by side: the run's model has no canaries
+                result = runner(self.state, cohort, key, **inputs)
+                own = {**inputs, "uploads": runner.specialized(loop.audit_state)}
+                beside = runner(loop.audit_state, cohort, key, canaries=canaries, **own)
+                loop.audit_state = beside.state
+                self.audit.observe(beside.released)
+            else:
+                result = runner(self.state, cohort, key, canaries=canaries, **inputs)
+                if self.audit is not None:  # released, whatever becomes of the state
+                    self.audit.observe(result.released)
             self.state = result.state
             # accounted even if the result is discarded below (conservative)
             if tracker is not None:

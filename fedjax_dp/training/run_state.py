@@ -58,6 +58,8 @@ class LoopState:
     divergence: dict | None = None
     # rounds this process saved or restored
     checkpointed: set = dataclasses.field(default_factory=set)
+    # the canaries' own model beside the run's (``audit.side_by_side``), checkpointed with it
+    audit_state: object = None
 
     def _stores(self) -> dict:
         """Per-client stores: checkpoint tree name -> (the record's key of their client ids, the
@@ -73,6 +75,8 @@ class LoopState:
         if self.rounds_run in self.checkpointed:
             return
         trees, ids = {"state": state}, {}
+        if self.audit_state is not None:
+            trees["audit_state"] = self.audit_state
         for name, (ids_key, store) in self._stores().items():
             ids[ids_key], stacked = store.export() if store is not None else ([], None)
             if ids[ids_key]:
@@ -122,6 +126,8 @@ class LoopState:
 
         def targets(saved):
             trees = {"state": state}
+            if self.audit_state is not None:
+                trees["audit_state"] = self.audit_state
             for name, (ids_key, store) in self._stores().items():
                 if saved.get(ids_key):
                     trees[name] = store.template_stack(len(saved[ids_key]))
@@ -183,6 +189,8 @@ class LoopState:
                 )
         self.checkpointed.add(self.rounds_run)
         hosts.on_primary(truncate_metrics, os.path.join(workdir, "metrics.jsonl"), self.rounds_run)
+        if self.audit_state is not None:
+            self.audit_state = trees["audit_state"]
         return trees["state"]
 
     def seconds_total(self, seconds: float) -> float:

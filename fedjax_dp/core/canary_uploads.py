@@ -1,0 +1,106 @@
+"""Canary clients through the upload chain (Andrew et al. 2024, "One-shot empirical privacy
+estimation for federated learning", Sec. 4: canaries are clients whose update is a fixed random
+direction).
+
+A canary does no training: its update is its unit direction (``canary_direction``, regenerated from
+a public key and its index, never stored) times a norm. It is sent as a client's update is
+(``core.round.send``: clipping, local noise, compression, rotation and modular shares), with its
+own noise keys (``rng.Purpose.CANARY_NOISE``) and a fresh per-client state where a transform keeps
+one, and its sum joins the cohort's before the server sides run (central noise, decoding). It
+weighs 1, as a client under uniform weights does, and adds nothing to the training loss.
+
+The canaries of a round are processed in chunks of ``CHUNK`` (a scan), so a thousand canaries
+never hold a thousand model-sized updates at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from fedjax_dp.core import rng
+from fedjax_dp.core.algorithm import ClientOut
+
+CHUNK = 32
+
+
+class CanaryCohort(NamedTuple):
+    """The canaries taking part in a round: their indices (padded to a multiple of ``CHUNK``),
+    which slots are real, the population index each stands in for (a per-client mechanism's
+    ``client_id``), the directions' public key and the update norm."""
+
+    index: Any  # (n,) int32
+    present: Any  # (n,) bool
+    client_id: Any  # (n,) int32
+    key: Any  # the directions' key (``rng.Stream.CANARIES`` of the run's seed)
+    norm: float
+
+
+def canary_direction(key: jax.Array, index, dim: int) -> jax.Array:
+    """Canary ``index``'s unit direction in R^dim: isotropic (a normalised standard normal)."""
+    g = jax.random.normal(jax.random.fold_in(key, index), (dim,), jnp.float32)
+    return g / jnp.linalg.norm(g)
+
+
+def canary_sums(send, uploads, template, client_state_init=None):
+    """``fn(states, inputs, cohort, noise_key) -> summed`` (``send``'s summed record over the
+    canaries), jitted: each canary's update through the chain's client sides."""
+    flat, unravel = ravel_pytree(template)
+    dim = flat.shape[0]
+
+    def one(states, inputs, key, norm, index, present, client_id, noise_key, count_key):
+        upload = unravel(norm * canary_direction(key, index, dim))
+        client = {
+            "num_examples": jnp.where(present, 1, 0),
+            "noise_key": noise_key,
+            "count_key": count_key,
+            "client_id": client_id,
+        }
+        if client_state_init is not None:
+            client["upload_client_state"] = client_state_init
+        out = ClientOut(upload, jnp.float32(1.0), None, jnp.float32(0.0), jnp.bool_(True))
+        summed, _ = send(uploads, states, inputs, client, out, jnp.bool_(True))
+        return summed
+
+    def fn(states, inputs, cohort: CanaryCohort, noise_key):
+        n = cohort.index.shape[0]
+        per_canary = lambda purpose: rng.client_keys(rng.purpose_key(noise_key, purpose), n)  # noqa: E731
+        columns = (
+            cohort.index,
+            cohort.present,
+            cohort.client_id,
+            per_canary(rng.Purpose.CANARY_NOISE),
+            per_canary(rng.Purpose.CANARY_COUNT_NOISE),
+        )
+        chunks = jax.tree_util.tree_map(
+            lambda x: x.reshape((n // CHUNK, CHUNK) + x.shape[1:]), columns
+        )
+
+        def chunk_sum(carry, chunk):
+            summed = jax.vmap(one, in_axes=(None, None, None, None, 0, 0, 0, 0, 0))(
+                states, inputs, cohort.key, cohort.norm, *chunk
+            )
+            total = jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), summed)
+            return jax.tree_util.tree_map(jnp.add, carry, total), None
+
+        row = jax.tree_util.tree_map(lambda x: x[0, 0], chunks)
+        shapes = jax.eval_shape(one, states, inputs, cohort.key, cohort.norm, *row)
+        zero = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        total, _ = jax.lax.scan(chunk_sum, zero, chunks)
+        return total
+
+    return jax.jit(fn)
+
+
+def add_canaries(sums: dict, canaries: dict) -> dict:
+    """The cohort's sums with the canaries': the upload (an integer share wraps as the modular sum
+    does), the transforms' summed extras, and their weight apart (``canary_weight``: it counts in
+    the denominator, not in the training loss)."""
+    out = dict(sums)
+    out["upload"] = jax.tree_util.tree_map(jnp.add, sums["upload"], canaries["upload"])
+    out["extras"] = jax.tree_util.tree_map(jnp.add, sums["extras"], canaries["extras"])
+    out["canary_weight"] = canaries["weight"]
+    return out

@@ -62,6 +62,12 @@ def test_the_estimate_recovers_a_gaussian_mechanism_and_the_bound_stays_below_it
     assert estimates.one_run_lower_bound(inserted, unseen, DELTA) < truth
 
 
+def test_statistics_without_spread_give_an_estimate_not_an_error():
+    """A model that did not move (learning rate 0) scores every canary 0: epsilon-hat 0."""
+    record = estimates.epsilon_hat(np.zeros(10), np.zeros(10), DELTA, resamples=5)
+    assert record["epsilon_hat"] == 0.0 and record["epsilon_hat_equal_variance"] == 0.0
+
+
 # ---------------------------------------------------------------------- broken chains
 @dataclasses.dataclass(frozen=True)
 class HalvedNoise(GaussianNoise):
@@ -214,9 +220,15 @@ def test_a_run_with_canaries_reports_the_estimate_beside_the_formal_epsilon(tmp_
     cfg = _config("sampled")
     cfg.rounds, cfg.eval_every = 3, 3
     cfg.audit.canaries = 20
-    run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
     record = json.loads((tmp_path / "run" / "privacy.json").read_text())
     empirical = record["empirical"]
+    brief = json.loads((tmp_path / "run" / "summary.json").read_text())["empirical"]
+    assert brief["threat_models"]["all_iterates"]["epsilon_hat"] == (
+        empirical["all_iterates"]["epsilon_hat"]
+    )
+    assert "estimate, all iterates" in summary.format()
+    assert "NOT a guarantee" in summary.format()
     assert empirical["kind"].startswith("an empirical estimate, NOT a guarantee")
     assert empirical["canaries"] == 40 and empirical["reference_canaries"] == 20
     assert empirical["canary_formal_epsilon"] == pytest.approx(record["epsilon"])

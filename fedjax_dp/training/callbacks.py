@@ -29,7 +29,13 @@ from fedjax_dp.core import hosts
 from fedjax_dp.training import console, plots, results
 from fedjax_dp.training.build import server_set_breaches, server_set_notes
 from fedjax_dp.training.divergence import DivergenceMonitor
-from fedjax_dp.training.reporting import RunSummary, privacy_record, progress_postfix, run_title
+from fedjax_dp.training.reporting import (
+    RunSummary,
+    empirical_brief,
+    privacy_record,
+    progress_postfix,
+    run_title,
+)
 from fedjax_dp.training.run_context import RunContext, central_test_from_clients
 
 
@@ -242,6 +248,7 @@ class Summary(Callback):
                     )
                 )
             summary.stopped_early = run.diverged or tracker.stopped_at is not None
+        summary.empirical = empirical_brief((record or {}).get("empirical"))
         writes = [
             lambda: run.writer.write_json(
                 "summary.json",

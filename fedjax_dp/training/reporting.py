@@ -46,6 +46,9 @@ class RunSummary:
     diverged: bool = False
     # ``seconds`` plus the segments before a resume (``seconds``: this process only)
     seconds_total: float = 0.0
+    # the canaries' figures (``audit.canaries``): per threat model epsilon-hat, its interval and
+    # the one-run lower bound; an estimate, never a guarantee (``empirical_brief``)
+    empirical: dict | None = None
 
     def format(self) -> str:
         """The table the CLI prints (``format_summary``)."""
@@ -208,8 +211,38 @@ def format_summary(summary: RunSummary) -> str:
         )
         if summary.calibration:
             lines.append(f"{'calibrated':<{width}}{summary.calibration}")
+    for threat_model, figure in (summary.empirical or {}).get("threat_models", {}).items():
+        low, high = figure["interval"]
+        flag = "; FLAGGED: above the formal epsilon" if figure["flagged"] else ""
+        lines.append(
+            f"{'estimate, ' + threat_model.replace('_', ' '):<{width}}epsilon-hat"
+            f" {figure['epsilon_hat']:.3g} [{low:.3g}, {high:.3g}], one-run lower bound"
+            f" {figure['lower_bound']:.3g} ({summary.empirical['canaries']} canaries; an estimate,"
+            f" NOT a guarantee{flag})"
+        )
     lines.append(f"{'wall time':<{width}}{summary.seconds:.1f} s")
     return "\n".join(lines)
+
+
+def empirical_brief(record: dict | None) -> dict | None:
+    """The summary's digest of ``privacy.json``'s ``empirical`` record: the canaries and, per threat
+    model, epsilon-hat, its interval, the one-run lower bound and whether it contradicts the formal
+    epsilon (None without canaries, or when the audit failed)."""
+    if not record or "error" in record:
+        return None
+    models = ("final_model", "all_iterates")
+    return {
+        "kind": record["kind"],
+        "canaries": record["canaries"],
+        "threat_models": {
+            name: {
+                key: record[name][key]
+                for key in ("epsilon_hat", "interval", "lower_bound", "formal_epsilon", "flagged")
+            }
+            for name in models
+            if name in record
+        },
+    }
 
 
 def progress_postfix(evaluation: dict, row: dict, tracker) -> dict:

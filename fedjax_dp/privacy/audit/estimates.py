@@ -87,8 +87,11 @@ def gaussian_pair_epsilon(mu_in, sd_in, mu_out, sd_out, delta: float) -> float:
     return max(one_way(mu_in, sd_in, mu_out, sd_out), one_way(mu_out, sd_out, mu_in, sd_in))
 
 
+SD_FLOOR = 1e-150  # a statistic with no spread (a model that did not move); its square is finite
+
+
 def _fit(x: np.ndarray) -> tuple[float, float]:
-    return float(np.mean(x)), max(float(np.std(x, ddof=1)), 1e-300)
+    return float(np.mean(x)), max(float(np.std(x, ddof=1)), SD_FLOOR)
 
 
 def equal_variance_epsilon(inserted, unseen, delta: float) -> float:

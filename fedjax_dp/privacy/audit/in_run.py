@@ -42,7 +42,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from fedjax_dp.core import rng
-from fedjax_dp.core.canary_uploads import CHUNK, CanaryCohort, canary_direction
+from fedjax_dp.core.canary_uploads import PAD, CanaryCohort, canary_direction
 from fedjax_dp.privacy.accounting.accountant import Accountant, RoundEvent
 from fedjax_dp.privacy.audit import estimates
 
@@ -100,13 +100,13 @@ class CanaryAudit:
 
     def cohort(self, t: int, client_ids) -> CanaryCohort:
         """Round t's canaries: the inserted ones taking part (module docstring), padded to a
-        multiple of ``CHUNK``."""
+        multiple of ``PAD``."""
         if self.participation == "every_round":
             taking = np.flatnonzero(self.inserted)
         else:
             taking = np.flatnonzero(self.inserted & np.isin(self.shadow, np.asarray(client_ids)))
         self.joined.append(len(taking))
-        slots = max(CHUNK, -(-len(taking) // CHUNK) * CHUNK)
+        slots = max(PAD, -(-len(taking) // PAD) * PAD)
         index = np.zeros(slots, np.int32)
         index[: len(taking)] = taking
         present = np.arange(slots) < len(taking)

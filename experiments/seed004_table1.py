@@ -45,8 +45,8 @@ PAPER = {
         0.8298: {"CUAG-PFL": 0.92, "PriFedSync": 10.21, "DP-SCAFFOLD": None, "UDP": None},
     },
 }
-"""The paper's Table 1 (``../shared/seeds/004_*.txt``, lines 512-521): split -> target -> method ->
-epsilon (None: "not reached", the paper's backslash)."""
+"""The paper's Table 1 (Li, Xiao and Chen, "CUAG-PFL", Chinese Journal of Computers, 2024): split ->
+target -> method -> epsilon (None: "not reached", the paper's backslash)."""
 
 RUNS = (  # (method column, label, raw-row file, run index): the committed 300-round ACID3 runs
     (

@@ -23,6 +23,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from provenance import provenance  # noqa: E402
 from fedjax_dp.algorithms.prifedsync import claimed_mu  # noqa: E402
 from fedjax_dp.privacy.accounting import gdp  # noqa: E402
 from fedjax_dp.privacy.mechanisms import adaptive_gdp  # noqa: E402
@@ -244,7 +245,7 @@ def main(argv=None):
     print(markdown(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"targets": targets, "rows": rows}, f, indent=1)
+            json.dump({"setting": provenance(), "targets": targets, "rows": rows}, f, indent=1)
     return rows
 
 

@@ -244,8 +244,9 @@ def main(argv=None):
     rows = table(targets)
     print(markdown(rows))
     if args.json:
+        setting = provenance()  # before the file is opened: writing it dirties the tree
         with open(args.json, "w") as f:
-            json.dump({"setting": provenance(), "targets": targets, "rows": rows}, f, indent=1)
+            json.dump({"setting": setting, "targets": targets, "rows": rows}, f, indent=1)
     return rows
 
 

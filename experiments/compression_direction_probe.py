@@ -58,6 +58,8 @@ from fedjax_dp.core import tree
 from fedjax_dp.training.results import write_json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from provenance import stamped  # noqa: E402
 from representation_probe import (
     LINE_MULTIPLES,
     layer_readings,
@@ -258,7 +260,7 @@ def main(argv=None):
     for name, direction in report["directions"].items():
         print(summary_line(name, direction))
     if args.out:
-        write_json(args.out, report)
+        write_json(args.out, stamped(report))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import os
 from fedjax_dp.compression.coherence import BASES, basis, coherence
 from fedjax_dp.compression.operators import make_operator
 from fedjax_dp.training.results import dumps as strict_json
+from provenance import stamped
 
 MATRICES = ("block", "gaussian", "bernoulli")
 
@@ -44,7 +45,8 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
     with open(os.path.join(args.out, "coherence.json"), "w") as f:
-        f.write(strict_json({"size": args.size, "seed": args.seed, "rows": rows}, indent=2))
+        record = stamped({"size": args.size, "seed": args.seed, "rows": rows})
+        f.write(strict_json(record, indent=2))
     import matplotlib
 
     matplotlib.use("Agg")

@@ -41,6 +41,8 @@ from fedjax_dp.training.results import write_json
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from provenance import stamped  # noqa: E402
+
 from seed004_tables import configure, split_overrides  # noqa: E402
 
 # (strategy, unroll, conv_impl): the scan engine used before 2026-11-26, three bit-identical
@@ -197,7 +199,7 @@ def main():
     }
     if args.rounds_check:
         report["round_one"] = round_one_part(args)
-    write_json(args.out, report, indent=2)
+    write_json(args.out, stamped(report), indent=2)
 
 
 if __name__ == "__main__":

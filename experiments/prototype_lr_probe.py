@@ -25,6 +25,7 @@ import optax
 
 from fedjax_dp.core.prototypes import prototype_correct, prototype_loss
 from fedjax_dp.models import get_model
+from provenance import stamped
 
 BATCH = 50
 
@@ -124,7 +125,7 @@ def main(argv=None):
     if args.out:
         with open(args.out, "w") as f:
             json.dump(
-                {"model": args.model, "learning_rate": args.learning_rate, "rows": rows},
+                stamped({"model": args.model, "learning_rate": args.learning_rate, "rows": rows}),
                 f,
                 indent=1,
             )

@@ -54,6 +54,7 @@ from fedjax_dp.core import tree
 from fedjax_dp.data.builders import build_dataset
 from fedjax_dp.models import get_model
 from fedjax_dp.training.results import write_json
+from provenance import stamped
 
 
 def sampled_examples(dataset, per_client: int, seed: int):
@@ -258,7 +259,7 @@ def main(argv=None):
             )
             print(f"  round {row['round']:3d}: " + " | ".join(cells) + drift)
     if args.out:
-        write_json(args.out, report)
+        write_json(args.out, stamped(report))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from fedjax_dp.training.loop import run_experiment
 from fedjax_dp.training.compilation_cache import use_persistent_cache
 from fedjax_dp.training.results import dumps as strict_json
 from preflight import apply_overrides, checked_runs
+from provenance import stamped
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS = {
@@ -88,7 +89,7 @@ def summarise(name, workdir, summary: dict, thresholds):
 
 def write_outputs(out, rows, thresholds, settings, title):
     with open(os.path.join(out, "table.json"), "w") as f:
-        f.write(strict_json({"settings": settings, "rows": rows}, indent=2))
+        f.write(strict_json(stamped({"settings": settings, "rows": rows}), indent=2))
     head = (
         "| run | final acc | best acc | "
         + " | ".join(f"rounds to {t:g}" for t in thresholds)

@@ -34,6 +34,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from preflight import checked_runs  # noqa: E402
+from provenance import write_provenance  # noqa: E402
 from seed004_tables import configure, split_overrides  # noqa: E402
 
 from fedjax_dp.training.loop import run_experiment  # noqa: E402
@@ -196,6 +197,7 @@ def main():
     args = p.parse_args()
     runs = checked_runs(p, lambda: plan(args))
     os.makedirs(args.out, exist_ok=True)
+    write_provenance(args.out)
     rows = []
     for _, cfg, source, split, method in runs:
         rows.append(measure(args, cfg, source, split, method))

@@ -19,6 +19,8 @@ from flax.traverse_util import flatten_dict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from provenance import provenance  # noqa: E402
+
 from seed004_tables import result_row  # noqa: E402
 
 TRACE_KEYS = (
@@ -114,7 +116,12 @@ def main(argv=None):
     missing = [w for w in args.workdirs if not os.path.isfile(os.path.join(w, "summary.json"))]
     if missing:
         p.error(f"no summary.json in {missing}: not a finished or stopped run's folder")
-    record = {"setting": args.setting, "runs": [run_record(w, args.resumed) for w in args.workdirs]}
+    record = {
+        "setting": args.setting,
+        # the conversion's own provenance (the runs' machine and versions are in ``setting``)
+        "written_by": provenance(),
+        "runs": [run_record(w, args.resumed) for w in args.workdirs],
+    }
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
 

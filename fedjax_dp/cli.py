@@ -3,6 +3,8 @@
 
     fedjax-dp --config dp_fedavg_mnist --config.rounds=20 --workdir results/dp
     fedjax-dp --config my_config.py --seeds 0,1,2      # three seeds: mean and 95 % interval
+    fedjax-dp --config dp_fedavg_mnist --sweep dp.clip_norm=0.5,1 --sweep server.learning_rate=0.5,1
+                                                       # a sweep, its selection accounted
     fedjax-dp --help                                   # the options, the shipped configs, every key
     fedjax-dp configs                                  # the shipped configs only
     fedjax-dp --import my_module --config.model.name=my_cnn --config.data.source=my_clients
@@ -25,6 +27,7 @@ second run of the same programs loads them instead of compiling.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -61,6 +64,35 @@ _SEEDS = flags.DEFINE_string(
     "",
     "Comma-separated seeds (e.g. 0,1,2): one run per seed under "
     "<workdir>/seed_<s>, then the mean and 95 % interval (seeds_summary.json, seeds.png).",
+    flag_values=FLAGS,
+)
+_SWEEP = flags.DEFINE_multi_string(
+    "sweep",
+    [],
+    "KEY=V1,V2,...: sweep a config key over these values (repeat for a grid); each run under"
+    " <workdir>/run_<i>, the best by test_accuracy, its selection's privacy cost accounted"
+    " (sweep_summary.json, sweep.png; docs/sweeps.md)",
+    flag_values=FLAGS,
+)
+_SWEEP_RUNS = flags.DEFINE_string(
+    "sweep_runs",
+    "poisson",
+    "How many runs a --sweep makes: poisson (a Poisson number, mean --sweep_num_runs, each drawn"
+    " from the grid: the best run costs RepeatAndSelect), negative_binomial (truncated, geometric),"
+    " or fixed (each grid point once: accounted by composition).",
+    flag_values=FLAGS,
+)
+_SWEEP_NUM_RUNS = flags.DEFINE_string(
+    "sweep_num_runs",
+    "",
+    "The mean number of runs of a --sweep (default: the grid's size).",
+    flag_values=FLAGS,
+)
+_SWEEP_BUDGET = flags.DEFINE_string(
+    "sweep_budget",
+    "",
+    "An epsilon for the released (best) model: a --sweep that would spend more is refused before"
+    " it starts.",
     flag_values=FLAGS,
 )
 _TENSORBOARD = flags.DEFINE_bool(
@@ -103,6 +135,8 @@ _DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
 
 USAGE = """usage: fedjax-dp [--config NAME|PATH] [--config.KEY=VALUE ...] [--workdir DIR]
                  [--import MODULE ...] [--seeds 0,1,2] [--overwrite] [--resume] [--tensorboard]
+                 [--sweep KEY=V1,V2 ... [--sweep_runs poisson|negative_binomial|fixed]
+                  [--sweep_num_runs N] [--sweep_budget EPSILON]]
                  [--noprogress] [-v]
                  [--distributed [--coordinator_address H:P --num_processes N --process_id I]]
        fedjax-dp configs          list the shipped configs
@@ -118,6 +152,10 @@ def help_text() -> str:
         _OVERWRITE,
         _RESUME,
         _SEEDS,
+        _SWEEP,
+        _SWEEP_RUNS,
+        _SWEEP_NUM_RUNS,
+        _SWEEP_BUDGET,
         _IMPORT,
         _TENSORBOARD,
         _PROGRESS,
@@ -330,6 +368,56 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def parse_sweep(items: list[str], cfg) -> dict:
+    """``--sweep KEY=V1,V2`` options as key -> typed values (each as the key's default's type); a
+    ``ValueError`` naming the option and the value otherwise."""
+    from fedjax_dp.sweeps import typed_values
+
+    space = {}
+    for item in items:
+        key, equals, values = item.partition("=")
+        key, texts = key.strip(), [v.strip() for v in values.split(",") if v.strip()]
+        if not equals or not key or not texts:
+            raise ValueError(
+                f"--sweep={item}: give KEY=V1,V2,... (e.g. --sweep dp.clip_norm=0.5,1)"
+            )
+        if key in space:
+            raise ValueError(f"--sweep={item}: {key} is swept twice; give its values once")
+        try:
+            space[key] = typed_values(cfg, key, texts)
+        except KeyError as error:
+            raise ValueError(f"--sweep={item}: {error.args[0]}") from None
+        except ValueError as error:
+            raise ValueError(f"--sweep={item}: {error}") from None
+    return space
+
+
+def parse_sweep_options(runs: str, num_runs: str, budget: str) -> dict:
+    """``--sweep_runs``, ``--sweep_num_runs`` and ``--sweep_budget`` as ``sweep``'s arguments; a
+    ``ValueError`` naming the option and the value otherwise."""
+    from fedjax_dp.privacy.accounting.selection import RUNS
+
+    if runs not in RUNS:
+        raise ValueError(f"--sweep_runs={runs}: choose one of {', '.join(RUNS)}")
+    out = {"runs": runs}
+    for name, text, key in (
+        ("sweep_num_runs", num_runs, "num_runs"),
+        ("sweep_budget", budget, "budget"),
+    ):
+        if not text.strip():
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        least = 1 if key == "num_runs" else 0
+        if not (math.isfinite(value) and value >= least and (key == "num_runs" or value > 0)):
+            what = "a number >= 1 (runs)" if key == "num_runs" else "a positive epsilon"
+            raise ValueError(f"--{name}={text}: give {what}")
+        out[key] = int(value) if key == "num_runs" and runs == "fixed" else value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "--helpfull", "help") for a in argv[1:]):
@@ -348,6 +436,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = _CONFIG.value
         _ = cfg.algorithm  # a config file that failed to load raises only when first read
         seeds = parse_seeds(_SEEDS.value)
+        space = parse_sweep(_SWEEP.value, cfg)
+        sweep_options = parse_sweep_options(
+            _SWEEP_RUNS.value, _SWEEP_NUM_RUNS.value, _SWEEP_BUDGET.value
+        )
+        if space and seeds:
+            raise ValueError("--sweep and --seeds: give one (sweep the seed: --sweep seed=0,1,2)")
     except Exception as error:  # noqa: BLE001  (any failure to read the command or config: one line)
         print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
@@ -374,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from fedjax_dp import plugins
     from fedjax_dp.core import hosts
-    from fedjax_dp.experiment import Experiment, SeedsSummary
+    from fedjax_dp.experiment import Experiment, RunSummary
+    from fedjax_dp.sweeps import SweepSummary
     from fedjax_dp.training import console
     from fedjax_dp.training.config_validation import validate_config
     from fedjax_dp.training.fit_to_data import adopt_source_clients
@@ -413,11 +508,14 @@ def main(argv: list[str] | None = None) -> int:
                 tensorboard=_TENSORBOARD.value,
                 verbose=_VERBOSE.value,
             )
-            summary = (
-                experiment.run_seeds(seeds, workdir, **options)
-                if seeds
-                else experiment.run(workdir, resume=_RESUME.value, **options)
-            )
+            if space:
+                from fedjax_dp.sweeps import sweep
+
+                summary = sweep(experiment, space, workdir=workdir, **sweep_options, **options)
+            elif seeds:
+                summary = experiment.run_seeds(seeds, workdir, **options)
+            else:
+                summary = experiment.run(workdir, resume=_RESUME.value, **options)
     except WorkdirUnusable as error:
         print(f"error: --workdir={error.workdir}: {error.reason}", file=sys.stderr)
         return 2
@@ -433,7 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     if summary.interrupted:
         print(f"interrupted ({summary.stop_reason}): --resume continues it", file=sys.stderr)
         return 130
-    if (summary.rounds_min if isinstance(summary, SeedsSummary) else summary.rounds) == 0:
+    if isinstance(summary, SweepSummary) and not summary.runs:
+        return 0  # no run was drawn: nothing is released (the summary says so)
+    if (summary.rounds if isinstance(summary, RunSummary) else summary.rounds_min) == 0:
         print(f"error: no round could run ({summary.stop_reason})", file=sys.stderr)
         return 1
     if summary.diverged:

@@ -77,6 +77,7 @@ def test_help_lists_the_configs_and_every_key_with_its_meaning(tmp_path):
         "z: Gaussian noise std",
         "sampling.method='uniform'",
         "--seeds",
+        "--sweep_budget",
     ):
         assert fragment in out.stdout
     assert "(undocumented)" not in out.stdout

@@ -31,6 +31,7 @@ DOCTESTED = {
     "fedjax_dp.privacy.accounting.accountant": 2,
     "fedjax_dp.privacy.sampling.poisson": 2,
     "fedjax_dp.privacy.accounting.calibration": 1,
+    "fedjax_dp.privacy.accounting.selection": 1,
     "fedjax_dp.privacy.accounting.gdp": 3,
     "fedjax_dp.data.partition": 2,
 }

@@ -216,9 +216,18 @@ def check_releases_before_data(cfg) -> None:
     source whose shapes are known only from its data is checked when the run's tracker is built,
     after loading; so is a round that cannot be built without the data (a server-held set, the
     clients' sizes)."""
+    planned_releases(cfg)
+
+
+def planned_releases(cfg):
+    """``(tracker, uploads)``: the tracker the run of ``cfg`` will account on, with no round
+    recorded yet (a ledger that cannot compose the releases refuses here), and the upload chain
+    whose ``releases(t)`` are round t's, both built before any data loads on the round of a stand-in
+    model (``check_releases_before_data``); None where nothing private is released, or where that is
+    known only from the data or the algorithm keeps its own ledger."""
     shape, classes = known_shapes(cfg.data.source)
     if shape is None or registry.get(cfg.algorithm).ledger is not None:
-        return
+        return None
     try:
         model = get_model(cfg.model.name, shape, classes)
         cohort = int(expected_cohort(cfg, cfg.data.num_clients))
@@ -226,10 +235,12 @@ def check_releases_before_data(cfg) -> None:
             cfg, model, resolve_engine(cfg, model.has_conv, cohort), cfg.data.num_clients
         )
     except (TypeError, ValueError, AttributeError):  # needs the data: checked after loading
-        return
-    if runner.uploads.releases_anything:
-        sampler = client_sampler(cfg.sampling, cfg.data.num_clients)
-        tracker_for(runner.uploads.releases(1), PrivacySettings.from_config(cfg), sampler)
+        return None
+    if not runner.uploads.releases_anything:
+        return None
+    sampler = client_sampler(cfg.sampling, cfg.data.num_clients)
+    tracker = tracker_for(runner.uploads.releases(1), PrivacySettings.from_config(cfg), sampler)
+    return tracker, runner.uploads
 
 
 def server_set_notes(cfg) -> list[str]:

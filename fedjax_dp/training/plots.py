@@ -203,3 +203,40 @@ def plot_accuracy_vs_epsilon(points: dict[str, list[tuple]], path: str, title: s
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
+
+
+def plot_sweep(
+    runs: list[dict], keys: list[str], metric: str, path: str, title: str, best: int | None
+) -> str:
+    """One panel per swept key: each run's ``metric`` against its value of that key (a log axis
+    where the positive values span more than a decade; text values at evenly spaced positions), the
+    released (best) run ringed."""
+    fig, axes = _figure(max(len(keys), 1), 4.2, 3.6)
+    for ax, key in zip(axes, keys):
+        points = [
+            (r["settings"].get(key), r["metric"], r["index"])
+            for r in runs
+            if r.get("metric") is not None
+        ]
+        values = [p[0] for p in points]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if numeric:
+            xs = [float(v) for v in values]
+        else:
+            labels = sorted({str(v) for v in values})
+            xs = [labels.index(str(v)) for v in values]
+            ax.set_xticks(range(len(labels)), labels, fontsize=7)
+        ax.scatter(xs, [p[1] for p in points], s=18, label="runs")
+        chosen = [(x, p[1]) for x, p in zip(xs, points) if p[2] == best]
+        if chosen:
+            ax.scatter(*zip(*chosen), s=90, facecolors="none", edgecolors="red", label="released")
+        positive = [x for x in xs if x > 0]
+        if numeric and len(positive) == len(xs) and xs and max(xs) > 10 * min(xs):
+            ax.set_xscale("log")
+        ax.set(xlabel=key, ylabel=metric, title=textwrap.shorten(f"{metric} against {key}", 48))
+        ax.grid(alpha=0.3)
+        _legend(ax)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path

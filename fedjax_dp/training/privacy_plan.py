@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from fedjax_dp.privacy.accounting import selection
+
 
 def plan_line(run) -> str | None:
     """``privacy: z = ..., S = ...: the N rounds will spend epsilon E at delta D (accountant)`` for
@@ -71,3 +73,23 @@ def _noise(plan) -> str:
     )
     clip = f", S = {', '.join(f'{b:.4g}' for b in bounds[:3])}" if bounds else ""
     return f"z = {z}{clip}"
+
+
+def planned_run_event(cfg):
+    """``(event, neighbouring relation)`` of a whole run of ``cfg`` as its tracker will compose it,
+    before any data loads (``build.planned_releases``: every planned round's releases on the
+    ledger the run uses, every client that may take part taking part, up to the round a budget rule
+    stops it; ``selection.run_event``), or None where that is known only once the data is loaded or
+    nothing private is released."""
+    from fedjax_dp.training import build
+
+    planned = build.planned_releases(cfg)
+    if planned is None:
+        return None
+    tracker, uploads = planned
+    for t in range(1, cfg.rounds + 1):
+        releases = uploads.releases(t)
+        if not tracker.allows(t, releases):
+            break
+        tracker.record(t, np.flatnonzero(tracker.eligible(t, releases)), releases)
+    return selection.run_event(tracker), selection.run_relation(tracker)

@@ -19,6 +19,7 @@ TINY = {
     "dp_ftrl.ipynb": "ROUNDS, SEPARATION = 4, 2",
     "your_model_and_data.ipynb": "ROUNDS = 2",
     "distributed_dp.ipynb": "ROUNDS, BITS = 2, (12,)",
+    "privacy_audit.ipynb": "ROUNDS, CANARIES, EPSILONS = 2, 20, (8.0,)",
 }
 """Overrides of each notebook's ``parameters`` cell for the suite (every notebook must have an
 entry)."""

@@ -156,7 +156,7 @@ def main():
         "ratio_to_plain": {name: median[name] / median["plain"] for name in VARIANTS},
         "scoring_seconds_once_per_run": scoring,
         "scored_rounds": len(audit.joined),
-        "flagged": record["flagged"],
+        "scored_canaries": record["canaries"],
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

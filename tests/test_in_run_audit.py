@@ -224,8 +224,9 @@ def test_a_run_with_canaries_reports_the_estimate_beside_the_formal_epsilon(tmp_
     record = json.loads((tmp_path / "run" / "privacy.json").read_text())
     empirical = record["empirical"]
     brief = json.loads((tmp_path / "run" / "summary.json").read_text())["empirical"]
-    assert brief["threat_models"]["all_iterates"]["epsilon_hat"] == (
-        empirical["all_iterates"]["epsilon_hat"]
+    assert (
+        brief["threat_models"]["all_iterates"]["epsilon_hat"]
+        == (empirical["all_iterates"]["epsilon_hat"])
     )
     assert "estimate, all iterates" in summary.format()
     assert "NOT a guarantee" in summary.format()

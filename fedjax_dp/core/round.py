@@ -129,6 +129,7 @@ class FederatedRound:
         CohortEngine(lambda s, c: (s, c), **self._engine_options)
         self._programs: dict = {}
         self._canary_programs: dict = {}
+        self._functions: dict = {}
 
     @property
     def strategy(self) -> str:
@@ -283,6 +284,12 @@ class FederatedRound:
         clients = self._clients(
             cohort, key, noise_key, client_states, upload_client_states, step_noise
         )
+        static = uploads.static_key()
+        if static not in self._functions:  # one f per specialisation: jit caches on it
+            self._functions[static] = self._round_function(uploads)
+        return self._functions[static], (clients, key, noise_key, uploads.inputs(t))
+
+    def _round_function(self, uploads: Chain):
         client_fn, server_fn = self._client_fn(uploads), self._server_fn(uploads)
         algorithm = self.algorithm
 
@@ -296,7 +303,7 @@ class FederatedRound:
             )
             return new_state, metrics
 
-        return f, (clients, key, noise_key, uploads.inputs(t))
+        return f
 
     def round(self, state, cohort, key: jax.Array, client_states=None):
         """``(new_state, metrics)``: the round without per-slot details, for notebooks and short

@@ -3,6 +3,7 @@ scalar settings (client and server learning rates, per-step weights) and their o
 (Rush, Charles and Garrett, "Federated automatic differentiation", TMLR 2024; Baydin et al. 2018,
 "Online learning rate adaptation with hypergradient descent", ICLR)."""
 
+from fedjax_dp.hypergrad import config  # noqa: F401  (registers the hypergrad section)
 from fedjax_dp.hypergrad.differentiable import (
     SETTINGS,
     Hypertuned,
@@ -12,8 +13,11 @@ from fedjax_dp.hypergrad.differentiable import (
     server_step_hypergradient,
     step_scales,
 )
+from fedjax_dp.hypergrad.online import HyperOptions, OnlineHypertuned
 
 __all__ = [
+    "HyperOptions",
+    "OnlineHypertuned",
     "SETTINGS",
     "Hypertuned",
     "held_out_loss",

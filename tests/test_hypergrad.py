@@ -388,3 +388,9 @@ def test_a_dp_run_adapting_the_server_lr_spends_the_same_epsilon(tmp_path):
     assert "post-processing" in records[1]["hypergrad"]["why"]
     rows = [json.loads(line) for line in open(tmp_path / "1" / "metrics.jsonl")]
     assert len({r["hypergrad_server_lr"] for r in rows if "hypergrad_server_lr" in r}) == 3
+
+
+def test_a_hypergrad_key_set_while_it_is_off_is_refused():
+    cfg = _config(adapt="client_lr")
+    with pytest.raises(ValueError, match="hypergrad.adapt='client_lr' is not read while"):
+        validate_config(cfg, overridden=("hypergrad.adapt",))

@@ -132,6 +132,7 @@ class Wrapper:
     needs_server_set: bool = False
     privacy_note: str = ""
     switch: Callable[[Any], bool] | None = None
+    switch_key: str = "enabled"  # the key that turns the wrapper on (the one ``switch`` reads)
     # ``privacy_label(cfg) -> dict``: what privacy.json records under the wrapper's name
     privacy_label: Callable[[Any], dict] | None = None
 
@@ -208,15 +209,16 @@ def register_wrapper(
     docs=None,
     read_when=(),
     switch=None,
+    switch_key="enabled",
     privacy_label=None,
 ) -> Wrapper:
     """A wrapper with its config section ``name``, which must hold ``enabled`` unless
-    ``switch(cfg)`` says when the wrapper is on."""
+    ``switch(cfg)`` says when the wrapper is on (reading ``switch_key``)."""
     if switch is None and "enabled" not in defaults:
         raise ValueError(f"wrapper section {name!r} needs an 'enabled' key (or a switch)")
     register_section(name, defaults, docs=docs, read_when=read_when)
     _WRAPPERS[name] = Wrapper(
-        name, wrap, validate, needs_server_set, privacy_note, switch, privacy_label
+        name, wrap, validate, needs_server_set, privacy_note, switch, switch_key, privacy_label
     )
     return _WRAPPERS[name]
 

@@ -166,6 +166,7 @@ registry.register_wrapper(
     validate=check_hypergrad,
     needs_server_set=True,
     switch=enabled,
+    switch_key="hyper_lr",
     privacy_label=privacy_label,
     privacy_note=(
         "hyper-gradients (hypergrad, source=server) use the server-held set; the guarantee holds"

@@ -23,6 +23,7 @@ SUBPACKAGES = (
     "fedjax_dp.data",
     "fedjax_dp.models",
     "fedjax_dp.compression",
+    "fedjax_dp.hypergrad",
     "fedjax_dp.training",
 )
 DOCTESTED = {

@@ -95,9 +95,12 @@ class FedAvg:
 
     def client_update(self, shared, client, client_state, key) -> ClientOut:
         params, round_index = shared
-        upload, stats, ok = self.local_upload(
-            params, client, lr_scale(self.client_lr_decay, round_index)
-        )
+        return self.client_out(params, client, lr_scale(self.client_lr_decay, round_index))
+
+    def client_out(self, params, client, scale) -> ClientOut:
+        """ClientUpdate from ``params`` with every local step's update multiplied by ``scale`` (a
+        scalar, or one factor per step: ``core.local_training``), as a ``ClientOut``."""
+        upload, stats, ok = self.local_upload(params, client, scale)
         data_loss = None if self.regularizer() is None else stats.data_loss
         return ClientOut(
             upload, client["num_examples"].astype(jnp.float32), None, stats.loss, ok, data_loss

@@ -123,15 +123,22 @@ class Entry:
 @dataclasses.dataclass(frozen=True)
 class Wrapper:
     """An option that wraps any registered algorithm (FedMeta's server meta step): ``wrap(ctx,
-    algorithm, server_set)`` when its section has ``enabled`` set."""
+    algorithm, server_set)`` when its section has ``enabled`` set, or where its ``switch(cfg)``
+    says so (a section turned on by another key: ``hypergrad.hyper_lr`` > 0)."""
 
     name: str
     wrap: Callable[[BuildContext, Any, Any], Any]
     validate: Validate | None = None
     needs_server_set: bool = False
     privacy_note: str = ""
+    switch: Callable[[Any], bool] | None = None
+    switch_key: str = "enabled"  # the key that turns the wrapper on (the one ``switch`` reads)
+    # ``privacy_label(cfg) -> dict``: what privacy.json records under the wrapper's name
+    privacy_label: Callable[[Any], dict] | None = None
 
     def enabled(self, cfg) -> bool:
+        if self.switch is not None:
+            return bool(self.switch(cfg))
         return bool(cfg[self.name].enabled)
 
 
@@ -201,12 +208,18 @@ def register_wrapper(
     privacy_note="",
     docs=None,
     read_when=(),
+    switch=None,
+    switch_key="enabled",
+    privacy_label=None,
 ) -> Wrapper:
-    """A wrapper with its config section ``name`` (which must hold ``enabled``)."""
-    if "enabled" not in defaults:
-        raise ValueError(f"wrapper section {name!r} needs an 'enabled' key")
+    """A wrapper with its config section ``name``, which must hold ``enabled`` unless
+    ``switch(cfg)`` says when the wrapper is on (reading ``switch_key``)."""
+    if switch is None and "enabled" not in defaults:
+        raise ValueError(f"wrapper section {name!r} needs an 'enabled' key (or a switch)")
     register_section(name, defaults, docs=docs, read_when=read_when)
-    _WRAPPERS[name] = Wrapper(name, wrap, validate, needs_server_set, privacy_note)
+    _WRAPPERS[name] = Wrapper(
+        name, wrap, validate, needs_server_set, privacy_note, switch, switch_key, privacy_label
+    )
     return _WRAPPERS[name]
 
 

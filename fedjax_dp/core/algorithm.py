@@ -168,10 +168,17 @@ def init_server_state(
 
 
 def apply_server_gradient(
-    state: ServerState, gradient, server_optimizer: optax.GradientTransformation
+    state: ServerState,
+    gradient,
+    server_optimizer: optax.GradientTransformation,
+    update_scale=None,
 ) -> ServerState:
-    """One server-optimizer step on an aggregated pseudo-gradient; the round counter advances."""
+    """One server-optimizer step on an aggregated pseudo-gradient; the round counter advances.
+    ``update_scale`` multiplies the optimizer's update: for SGD, momentum and Adam exactly a factor
+    on the server learning rate (``hypergrad`` adapts it); None leaves the update as it is."""
     updates, opt_state = server_optimizer.update(gradient, state.opt_state, state.params)
+    if update_scale is not None:
+        updates = jax.tree_util.tree_map(lambda u: u * update_scale, updates)
     return state.replace(
         params=optax.apply_updates(state.params, updates),
         opt_state=opt_state,
@@ -180,13 +187,17 @@ def apply_server_gradient(
 
 
 def apply_mean_upload(
-    state: ServerState, mean_upload, applies, server_optimizer: optax.GradientTransformation
+    state: ServerState,
+    mean_upload,
+    applies,
+    server_optimizer: optax.GradientTransformation,
+    update_scale=None,
 ):
     """``-mean_upload`` as the server's pseudo-gradient (FedOpt; plain SGD at rate 1 gives
     w_{t+1} = w_t + mean Delta w). Where ``applies`` is False the parameters and optimizer state
-    stay and only the round counter advances."""
+    stay and only the round counter advances. ``update_scale``: ``apply_server_gradient``'s."""
     stepped = apply_server_gradient(
-        state, jax.tree_util.tree_map(jnp.negative, mean_upload), server_optimizer
+        state, jax.tree_util.tree_map(jnp.negative, mean_upload), server_optimizer, update_scale
     )
     return stepped.replace(
         params=tree.where(applies, stepped.params, state.params),

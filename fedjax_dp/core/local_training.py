@@ -73,7 +73,8 @@ def make_local_trainer(
     ``train`` is differentiable in ``params``: ``jax.grad`` through it differentiates through the
     whole trajectory (UGA's keep-trace SGD, ALGORITHMS.md §2). ``lr_scale`` multiplies every update,
     which for SGD, momentum SGD and Adam is exactly a learning-rate factor (per-round decay without
-    recompiling).
+    recompiling); a vector of one factor per step (shape ``(S,)``) scales each step's update by its
+    own (a local learning-rate schedule, differentiable: ``hypergrad``).
 
     Args:
       per_example_loss: ``(params, batch, key) -> (B,)`` losses of one batch.
@@ -136,21 +137,31 @@ def make_local_trainer(
 
     def train(params, batches, mask, key, lr_scale=1.0, noise_key=None, noise_multiplier=None):
         num_steps = mask.shape[0]
-        body = lambda carry, inputs: step(carry, inputs, params, lr_scale, noise_multiplier)  # noqa: E731
+        step_scales = None
+        if jnp.ndim(lr_scale) == 1:  # one factor per step, scanned beside the batches
+            if jnp.shape(lr_scale)[0] != num_steps:
+                raise ValueError(
+                    f"lr_scale has {jnp.shape(lr_scale)[0]} per-step factors for {num_steps} steps"
+                )
+            step_scales = lr_scale
+
+        def body(carry, inputs):
+            scale = lr_scale if step_scales is None else inputs[4]
+            return step(carry, inputs[:4], params, scale, noise_multiplier)
+
         keys = jax.random.split(key, num_steps)
         noise_keys = None if noise_key is None else jax.random.split(noise_key, num_steps)
         init = (params, optimizer.init(params))
         segment = segment_of(num_steps)
         if segment == 1:
             body = jax.checkpoint(body)
+        xs = (batches, mask, keys, noise_keys, step_scales)
         if segment > 1:
             (final_params, _), (losses, counts, real) = _segmented_scan(
-                body, init, (batches, mask, keys, noise_keys), segment, unroll
+                body, init, xs, segment, unroll
             )
         else:
-            (final_params, _), (losses, counts, real) = jax.lax.scan(
-                body, init, (batches, mask, keys, noise_keys), unroll=unroll
-            )
+            (final_params, _), (losses, counts, real) = jax.lax.scan(body, init, xs, unroll=unroll)
         return final_params, local_stats(losses, counts, real)
 
     return train

@@ -60,6 +60,7 @@ class Purpose(enum.IntEnum):
     CLIENT_COUNT_NOISE = 8
     CANARY_NOISE = 9  # the canary clients' upload noise (``privacy.audit``)
     CANARY_COUNT_NOISE = 10  # the canary clients' count noise
+    HYPERGRAD = 11  # the held-out batch of a hyper-gradient step (``hypergrad``)
 
 
 class Stream(enum.IntEnum):

@@ -129,6 +129,7 @@ class FederatedRound:
         CohortEngine(lambda s, c: (s, c), **self._engine_options)
         self._programs: dict = {}
         self._canary_programs: dict = {}
+        self._functions: dict = {}
 
     @property
     def strategy(self) -> str:
@@ -205,13 +206,9 @@ class FederatedRound:
         uploads = self.specialized(state) if uploads is None else uploads
         engine, server_step = self._program(uploads)
         inputs = uploads.inputs(t)
-        clients = client_inputs(cohort, key, noise_key)
-        if client_states is not None:
-            clients[CLIENT_STATE] = client_states
-        if self.uploads.keeps_client_state:
-            clients[UPLOAD_CLIENT_STATE] = upload_client_states
-        if step_noise is not None:
-            clients[STEP_NOISE] = np.asarray(step_noise, np.float32)
+        clients = self._clients(
+            cohort, key, noise_key, client_states, upload_client_states, step_noise
+        )
         releases = uploads.releases(t, state.uploads)  # before the server step changes the states
         engine_clients = (
             _this_host_rows(clients, cohort["mask"].shape[0]) if engine.across_hosts else clients
@@ -243,6 +240,70 @@ class FederatedRound:
             releases,
             released,
         )
+
+    def _clients(self, cohort, key, noise_key, client_states, upload_client_states, step_noise):
+        clients = client_inputs(cohort, key, noise_key)
+        if client_states is not None:
+            clients[CLIENT_STATE] = client_states
+        if self.uploads.keeps_client_state:
+            clients[UPLOAD_CLIENT_STATE] = upload_client_states
+        if step_noise is not None:
+            clients[STEP_NOISE] = np.asarray(step_noise, np.float32)
+        return clients
+
+    def function(
+        self,
+        state,
+        cohort,
+        key: jax.Array,
+        round_index: int | None = None,
+        noise_key: jax.Array | None = None,
+        client_states=None,
+        upload_client_states=None,
+        step_noise=None,
+        uploads: Chain | None = None,
+    ):
+        """``(f, args)``: the round as one pure, traceable function ``f(state, *args) -> (new_state,
+        metrics)`` of the same clients, keys and chain as ``self(state, cohort, key, ...)`` (the
+        same arguments), for differentiating through a round (``hypergrad``).
+
+        ``f`` runs the algorithm's client update and the chain's client sides under ``jax.vmap``
+        (no cohort engine: every client's intermediates are held at once, which ``jax.grad``
+        needs anyway) and the same server step as the round. Every noise draw comes from the keys
+        in ``args``, so with them fixed the noise is a constant of ``f``: its derivative in the
+        state is the reparameterised one, noise held fixed. A cohort-level transform is refused
+        (its median is not a function to differentiate through)."""
+        noise_key = key if noise_key is None else noise_key
+        t = int(state.round) + 1 if round_index is None else round_index
+        uploads = self.specialized(state) if uploads is None else uploads
+        if uploads.split < len(uploads):
+            raise ValueError(
+                f"the round as a function: the cohort-level transform"
+                f" {type(uploads[uploads.split]).__name__} is not supported"
+            )
+        clients = self._clients(
+            cohort, key, noise_key, client_states, upload_client_states, step_noise
+        )
+        static = uploads.static_key()
+        if static not in self._functions:  # one f per specialisation: jit caches on it
+            self._functions[static] = self._round_function(uploads)
+        return self._functions[static], (clients, key, noise_key, uploads.inputs(t))
+
+    def _round_function(self, uploads: Chain):
+        client_fn, server_fn = self._client_fn(uploads), self._server_fn(uploads)
+        algorithm = self.algorithm
+
+        def f(state, clients, key, noise_key, inputs):
+            shared = (algorithm.broadcast(state), state.uploads, inputs)
+            summed, per_client = jax.vmap(client_fn, in_axes=(None, 0))(shared, clients)
+            sums = jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), summed)
+            noise_keys = (clients["noise_key"], clients["count_key"])
+            new_state, metrics, _ = server_fn(
+                state, sums, per_client, key, noise_key, inputs, noise_keys
+            )
+            return new_state, metrics
+
+        return f
 
     def round(self, state, cohort, key: jax.Array, client_states=None):
         """``(new_state, metrics)``: the round without per-slot details, for notebooks and short

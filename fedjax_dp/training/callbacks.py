@@ -25,6 +25,7 @@ import os
 import jax
 from tqdm import tqdm  # (not tqdm.auto: no ipywidgets warning in notebooks)
 
+from fedjax_dp.algorithms import registry
 from fedjax_dp.core import hosts
 from fedjax_dp.training import console, plots, results
 from fedjax_dp.training.build import server_set_breaches, server_set_notes
@@ -180,6 +181,9 @@ class Results(Callback):
             wrote_client_accuracies=bool(cfg.eval_client_data),
             privacy_unit=run.dataset.metadata.get("privacy_unit"),
         )
+        for wrapper in registry.wrappers():  # what a wrapper says of itself (hypergrad's source)
+            if wrapper.enabled(cfg) and wrapper.privacy_label is not None:
+                self.record[wrapper.name] = wrapper.privacy_label(cfg)
         if run.audit is not None and hosts.is_primary():
             self.record["empirical"] = empirical_record(run)
             if run.loop.audit_state is not None:

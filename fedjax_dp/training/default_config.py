@@ -7,6 +7,7 @@ import ml_collections
 
 import fedjax_dp.algorithms  # noqa: F401  (registers every algorithm)
 import fedjax_dp.compression  # noqa: F401  (registers the compression section)
+import fedjax_dp.hypergrad  # noqa: F401  (registers the hypergrad section)
 import fedjax_dp.privacy.audit  # noqa: F401  (registers the audit section)
 import fedjax_dp.privacy.sampling  # noqa: F401  (registers every sampler)
 from fedjax_dp.core import config_sections

@@ -33,6 +33,13 @@ def _figure(panels: int, width: float = 4.2, height: float = 3.6):
     return fig, [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
 
 
+ADAPTED_SETTINGS = (
+    ("hypergrad_client_lr", "client learning rate"),
+    ("hypergrad_server_lr", "server learning rate"),
+)
+"""The settings a run adapts with hyper-gradients, as logged in ``metrics.jsonl``."""
+
+
 def _series(rows: list[dict], key: str) -> tuple[list, list]:
     points = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
     return ([p[0] for p in points], [p[1] for p in points]) if points else ([], [])
@@ -46,13 +53,16 @@ def plot_run(
     client_accuracy_label: str = "",
     client_test_sizes=None,
 ) -> str:
-    """One PNG with up to four panels: accuracy (every evaluated curve, round 0 = the initial
+    """One PNG with up to five panels: accuracy (every evaluated curve, round 0 = the initial
     model), training loss, epsilon spent (where privacy is tracked; dashed where it has no formal
-    guarantee), and a histogram of the final per-client accuracies."""
+    guarantee), the learning rates adapted by hyper-gradients (where they adapt), and a histogram
+    of the final per-client accuracies."""
     has_eps = any(r.get("epsilon") is not None for r in rows)
+    settings = [k for k, _ in ADAPTED_SETTINGS if any(r.get(k) is not None for r in rows)]
     panels = (
         ["accuracy", "loss"]
         + (["epsilon"] if has_eps else [])
+        + (["settings"] if settings else [])
         + (["clients"] if client_accuracies is not None and len(client_accuracies) else [])
     )
     fig, axes = _figure(len(panels))
@@ -93,6 +103,14 @@ def plot_run(
             label="epsilon spent" + ("" if formal else " (formal: false, no DP guarantee)"),
         )
         ax.set(xlabel="round", ylabel="epsilon", title="privacy spent")
+        _legend(ax)
+    if settings:  # the learning rates adapted by hyper-gradients (``hypergrad``)
+        ax = axes["settings"]
+        for key, label in ADAPTED_SETTINGS:
+            x, y = _series(rows, key)
+            if x:
+                ax.plot(x, y, label=label)
+        ax.set(xlabel="round", ylabel="learning rate", yscale="log", title="adapted settings")
         _legend(ax)
     if "clients" in axes:
         ax = axes["clients"]

@@ -309,6 +309,13 @@ class RunContext:
                 result = runner(self.state, cohort, key, canaries=canaries, **inputs)
                 if self.audit is not None:  # released, whatever becomes of the state
                     self.audit.observe(result.released)
+            # an algorithm that adapts its own settings after the round (``hypergrad``)
+            adapt_settings = getattr(runner.algorithm, "adapt_settings", None)
+            settings_row = {}
+            if adapt_settings is not None:
+                result.state, settings_row = adapt_settings(
+                    runner, self.state, result, cohort, key, inputs
+                )
             self.state = result.state
             # accounted even if the result is discarded below (conservative)
             if tracker is not None:
@@ -335,6 +342,7 @@ class RunContext:
                     row["dropped_client_ids"],
                 )
             row.update({k: float(v) for k, v in result.metrics.items()})
+            row.update(settings_row)
             loop.all_dropped_streak = (
                 loop.all_dropped_streak + 1 if len(ids) and dropped.all() else 0
             )

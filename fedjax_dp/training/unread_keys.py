@@ -74,6 +74,7 @@ def check_unread_keys(cfg, overridden, need) -> None:
     # on/off sections: the owned ones with a switch key, and the wrappers
     switched = {n for n, s in config_sections.sections().items() if s.switch}
     switched.update(w.name for w in registry.wrappers())
+    wrappers = {w.name: w for w in registry.wrappers()}
     conditions = {}
     for key, decider, reading in READ_ONLY_WHEN + config_sections.read_when():
         conditions.setdefault(key, []).append((decider, reading))
@@ -111,9 +112,16 @@ def check_unread_keys(cfg, overridden, need) -> None:
                 f"{key}={_value(cfg, key)!r} is not read while {decider}={decided!r} (only with "
                 f"{decider} {' or '.join(map(repr, reading))}): change {decider} or drop {key}",
             )
-        if section in switched and leaf != "enabled" and not cfg[section].enabled:
+        if section not in switched:
+            continue
+        wrapper = wrappers.get(section)
+        switch_key = wrapper.switch_key if wrapper is not None else "enabled"
+        on = wrapper.enabled(cfg) if wrapper is not None else cfg[section].enabled
+        if leaf != switch_key and not on:
+            turn_on = "=True" if switch_key == "enabled" else " to a value that turns it on"
             need(
                 False,
-                f"{key}={_value(cfg, key)!r} is not read while {section}.enabled=False: set "
-                f"{section}.enabled=True to use it, or drop {key}",
+                f"{key}={_value(cfg, key)!r} is not read while"
+                f" {section}.{switch_key}={cfg[section][switch_key]!r}: set"
+                f" {section}.{switch_key}{turn_on} to use it, or drop {key}",
             )

@@ -1,0 +1,175 @@
+"""The ``hypergrad`` config section: online hyper-gradient adaptation of the round's settings
+(``online``), registered with the algorithms' wrappers (``algorithms.registry``); on when
+``hyper_lr`` > 0, with FedAvg, FedProx, DP-FedAvg and UGA.
+
+Privacy: with ``source=server`` the hyper-gradient reads the server-held set. Under a DP algorithm
+it may adapt only the server learning rate with a lookahead of one round, where it is
+post-processing of the released aggregate (no privacy cost, recorded so in ``privacy.json``); the
+derivative through local training reads the clients' data and would be an unaccounted release. The
+``clients`` source (each sampled client's clipped, noised hyper-gradient on its own held-out batch,
+accounted as its own Gaussian release per round) is not built: it is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fedjax_dp.algorithms import registry
+from fedjax_dp.algorithms.fedavg import FedAvg
+from fedjax_dp.data.packing import num_steps
+from fedjax_dp.hypergrad.differentiable import SETTINGS
+from fedjax_dp.hypergrad.online import HyperOptions, OnlineHypertuned
+
+ALGORITHMS = ("fedavg", "fedprox", "dp_fedavg", "uga")
+"""The algorithms whose settings adapt (FedAvg with another local objective, upload or chain)."""
+SOURCES = ("server", "clients")
+
+DEFAULTS = {
+    "adapt": "client_lr,server_lr",
+    "hyper_lr": 0.0,
+    "source": "server",
+    "clip": 1.0,
+    "noise_multiplier": 1.0,
+    "lookahead": 1,
+    "remat": False,
+    "batch_size": 256,
+}
+
+DOCS = {
+    "adapt": (
+        "the settings that adapt, comma-separated: client_lr, server_lr, step_weights (a factor on"
+        " each local step's learning rate); each is optimised as the log of its multiplier"
+    ),
+    "hyper_lr": (
+        "beta of the hyper-gradient step on the log-multipliers after every round (Baydin et al."
+        " 2018); 0.0: off"
+    ),
+    "source": (
+        "server: the held-out loss on the server-held set (server_data; no privacy cost where it"
+        " is post-processing) | clients: each sampled client's own held-out batch, clipped and"
+        " noised (not built: refused)"
+    ),
+    "clip": "source=clients: the L2 clip of each client's hyper-gradient (not built)",
+    "noise_multiplier": (
+        "source=clients: z of the Gaussian noise (std z x clip) on the clipped sum (not built)"
+    ),
+    "lookahead": "rounds the hyper-gradient looks back through (truncated; 1 = the round just run)",
+    "remat": "jax.checkpoint on each round of a lookahead > 1 (memory: one round's residuals)",
+    "batch_size": "examples of the server-held set in each round's held-out batch",
+}
+
+
+def adapted(cfg) -> tuple[str, ...]:
+    """``hypergrad.adapt`` as a tuple of names."""
+    return tuple(name.strip() for name in str(cfg.hypergrad.adapt).split(",") if name.strip())
+
+
+def enabled(cfg) -> bool:
+    return cfg.hypergrad.hyper_lr != 0  # a negative rate turns it on to be refused
+
+
+def check_hypergrad(cfg, need) -> None:
+    h = cfg.hypergrad
+    need(h.hyper_lr >= 0, f"hypergrad.hyper_lr must be >= 0, got {h.hyper_lr}")
+    if not h.hyper_lr > 0:
+        return
+    need(
+        cfg.algorithm in ALGORITHMS,
+        f"hypergrad.hyper_lr={h.hyper_lr}: algorithm {cfg.algorithm!r} cannot adapt its settings;"
+        f" use one of {ALGORITHMS}",
+    )
+    names = adapted(cfg)
+    unknown = [n for n in names if n not in SETTINGS]
+    need(
+        bool(names) and not unknown,
+        f"hypergrad.adapt={h.adapt!r}: unknown or empty; choose from {SETTINGS}",
+    )
+    need(h.source in SOURCES, f"hypergrad.source={h.source!r} unknown; available: {SOURCES}")
+    need(
+        h.source != "clients",
+        "hypergrad.source='clients' is not built: each client's clipped, noised hyper-gradient"
+        " would be one more accounted release per round; use source='server' (server_data)",
+    )
+    need(h.clip > 0, f"hypergrad.clip must be > 0, got {h.clip}")
+    need(
+        h.noise_multiplier >= 0,
+        f"hypergrad.noise_multiplier must be >= 0, got {h.noise_multiplier}",
+    )
+    need(
+        isinstance(h.lookahead, int) and h.lookahead >= 1,
+        f"hypergrad.lookahead must be an integer >= 1, got {h.lookahead!r}",
+    )
+    need(h.batch_size >= 1, f"hypergrad.batch_size must be >= 1, got {h.batch_size}")
+    need(
+        not cfg.fedmeta.enabled,
+        "hypergrad.hyper_lr > 0 with fedmeta.enabled: two wrappers of the server step; use one",
+    )
+    need(
+        not cfg.audit.canaries,
+        f"hypergrad.hyper_lr > 0 with audit.canaries={cfg.audit.canaries}: not supported together",
+    )
+    entry = registry.get(cfg.algorithm) if cfg.algorithm in registry.names() else None
+    private = entry is not None and "dp" in entry.sections
+    need(
+        not private or (names == ("server_lr",) and h.lookahead == 1),
+        f"hypergrad.adapt={h.adapt!r}, lookahead={h.lookahead} under {cfg.algorithm}: the"
+        " derivative through local training reads the clients' data (an unaccounted release);"
+        " with source='server' a DP run may adapt only server_lr with lookahead 1",
+    )
+
+
+def wrap_hypergrad(ctx, algorithm, server_set) -> OnlineHypertuned:
+    if server_set is None:
+        raise ValueError("hypergrad.source='server' needs a server-held set (server_data)")
+    if not isinstance(algorithm, FedAvg):
+        raise ValueError(
+            f"hypergrad: {type(algorithm).__name__} is not a FedAvg-family algorithm ({ALGORITHMS})"
+        )
+    cfg, h = ctx.cfg, ctx.cfg.hypergrad
+    sizes = ctx.client_sizes or (1,)
+    steps = num_steps(max(sizes), cfg.client.batch_size, cfg.client.epochs)
+    # the deferred-dense trainer takes one scalar rate: the per-step factors need the plain one
+    base = dataclasses.replace(algorithm, deferred_dense_rate=None)
+    return OnlineHypertuned(
+        base,
+        steps,
+        options=HyperOptions(adapted(cfg), h.hyper_lr, h.lookahead, bool(h.remat), h.batch_size),
+        held_x=server_set.x,
+        held_y=server_set.y,
+        client_lr=cfg.client.learning_rate,
+        server_lr=cfg.server.learning_rate,
+    )
+
+
+def privacy_label(cfg) -> dict:
+    """What ``privacy.json`` records of the hyper-gradients (under ``hypergrad``)."""
+    names = adapted(cfg)
+    server_only = names == ("server_lr",) and cfg.hypergrad.lookahead == 1
+    return {
+        "source": cfg.hypergrad.source,
+        "adapt": list(names),
+        "privacy_cost": "none",
+        "why": (
+            "computed on the server-held set from the released aggregate alone (post-processing)"
+            if server_only
+            else "computed on the server-held set through the clients' local training: only in"
+            " a run without a privacy guarantee (config refuses it under DP)"
+        ),
+    }
+
+
+registry.register_wrapper(
+    "hypergrad",
+    DEFAULTS,
+    docs=DOCS,
+    wrap=wrap_hypergrad,
+    validate=check_hypergrad,
+    needs_server_set=True,
+    switch=enabled,
+    switch_key="hyper_lr",
+    privacy_label=privacy_label,
+    privacy_note=(
+        "hyper-gradients (hypergrad, source=server) use the server-held set; the guarantee holds"
+        " only if it holds no protected client's data"
+    ),
+)

@@ -1,0 +1,153 @@
+"""Online adaptation of the round's settings: after each round, one hyper-gradient step.
+
+Baydin et al. 2018 ("Online learning rate adaptation with hypergradient descent", ICLR, Eq. 2)
+adapt a learning rate alpha_t = alpha_{t-1} - beta dL/dalpha with the derivative of the loss after
+the step just taken. Here the step is a federated round (Rush, Charles and Garrett, "Federated
+automatic differentiation", TMLR 2024): with theta the log-multipliers of the settings
+(``differentiable``),
+
+    theta_{t+1} = theta_t - beta dL_held-out(w_{t+1}(theta)) / dtheta,
+
+only the adapted settings' entries moving (``hypergrad.adapt``), beta = ``hypergrad.hyper_lr``. A
+hyper-gradient that is not finite is not applied.
+
+Source ``server``: L is the loss on a batch of the server-held set. Where only the server learning
+rate adapts with a lookahead of one round, the hyper-gradient is computed from the released mean
+alone (``server_step_hypergradient``): post-processing of the release, no privacy cost. Otherwise it
+is computed through the clients' local training (``hypergradient``), which reads their data: a
+simulation of federated automatic differentiation that only a run without a privacy guarantee may
+use (``config`` refuses it with DP). A lookahead of r rounds replays the last r rounds' cohorts,
+keys and noise from the state r rounds back, with the current settings (truncated
+back-propagation through the rounds); its history is not checkpointed, so after a resume it refills
+over r rounds.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.core import rng
+from fedjax_dp.hypergrad.differentiable import (
+    Hypertuned,
+    hypergradient,
+    server_step_hypergradient,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class HyperOptions:
+    """The ``hypergrad`` section's choices (``config``)."""
+
+    adapt: tuple[str, ...]
+    hyper_lr: float
+    lookahead: int = 1
+    remat: bool = False
+    batch_size: int = 256
+
+    @property
+    def server_only(self) -> bool:
+        """Whether the hyper-gradient is post-processing of the released mean alone."""
+        return self.adapt == ("server_lr",) and self.lookahead == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineHypertuned(Hypertuned):
+    """``Hypertuned`` whose settings take one hyper-gradient step after each round (``adapt``), on
+    a batch of the server-held set (``held_x``, ``held_y``). ``client_lr`` and ``server_lr``: the
+    configured rates, for the logged values."""
+
+    options: HyperOptions = None
+    held_x: Any = None
+    held_y: Any = None
+    client_lr: float = 1.0
+    server_lr: float = 1.0
+    _history: collections.deque = dataclasses.field(
+        default_factory=collections.deque, compare=False, repr=False
+    )
+
+    def held_out_batch(self, key: jax.Array) -> tuple[dict, np.ndarray]:
+        """A batch of ``options.batch_size`` server-held examples drawn without replacement (all of
+        them when there are fewer)."""
+        n = len(self.held_y)
+        size = min(self.options.batch_size, n)
+        index = np.asarray(jax.random.choice(key, n, (size,), replace=False))
+        batch = {"x": self.held_x[index], "y": np.asarray(self.held_y)[index].astype(np.int32)}
+        return batch, np.ones(size, bool)
+
+    def adapt_settings(self, runner, previous, result, cohort, key: jax.Array, inputs: dict):
+        """``(state, row)``: ``result.state`` with the settings after one hyper-gradient step, and
+        the row entries ``hypergrad_*`` (the held-out loss before the step and the settings the
+        next round uses). ``previous``: the state the round started from; ``cohort``, ``key`` and
+        ``inputs``: the round's arguments (``FederatedRound.__call__``'s)."""
+        keys = jax.random.split(rng.purpose_key(key, rng.Purpose.HYPERGRAD))
+        batch, mask = self.held_out_batch(keys[0])
+        if self.options.server_only:
+            loss, grads = _server_program(self)(previous, result.released, batch, mask, keys[1])
+        else:
+            f, args = runner.function(previous, cohort, key, **inputs)
+            self._history.append((previous, args))
+            while len(self._history) > self.options.lookahead:
+                self._history.popleft()
+            start = self._history[0][0].replace(extra=previous.extra)
+            rounds = [a for _, a in self._history]
+            program = _round_program(f, self.per_example_loss, self.options.remat)
+            loss, grads = program(start, rounds, batch, mask, keys[1])
+        settings = step(previous.extra, grads, self.options)
+        state = result.state.replace(extra=settings)
+        return state, {"hypergrad_loss": float(loss), **self.logged(settings)}
+
+    def logged(self, settings) -> dict:
+        """The adapted settings as a row's values: the learning rates themselves, the step
+        weights as a list."""
+        row = {}
+        if "client_lr" in self.options.adapt:
+            row["hypergrad_client_lr"] = self.client_lr * float(jnp.exp(settings["client_lr"]))
+        if "server_lr" in self.options.adapt:
+            row["hypergrad_server_lr"] = self.server_lr * float(jnp.exp(settings["server_lr"]))
+        if "step_weights" in self.options.adapt:
+            row["hypergrad_step_weights"] = [
+                float(w) for w in np.exp(np.asarray(settings["step_weights"]))
+            ]
+        return row
+
+
+def step(settings: dict, grads: dict, options: HyperOptions) -> dict:
+    """theta - beta g on the adapted settings (module docstring); unchanged where g is not
+    finite."""
+    finite = all(bool(jnp.all(jnp.isfinite(grads[name]))) for name in options.adapt)
+    if not finite:
+        return settings
+    return {
+        name: value - options.hyper_lr * grads[name] if name in options.adapt else value
+        for name, value in settings.items()
+    }
+
+
+@functools.cache
+def _round_program(function, per_example_loss, remat: bool):
+    return jax.jit(
+        lambda state, rounds, batch, mask, key: hypergradient(
+            function, per_example_loss, state, rounds, batch, mask, key, remat
+        )
+    )
+
+
+_SERVER_PROGRAMS: dict = {}
+
+
+def _server_program(algorithm: OnlineHypertuned):
+    key = id(algorithm)
+    if key not in _SERVER_PROGRAMS:
+        _SERVER_PROGRAMS[key] = jax.jit(
+            lambda state, mean, batch, mask, k: server_step_hypergradient(
+                algorithm, algorithm.per_example_loss, state, mean, batch, mask, k
+            )
+        )
+    return _SERVER_PROGRAMS[key]

@@ -15,11 +15,13 @@ from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.core.uploads import fixed_denominator
 from fedjax_dp.hypergrad import (
+    HyperOptions,
     Hypertuned,
     hypergradient,
     initial_settings,
     server_step_hypergradient,
 )
+from fedjax_dp.hypergrad.online import step
 from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
 from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 from fedjax_dp.training.callbacks import Callback
@@ -279,6 +281,19 @@ def test_initial_settings_are_the_configured_values():
     assert settings["step_weights"].shape == (4,)
 
 
+def test_the_normalized_step_moves_the_adapted_log_multipliers_by_hyper_lr():
+    settings = initial_settings(3)
+    grads = {name: jnp.full_like(v, 1e-4) for name, v in settings.items()}
+    grads["client_lr"], grads["server_lr"] = jnp.float32(3e-4), jnp.float32(-4e-4)
+    options = HyperOptions(("client_lr", "server_lr"), 0.1, step_rule="normalized")
+    moved = step(settings, grads, options)
+    assert float(moved["client_lr"]) == pytest.approx(-0.06)
+    assert float(moved["server_lr"]) == pytest.approx(0.08)
+    assert float(jnp.max(jnp.abs(moved["step_weights"]))) == 0.0
+    plain = step(settings, grads, HyperOptions(("client_lr", "server_lr"), 0.1))
+    assert float(plain["client_lr"]) == pytest.approx(-3e-5)
+
+
 # ---------------------------------------------------------------- config and runs
 def _config(algorithm="fedavg", **hypergrad):
     """The tiny run of the fast loop tests: logistic model, 20 clients, 4 per round."""
@@ -305,6 +320,7 @@ def _config(algorithm="fedavg", **hypergrad):
         ("fedavg", {"hyper_lr": 0.1, "source": "both"}, "hypergrad.source='both' unknown"),
         ("fedavg", {"hyper_lr": 0.1, "lookahead": 0}, "hypergrad.lookahead must be an integer"),
         ("fedavg", {"hyper_lr": 0.1, "batch_size": 0}, "hypergrad.batch_size must be >= 1"),
+        ("fedavg", {"hyper_lr": 0.1, "step_rule": "adam"}, "hypergrad.step_rule='adam' unknown"),
         (
             "dp_fedavg",
             {"hyper_lr": 0.1, "adapt": "client_lr"},

@@ -23,10 +23,12 @@ from fedjax_dp.hypergrad.online import HyperOptions, OnlineHypertuned
 ALGORITHMS = ("fedavg", "fedprox", "dp_fedavg", "uga")
 """The algorithms whose settings adapt (FedAvg with another local objective, upload or chain)."""
 SOURCES = ("server", "clients")
+STEP_RULES = ("sgd", "normalized")
 
 DEFAULTS = {
     "adapt": "client_lr,server_lr",
     "hyper_lr": 0.0,
+    "step_rule": "sgd",
     "source": "server",
     "clip": 1.0,
     "noise_multiplier": 1.0,
@@ -43,6 +45,11 @@ DOCS = {
     "hyper_lr": (
         "beta of the hyper-gradient step on the log-multipliers after every round (Baydin et al."
         " 2018); 0.0: off"
+    ),
+    "step_rule": (
+        "sgd: theta -= hyper_lr g (Baydin et al. Eq. 2; the step scales with the loss) |"
+        " normalized: theta -= hyper_lr g / ||g|| (each round moves the log-multipliers by"
+        " hyper_lr: a rate 10x off is recovered in log(10) / hyper_lr rounds)"
     ),
     "source": (
         "server: the held-out loss on the server-held set (server_data; no privacy cost where it"
@@ -83,6 +90,10 @@ def check_hypergrad(cfg, need) -> None:
     need(
         bool(names) and not unknown,
         f"hypergrad.adapt={h.adapt!r}: unknown or empty; choose from {SETTINGS}",
+    )
+    need(
+        h.step_rule in STEP_RULES,
+        f"hypergrad.step_rule={h.step_rule!r} unknown; available: {STEP_RULES}",
     )
     need(h.source in SOURCES, f"hypergrad.source={h.source!r} unknown; available: {SOURCES}")
     need(
@@ -133,7 +144,9 @@ def wrap_hypergrad(ctx, algorithm, server_set) -> OnlineHypertuned:
     return OnlineHypertuned(
         base,
         steps,
-        options=HyperOptions(adapted(cfg), h.hyper_lr, h.lookahead, bool(h.remat), h.batch_size),
+        options=HyperOptions(
+            adapted(cfg), h.hyper_lr, h.lookahead, bool(h.remat), h.batch_size, h.step_rule
+        ),
         held_x=server_set.x,
         held_y=server_set.y,
         client_lr=cfg.client.learning_rate,

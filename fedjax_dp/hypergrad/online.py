@@ -9,7 +9,10 @@ automatic differentiation", TMLR 2024): with theta the log-multipliers of the se
     theta_{t+1} = theta_t - beta dL_held-out(w_{t+1}(theta)) / dtheta,
 
 only the adapted settings' entries moving (``hypergrad.adapt``), beta = ``hypergrad.hyper_lr``. A
-hyper-gradient that is not finite is not applied.
+hyper-gradient that is not finite is not applied. ``hypergrad.step_rule="normalized"`` steps by
+beta g / ||g|| instead (the norm over the adapted entries): the plain step scales with the loss and
+its curvature, so a beta that recovers a rate 10x too small in a few rounds overshoots elsewhere;
+the normalised one moves the log-multipliers by exactly beta a round (a factor e^beta).
 
 Source ``server``: L is the loss on a batch of the server-held set. Where only the server learning
 rate adapts with a lookahead of one round, the hyper-gradient is computed from the released mean
@@ -50,6 +53,7 @@ class HyperOptions:
     lookahead: int = 1
     remat: bool = False
     batch_size: int = 256
+    step_rule: str = "sgd"  # or "normalized": theta -= beta g / ||g||
 
     @property
     def server_only(self) -> bool:
@@ -119,13 +123,19 @@ class OnlineHypertuned(Hypertuned):
 
 
 def step(settings: dict, grads: dict, options: HyperOptions) -> dict:
-    """theta - beta g on the adapted settings (module docstring); unchanged where g is not
-    finite."""
+    """theta - beta g (or beta g / ||g||, ``options.step_rule="normalized"``) on the adapted
+    settings (module docstring); unchanged where g is not finite or, normalised, zero."""
     finite = all(bool(jnp.all(jnp.isfinite(grads[name]))) for name in options.adapt)
     if not finite:
         return settings
+    scale = options.hyper_lr
+    if options.step_rule == "normalized":
+        norm = float(jnp.sqrt(sum(jnp.sum(jnp.square(grads[name])) for name in options.adapt)))
+        if norm == 0.0:
+            return settings
+        scale = options.hyper_lr / norm
     return {
-        name: value - options.hyper_lr * grads[name] if name in options.adapt else value
+        name: value - scale * grads[name] if name in options.adapt else value
         for name, value in settings.items()
     }
 

@@ -7,9 +7,9 @@ server learning-rate multiplier in ``--grid`` (times the config's own rates); th
 both rates ``--starts`` times off (0.1: 10x too small, 10: 10x too large) and adapt them with
 ``hypergrad.hyper_lr`` (``--step-rule``) on the server-held set (``hypergrad.source=server``, no
 privacy cost). For each seed the row gives each run's accuracy curve, and for each adapted run the
-first evaluated round at which it reaches the best fixed grid point's final accuracy, over the round at which that grid point
-first reached it (the issue's target: at most 1.2). Raw rows with provenance go to
-``<out>/hypergrad_rows.json`` after every run.
+first evaluated round at which it reaches the best fixed grid point's final accuracy, over the round
+at which that grid point first reached it (the issue's target: at most 1.2). Raw rows with
+provenance go to ``<out>/hypergrad_rows.json`` after every run.
 
     python experiments/hypergrad_lr.py --seeds 0 1 2 --rounds 50
 """

@@ -34,14 +34,17 @@ import itertools
 import json
 import math
 import os
+import pickle
 
 import ml_collections
 import numpy as np
 
 from fedjax_dp import configs
+from fedjax_dp.core import hosts
 from fedjax_dp.experiment import Experiment
 from fedjax_dp.privacy.accounting import selection
 from fedjax_dp.training import plots, results
+from fedjax_dp.training.callbacks import Callback
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.privacy_plan import planned_run_event
 from fedjax_dp.training.reporting import RunSummary
@@ -198,10 +201,11 @@ def sweep(
             )
     workdir = workdir or os.path.join("results", f"{base.config.algorithm}-sweep")
     os.makedirs(workdir, exist_ok=True)
-    records, summaries = [], []
+    records, summaries, ran = [], [], []
     for i, (setting, experiment) in enumerate(zip(settings, experiments)):
         run_dir = os.path.join(workdir, f"run_{i}")
         summary = _run_or_resume(experiment, run_dir, run_options)
+        ran.append(_read_run_event(run_dir))
         summaries.append(summary)
         records.append(
             {
@@ -230,6 +234,8 @@ def sweep(
     draw = {"runs": runs, "num_runs": drawn, "mean": num_runs, "seed": seed, "how": how}
     if runs == "negative_binomial":
         draw["shape"] = shape
+    if "selected_epsilon" not in privacy and records and all(e is not None for e in ran):
+        privacy = _privacy(base, space, points, experiments, runs, num_runs, shape, metric, ran=ran)
     if drawn == 0:
         privacy["notes"].append("no run was drawn (K = 0): nothing is released")
     summary = SweepSummary(
@@ -340,14 +346,34 @@ def validation_data(metric: str) -> str:
     )
 
 
-def _privacy(base, space, points, experiments, runs, num_runs, shape, metric) -> dict:
-    """The selection's accounting, from the run events the tracker will compose (before data)."""
+def _privacy(base, space, points, experiments, runs, num_runs, shape, metric, ran=None) -> dict:
+    """The selection's accounting, from the run events the trackers will compose (before data),
+    or, with ``ran``, from the ``(event, relation)`` each run's tracker composed (after the runs:
+    where the event is known only once the data is loaded)."""
     out = {"validation_data": validation_data(metric), "notes": []}
-    candidates = list(experiments)
-    if points is not None and runs != "fixed":
-        keys = list(space)
-        candidates += [_experiment(base, dict(zip(keys, p)), None) for p in points]
-    planned = [planned_run_event(e.config) for e in candidates] or [planned_run_event(base.config)]
+    if ran is not None:
+        planned = list(ran)
+        unrun = points is not None and runs != "fixed" and len(set(map(str, planned))) > 1
+        if not planned or unrun:
+            out["note"] = (
+                "the runs' events are known only once the data is loaded, and the swept settings"
+                " change them: the grid points that did not run have no event to bound"
+                if planned
+                else "no run was recorded"
+            )
+            return out
+        out["notes"].append(
+            "accounted after the runs, from the events their trackers composed (the event is known"
+            " only once the data is loaded)"
+        )
+    else:
+        candidates = list(experiments)
+        if points is not None and runs != "fixed":
+            keys = list(space)
+            candidates += [_experiment(base, dict(zip(keys, p)), None) for p in points]
+        planned = [planned_run_event(e.config) for e in candidates] or [
+            planned_run_event(base.config)
+        ]
     if any(p is None for p in planned):
         out["note"] = (
             "no private release is planned, or its event is known only once the data is loaded"
@@ -409,10 +435,41 @@ def _privacy(base, space, points, experiments, runs, num_runs, shape, metric) ->
     return out
 
 
+RUN_EVENT = "run_event.pkl"
+"""Each run's ``(event, relation)`` as its tracker composed it (pickled ``dp_accounting`` events),
+kept beside the run so that a sweep read back from disk accounts its selection after the runs."""
+
+
+class _KeepRunEvent(Callback):
+    """At the end of a run, its tracker's composed event into ``run_dir/RUN_EVENT``."""
+
+    def __init__(self, run_dir: str):
+        self.path = os.path.join(run_dir, RUN_EVENT)
+
+    def on_train_end(self, run):
+        if run.tracker is None or not hosts.is_primary():
+            return
+        try:
+            pair = (selection.run_event(run.tracker), selection.run_relation(run.tracker))
+        except (TypeError, ValueError):  # a tracker whose run has no single event
+            return
+        with open(self.path, "wb") as f:
+            pickle.dump(pair, f)
+
+
+def _read_run_event(run_dir: str):
+    path = os.path.join(run_dir, RUN_EVENT)
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
 def _run_or_resume(experiment: Experiment, run_dir: str, options: dict) -> RunSummary:
     """The run's summary: read back where ``run_dir`` holds this config's finished run, the run
     resumed where it stopped part-way, else run from the start."""
     options = dict(options)
+    options["callbacks"] = (*options.get("callbacks", ()), _KeepRunEvent(run_dir))
     overwrite = options.pop("overwrite", False)
     options.pop("resume", None)
     if not overwrite and os.path.exists(os.path.join(run_dir, "config.json")):

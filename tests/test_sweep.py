@@ -251,3 +251,28 @@ def test_the_cli_refuses_a_sweep_past_its_budget_in_one_line_before_any_run(tmp_
     (line,) = [x for x in out.stderr.splitlines() if x.startswith("error:")]
     assert line.startswith("error: sweep: budget=1.5: the released model would spend epsilon ")
     assert "loading data" not in out.stderr and not (tmp_path / "sw" / "run_0").exists()
+
+
+def test_a_sweep_whose_event_needs_the_data_is_accounted_after_its_runs(tmp_path, monkeypatch):
+    """Where a run's event is known only once its data loads (no plan before the runs), the
+    selection is accounted from the events the runs' trackers composed: the same figures as the
+    plan gives where there is one."""
+    import fedjax_dp
+    from fedjax_dp import sweeps
+
+    def run(workdir):
+        return fedjax_dp.sweep(
+            "dp_fedavg_mnist",
+            {"dp.clip_norm": [0.5, 1.0]},
+            workdir=str(tmp_path / workdir),
+            runs="fixed",
+            overrides=TINY,
+            progress=False,
+        )
+
+    planned = run("planned").privacy
+    monkeypatch.setattr(sweeps, "planned_run_event", lambda cfg: None)
+    after = run("after").privacy
+    assert any("after the runs" in note for note in after["notes"])
+    for key in ("single_run_epsilon", "selected_epsilon", "composed_epsilon"):
+        assert after[key] == pytest.approx(planned[key], rel=1e-9)

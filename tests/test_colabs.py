@@ -20,6 +20,7 @@ TINY = {
     "your_model_and_data.ipynb": "ROUNDS = 2",
     "distributed_dp.ipynb": "ROUNDS, BITS = 2, (12,)",
     "privacy_audit.ipynb": "ROUNDS, CANARIES, EPSILONS = 2, 20, (8.0,)",
+    "hypergradients.ipynb": "ROUNDS = 2",
 }
 """Overrides of each notebook's ``parameters`` cell for the suite (every notebook must have an
 entry)."""

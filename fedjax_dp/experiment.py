@@ -150,6 +150,9 @@ class Experiment:
             one.seed = seed
             workdirs.append(os.path.join(workdir, f"seed_{seed}"))
             summaries.append(Experiment(one).run(workdirs[-1], **options))
+            if summaries[-1].interrupted:  # SIGINT / SIGTERM stops the seeds still to run too
+                seeds = seeds[: len(summaries)]
+                break
         summary = summarize(workdir, seeds, summaries, workdirs)
         with open(os.path.join(workdir, "seeds_summary.json"), "w") as f:
             f.write(results.dumps({**vars(summary), "rounds_min": summary.rounds_min}, indent=2))

@@ -226,3 +226,25 @@ def test_seed_bands_are_clipped_to_the_metrics_range_and_say_n():
     )
     assert band_label(5) == "95 % t-interval over n = 5 seeds"
     assert "12-40 test examples per client, median 20" in test_sizes_note([12, 20, 40])
+
+
+def test_an_interrupted_seed_stops_the_seeds_still_to_run(tmp_path):
+    """SIGTERM during seed 0 ends its run gracefully, and seed 1 is not started (before, the loop
+    went on to the next seed as if nothing had been asked)."""
+    import os
+    import signal
+
+    from fedjax_dp.training.callbacks import Callback
+
+    class Terminate(Callback):
+        def after_round(self, run, t, row):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    experiment = fedjax_dp.Experiment(
+        "fedavg_mnist", {"rounds": 3, "eval_every": 3, "model.name": "logistic"}
+    )
+    summary = experiment.run_seeds(
+        [0, 1], str(tmp_path / "seeds"), progress=False, callbacks=[Terminate()]
+    )
+    assert summary.interrupted and summary.seeds == [0]
+    assert not (tmp_path / "seeds" / "seed_1").exists()

@@ -48,8 +48,14 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--eval-every", type=int, default=2)
+    parser.add_argument(
+        "--adapt", default="client_lr,server_lr", help="hypergrad.adapt; server_lr alone: DP runs"
+    )
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE (JSON) overrides")
     parser.add_argument("--out", default="results/hypergrad_lr")
     args = parser.parse_args()
+    extra = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
+    server_only = args.adapt == "server_lr"
     base = fedjax_dp.Experiment(args.config).config
     client_lr, server_lr = base.client.learning_rate, base.server.learning_rate
     rows = []
@@ -62,6 +68,7 @@ def main():
             "seed": seed,
             "client.learning_rate": client_lr * client_x,
             "server.learning_rate": server_lr * server_x,
+            **extra,
         }
         if hyper_lr:
             overrides.update(
@@ -69,11 +76,13 @@ def main():
                     "hypergrad.hyper_lr": hyper_lr,
                     "hypergrad.source": "server",
                     "hypergrad.step_rule": args.step_rule,
+                    "hypergrad.adapt": args.adapt,
                 }
             )
         summary = fedjax_dp.Experiment(args.config, overrides).run(
             workdir, overwrite=True, progress=False
         )
+        epsilon = summary.epsilon
         adapted = [
             (r["round"], r.get("hypergrad_client_lr"), r.get("hypergrad_server_lr"))
             for r in read_metrics(workdir)
@@ -86,6 +95,7 @@ def main():
             "server_lr": overrides["server.learning_rate"],
             "hyper_lr": hyper_lr,
             "final_accuracy": summary.final["test_accuracy"],
+            "epsilon": epsilon,
             "curve": curve(workdir),
             "adapted_rates": adapted[:: max(1, len(adapted) // 25)] + adapted[-1:],
         }
@@ -101,7 +111,7 @@ def main():
 
     for seed in args.seeds:
         grid = []
-        for cx in args.grid:
+        for cx in [1.0] if server_only else args.grid:
             for sx in args.grid:
                 grid.append(run(f"fixed-c{cx:g}-s{sx:g}", seed, cx, sx, 0.0))
                 record(grid[-1])
@@ -109,7 +119,8 @@ def main():
         target = best["final_accuracy"]
         best_round = first_round(best["curve"], target)
         for start in args.starts:
-            row = run(f"adapted-start{start:g}", seed, start, start, args.hyper_lr)
+            client_start = 1.0 if server_only else start
+            row = run(f"adapted-start{start:g}", seed, client_start, start, args.hyper_lr)
             reached = first_round(row["curve"], target)
             row.update(
                 {

@@ -86,7 +86,7 @@ def main():
         adapted = [
             (r["round"], r.get("hypergrad_client_lr"), r.get("hypergrad_server_lr"))
             for r in read_metrics(workdir)
-            if "hypergrad_client_lr" in r
+            if "hypergrad_client_lr" in r or "hypergrad_server_lr" in r
         ]
         return {
             "run": name,

@@ -75,6 +75,9 @@ class OnlineHypertuned(Hypertuned):
     _history: collections.deque = dataclasses.field(
         default_factory=collections.deque, compare=False, repr=False
     )
+    # the jitted server-side program, built once per instance (a module-level cache keyed by
+    # the instance would keep every run's held-out set alive)
+    _programs: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def held_out_batch(self, key: jax.Array) -> tuple[dict, np.ndarray]:
         """A batch of ``options.batch_size`` server-held examples drawn without replacement (all of
@@ -93,7 +96,14 @@ class OnlineHypertuned(Hypertuned):
         keys = jax.random.split(rng.purpose_key(key, rng.Purpose.HYPERGRAD))
         batch, mask = self.held_out_batch(keys[0])
         if self.options.server_only:
-            loss, grads = _server_program(self)(previous, result.released, batch, mask, keys[1])
+            if "server" not in self._programs:
+                self._programs["server"] = jax.jit(
+                    lambda state, mean, batch, mask, k: server_step_hypergradient(
+                        self, self.per_example_loss, state, mean, batch, mask, k
+                    )
+                )
+            program = self._programs["server"]
+            loss, grads = program(previous, result.released, batch, mask, keys[1])
         else:
             f, args = runner.function(previous, cohort, key, **inputs)
             self._history.append((previous, args))
@@ -147,17 +157,3 @@ def _round_program(function, per_example_loss, remat: bool):
             function, per_example_loss, state, rounds, batch, mask, key, remat
         )
     )
-
-
-_SERVER_PROGRAMS: dict = {}
-
-
-def _server_program(algorithm: OnlineHypertuned):
-    key = id(algorithm)
-    if key not in _SERVER_PROGRAMS:
-        _SERVER_PROGRAMS[key] = jax.jit(
-            lambda state, mean, batch, mask, k: server_step_hypergradient(
-                algorithm, algorithm.per_example_loss, state, mean, batch, mask, k
-            )
-        )
-    return _SERVER_PROGRAMS[key]

@@ -5,11 +5,13 @@ learning rate adaptation with hypergradient descent", ICLR 2018; Rush, Charles a
 FedAvg on ``--config`` (the shipped ``fedavg_mnist`` by default): the fixed grid runs every client x
 server learning-rate multiplier in ``--grid`` (times the config's own rates); the adapted runs start
 both rates ``--starts`` times off (0.1: 10x too small, 10: 10x too large) and adapt them with
-``hypergrad.hyper_lr`` (``--step-rule``) on the server-held set (``hypergrad.source=server``, no
-privacy cost). For each seed the row gives each run's accuracy curve, and for each adapted run the
-first evaluated round at which it reaches the best fixed grid point's final accuracy, over the round
-at which that grid point first reached it (the issue's target: at most 1.2). Raw rows with
-provenance go to ``<out>/hypergrad_rows.json`` after every run.
+``hypergrad.hyper_lr`` (``--step-rule``) on the server-held set (``--source server``, no privacy
+cost) or on the sampled clients' own local test data (``--source clients``: clipped, noised and
+accounted; under a target epsilon the round's noise is calibrated with the hyper-releases in, and
+each row records the share of the budget they take). For each seed the row gives each run's accuracy
+curve, and for each adapted run the first evaluated round at which it reaches the best fixed grid
+point's final accuracy, over the round at which that grid point first reached it (the issue's
+target: at most 1.2). Raw rows with provenance go to ``<out>/hypergrad_rows.json`` after every run.
 
     python experiments/hypergrad_lr.py --seeds 0 1 2 --rounds 50
 """
@@ -51,6 +53,7 @@ def main():
     parser.add_argument(
         "--adapt", default="client_lr,server_lr", help="hypergrad.adapt; server_lr alone: DP runs"
     )
+    parser.add_argument("--source", default="server", choices=("server", "clients"))
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE (JSON) overrides")
     parser.add_argument("--out", default="results/hypergrad_lr")
     args = parser.parse_args()
@@ -68,13 +71,14 @@ def main():
             "seed": seed,
             "client.learning_rate": client_lr * client_x,
             "server.learning_rate": server_lr * server_x,
-            **extra,
+            # the hypergrad keys (its release's clip and noise) only where it is on
+            **{k: v for k, v in extra.items() if hyper_lr or not k.startswith("hypergrad.")},
         }
         if hyper_lr:
             overrides.update(
                 {
                     "hypergrad.hyper_lr": hyper_lr,
-                    "hypergrad.source": "server",
+                    "hypergrad.source": args.source,
                     "hypergrad.step_rule": args.step_rule,
                     "hypergrad.adapt": args.adapt,
                 }
@@ -83,6 +87,16 @@ def main():
             workdir, overwrite=True, progress=False
         )
         epsilon = summary.epsilon
+        with open(os.path.join(workdir, "privacy.json")) as f:
+            releases = json.load(f).get("releases") or []
+        multipliers = [r["noise_multiplier"] for r in releases]
+        hyper = [r["noise_multiplier"] for r in releases if "hyper-gradient" in r["mechanism"]]
+        # each release's share of the round's Gaussian precision sum_i z_i^-2 (0: no hyper-release)
+        share = (
+            sum(z**-2 for z in hyper) / sum(z**-2 for z in multipliers)
+            if hyper and all(z > 0 for z in multipliers)
+            else 0.0
+        )
         adapted = [
             (r["round"], r.get("hypergrad_client_lr"), r.get("hypergrad_server_lr"))
             for r in read_metrics(workdir)
@@ -96,6 +110,8 @@ def main():
             "hyper_lr": hyper_lr,
             "final_accuracy": summary.final["test_accuracy"],
             "epsilon": epsilon,
+            "noise_multipliers": multipliers,
+            "hyper_release_share": share,
             "curve": curve(workdir),
             "adapted_rates": adapted[:: max(1, len(adapted) // 25)] + adapted[-1:],
         }

@@ -107,6 +107,26 @@ def test_gdp_conversions():
     assert gdp.mu_clt(0.1, 1.0, 100) == pytest.approx(0.1 * math.sqrt(100 * (math.e - 1)))
 
 
+def test_a_tiny_noise_multiplier_reports_an_infinite_clt_epsilon_instead_of_crashing():
+    """The report of a Poisson run at z = 0.03 (1/z^2 > 709) raised OverflowError in the CLT
+    figure, at the end of the run, after its rounds."""
+    from fedjax_dp.privacy.ledgers.client_level import CentralLedger
+    from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
+    from fedjax_dp.privacy.sampling import build as client_sampler
+    from fedjax_dp.privacy.settings import PrivacySettings
+    from fedjax_dp.training.default_config import default_config
+
+    assert gdp.mu_clt(0.2, 0.03, 1) == math.inf
+    cfg = default_config()
+    cfg.sampling.update(method="poisson", rate=0.2)
+    cfg.privacy.accountant = "rdp"
+    ledger = CentralLedger(client_sampler(cfg.sampling, 100), PrivacySettings.from_config(cfg))
+    noise = GaussianNoise(((1, 0.03),))
+    releases = list(noise.releases(noise.inputs(1), 1.0))
+    ledger.record(1, np.arange(20), releases)
+    assert ledger.describe()["epsilons"]["gdp_clt_approximation"] == math.inf
+
+
 def test_analytic_gaussian_beats_classic_formula_and_is_valid():
     for eps in (0.5, 1.0, 4.0):
         sigma = C.analytic_gaussian_sigma(eps, 1e-5)

@@ -316,7 +316,6 @@ def _config(algorithm="fedavg", **hypergrad):
         ("scaffold", {"hyper_lr": 0.1}, "algorithm 'scaffold' cannot adapt its settings"),
         ("fedavg", {"hyper_lr": -0.1}, "hypergrad.hyper_lr must be >= 0, got -0.1"),
         ("fedavg", {"hyper_lr": 0.1, "adapt": "client_lr,momentum"}, "hypergrad.adapt="),
-        ("fedavg", {"hyper_lr": 0.1, "source": "clients"}, "source='clients' is not built"),
         ("fedavg", {"hyper_lr": 0.1, "source": "both"}, "hypergrad.source='both' unknown"),
         ("fedavg", {"hyper_lr": 0.1, "lookahead": 0}, "hypergrad.lookahead must be an integer"),
         ("fedavg", {"hyper_lr": 0.1, "batch_size": 0}, "hypergrad.batch_size must be >= 1"),

@@ -87,7 +87,8 @@ def noise_releases(cfg, num_clients: int, z: float, dim: int | None = None) -> l
     """What round 1 releases at noise multiplier z, from the configuration alone (no model): what
     calibration solves over and the first round's budget check asks the ledger about
     (``dp_choices.noise_releases``; distributed noise: for an upload of ``dim`` coordinates, by
-    default the model's on its source's known shape)."""
+    default the model's on its source's known shape), with a wrapper's own releases beside them
+    (``hypergrad.source=clients``'s, at their own fixed noise)."""
     denominator = client_sampler(cfg.sampling, num_clients).expected_cohort()
     if ddp_section.distributed(cfg) and dim is None:
         dim = ddp_section.stand_in_dimension(cfg)
@@ -96,7 +97,8 @@ def noise_releases(cfg, num_clients: int, z: float, dim: int | None = None) -> l
                 f"distributed noise on data.source={cfg.data.source!r}: the upload's dimension is"
                 " known only once the data is loaded"
             )
-    return dp_choices.noise_releases(cfg, num_clients, z, denominator, dim)
+    own = [r for wrapper in registry.wrappers() for r in wrapper.own_releases(cfg)]
+    return dp_choices.noise_releases(cfg, num_clients, z, denominator, dim) + own
 
 
 def calibrated_noise_multiplier(cfg, num_clients: int, dim: int | None = None) -> float:

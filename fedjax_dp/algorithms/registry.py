@@ -40,6 +40,9 @@ class BuildContext:
     params_template: Any = None  # the model's parameters (shapes), e.g. for per-layer clip norms
     # each client's training-set size |D_n| (per-client calibration)
     client_sizes: tuple | None = None
+    # the loaded data (``FederatedDataset``), where the round is built for a run; None for a
+    # stand-in round built before the data loads (``training.build.planned_releases``)
+    dataset: Any = None
 
     def client_optimizer(self):
         c = self.cfg.client
@@ -129,17 +132,29 @@ class Wrapper:
     name: str
     wrap: Callable[[BuildContext, Any, Any], Any]
     validate: Validate | None = None
-    needs_server_set: bool = False
+    needs_server_set: bool | Callable[[Any], bool] = False  # or a function of the config
     privacy_note: str = ""
     switch: Callable[[Any], bool] | None = None
     switch_key: str = "enabled"  # the key that turns the wrapper on (the one ``switch`` reads)
     # ``privacy_label(cfg) -> dict``: what privacy.json records under the wrapper's name
     privacy_label: Callable[[Any], dict] | None = None
+    # ``releases(cfg) -> list[Release]``: what the wrapper itself releases each round on the round's
+    # cohort (declared in the upload chain and in calibration beside the chain's own)
+    releases: Callable[[Any], list] | None = None
 
     def enabled(self, cfg) -> bool:
         if self.switch is not None:
             return bool(self.switch(cfg))
         return bool(cfg[self.name].enabled)
+
+    def reads_server_set(self, cfg) -> bool:
+        """Whether the wrapper, as configured, needs the server-held set."""
+        needs = self.needs_server_set
+        return bool(needs(cfg) if callable(needs) else needs) and self.enabled(cfg)
+
+    def own_releases(self, cfg) -> list:
+        """The wrapper's own releases under ``cfg`` (none when it is off)."""
+        return list(self.releases(cfg)) if self.releases and self.enabled(cfg) else []
 
 
 _ENTRIES: dict[str, Entry] = {}
@@ -211,6 +226,7 @@ def register_wrapper(
     switch=None,
     switch_key="enabled",
     privacy_label=None,
+    releases=None,
 ) -> Wrapper:
     """A wrapper with its config section ``name``, which must hold ``enabled`` unless
     ``switch(cfg)`` says when the wrapper is on (reading ``switch_key``)."""
@@ -218,7 +234,15 @@ def register_wrapper(
         raise ValueError(f"wrapper section {name!r} needs an 'enabled' key (or a switch)")
     register_section(name, defaults, docs=docs, read_when=read_when)
     _WRAPPERS[name] = Wrapper(
-        name, wrap, validate, needs_server_set, privacy_note, switch, switch_key, privacy_label
+        name,
+        wrap,
+        validate,
+        needs_server_set,
+        privacy_note,
+        switch,
+        switch_key,
+        privacy_label,
+        releases,
     )
     return _WRAPPERS[name]
 

@@ -61,6 +61,7 @@ class Purpose(enum.IntEnum):
     CANARY_NOISE = 9  # the canary clients' upload noise (``privacy.audit``)
     CANARY_COUNT_NOISE = 10  # the canary clients' count noise
     HYPERGRAD = 11  # the held-out batch of a hyper-gradient step (``hypergrad``)
+    HYPERGRAD_NOISE = 12  # the noise of the clients' hyper-gradient releases (``hypergrad``)
 
 
 class Stream(enum.IntEnum):

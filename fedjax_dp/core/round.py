@@ -339,6 +339,12 @@ class FederatedRound:
             self._programs[key] = (engine, jax.jit(self._server_fn(uploads)))
         return self._programs[key]
 
+    def client_function(self, uploads: Chain):
+        """``client_fn(shared, client) -> (summed, per_client)``: one client's update through the
+        client sides of ``uploads`` (``summed['upload']``: what enters the sum), the function the
+        cohort engine maps; for derivatives of one client's contribution (``hypergrad``)."""
+        return self._client_fn(uploads)
+
     # ------------------------------------------------------------------ client side
     def _client_fn(self, uploads: Chain):
         algorithm = self.algorithm

@@ -86,7 +86,7 @@ class UploadTransform:
     ``PerClientStateful``, ``Scheduled``, ``Specialized``, ``BoundMapping``, ``CohortLevel``,
     ``KeyDrawing``, ``Resizing``); the chain asks only the transforms that declare one."""
 
-    kind: ClassVar[str] = "identity"  # clip | noise | compress | weighting | diagnostic
+    kind: ClassVar[str] = "identity"  # clip | noise | compress | weighting | diagnostic | declared
 
     def client(self, upload, ctx: ClientContext) -> Flow:
         return Flow(upload, ctx.bound)
@@ -237,6 +237,20 @@ def fixed_denominator(denominator: float, schedule: tuple = ()) -> UniformWeight
     if not denominator > 0:
         raise ValueError(f"fixed denominator must be > 0, got {denominator}")
     return UniformWeights(float(denominator), tuple((int(t), float(d)) for t, d in schedule))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclaredReleases(UploadTransform):
+    """Passes uploads on unchanged and declares releases that run beside the chain on the round's
+    cohort (a wrapper's own: ``hypergrad.source=clients``'s hyper-gradients), so every reader of
+    ``Chain.releases`` (the tracker's budget checks and records, the privacy plan,
+    ``privacy.json``) composes them with the chain's. Whoever declares them adds their noise."""
+
+    kind: ClassVar[str] = "declared"
+    declared: tuple = ()
+
+    def releases(self, inputs: dict, bound: float = math.nan) -> tuple[Release, ...]:
+        return tuple(self.declared)
 
 
 def _traced_input(value):

@@ -5,9 +5,10 @@
 Privacy: with ``source=server`` the hyper-gradient reads the server-held set. Under a DP algorithm
 it may adapt only the server learning rate with a lookahead of one round, where it is
 post-processing of the released aggregate (no privacy cost, recorded so in ``privacy.json``); the
-derivative through local training reads the clients' data and would be an unaccounted release. The
-``clients`` source (each sampled client's clipped, noised hyper-gradient on its own held-out batch,
-accounted as its own Gaussian release per round) is not built: it is refused.
+derivative through local training reads the clients' data and would be an unaccounted release.
+With ``source=clients`` the sampled clients compute it on their own local test data, clipped and
+noised, in one or two Gaussian releases per round on the round's cohort that the run's ledger
+composes with the round's own (``client_source``): every setting may adapt under DP, at that cost.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ import dataclasses
 from fedjax_dp.algorithms import registry
 from fedjax_dp.algorithms.fedavg import FedAvg
 from fedjax_dp.data.packing import num_steps
+from fedjax_dp.hypergrad.client_source import (
+    CLIENT_SETTINGS,
+    ClientHyperGradient,
+    ClientOptions,
+    HeldOut,
+    hyper_releases,
+)
 from fedjax_dp.hypergrad.differentiable import SETTINGS
 from fedjax_dp.hypergrad.online import HyperOptions, OnlineHypertuned
 
@@ -31,6 +39,7 @@ DEFAULTS = {
     "step_rule": "sgd",
     "source": "server",
     "clip": 1.0,
+    "setting_clip": 0.1,
     "noise_multiplier": 1.0,
     "lookahead": 1,
     "remat": False,
@@ -53,12 +62,18 @@ DOCS = {
     ),
     "source": (
         "server: the held-out loss on the server-held set (server_data; no privacy cost where it"
-        " is post-processing) | clients: each sampled client's own held-out batch, clipped and"
-        " noised (not built: refused)"
+        " is post-processing) | clients: each sampled client's loss on its own local test data,"
+        " its gradient and setting derivatives clipped and noised (accounted releases)"
     ),
-    "clip": "source=clients: the L2 clip of each client's hyper-gradient (not built)",
+    "clip": "source=clients: the L2 clip C of each client's held-out gradient",
+    "setting_clip": (
+        "source=clients: the L2 clip C' of each client's derivative in the adapted client"
+        " settings (client_lr, step_weights); about |u . Delta| with u the released gradient"
+        " times the server rate and Delta the clipped update"
+    ),
     "noise_multiplier": (
-        "source=clients: z of the Gaussian noise (std z x clip) on the clipped sum (not built)"
+        "source=clients: z of both hyper-gradient releases (std z C and z C' on the clipped sums);"
+        " > 0 under DP"
     ),
     "lookahead": "rounds the hyper-gradient looks back through (truncated; 1 = the round just run)",
     "remat": "jax.checkpoint on each round of a lookahead > 1 (memory: one round's residuals)",
@@ -96,12 +111,8 @@ def check_hypergrad(cfg, need) -> None:
         f"hypergrad.step_rule={h.step_rule!r} unknown; available: {STEP_RULES}",
     )
     need(h.source in SOURCES, f"hypergrad.source={h.source!r} unknown; available: {SOURCES}")
-    need(
-        h.source != "clients",
-        "hypergrad.source='clients' is not built: each client's clipped, noised hyper-gradient"
-        " would be one more accounted release per round; use source='server' (server_data)",
-    )
     need(h.clip > 0, f"hypergrad.clip must be > 0, got {h.clip}")
+    need(h.setting_clip > 0, f"hypergrad.setting_clip must be > 0, got {h.setting_clip}")
     need(
         h.noise_multiplier >= 0,
         f"hypergrad.noise_multiplier must be >= 0, got {h.noise_multiplier}",
@@ -121,42 +132,112 @@ def check_hypergrad(cfg, need) -> None:
     )
     entry = registry.get(cfg.algorithm) if cfg.algorithm in registry.names() else None
     private = entry is not None and "dp" in entry.sections
+    if h.source == "clients":
+        _check_client_source(cfg, need, private)
+        return
     need(
         not private or (names == ("server_lr",) and h.lookahead == 1),
         f"hypergrad.adapt={h.adapt!r}, lookahead={h.lookahead} under {cfg.algorithm}: the"
         " derivative through local training reads the clients' data (an unaccounted release);"
-        " with source='server' a DP run may adapt only server_lr with lookahead 1",
+        " with source='server' a DP run may adapt only server_lr with lookahead 1; or use"
+        " source='clients' (accounted)",
+    )
+
+
+def _check_client_source(cfg, need, private: bool) -> None:
+    h = cfg.hypergrad
+    need(
+        h.lookahead == 1,
+        f"hypergrad.lookahead={h.lookahead} with source='clients': the clients' derivative is of"
+        " the round just run (lookahead 1)",
+    )
+    if not private:
+        return
+    need(
+        h.noise_multiplier > 0,
+        f"hypergrad.noise_multiplier={h.noise_multiplier} with source='clients' under"
+        f" {cfg.algorithm}: the clients' hyper-gradients would be released without noise",
+    )
+    need(
+        cfg.dp.noise_mode == "central",
+        f"hypergrad.source='clients' with dp.noise_mode={cfg.dp.noise_mode!r}: the"
+        " hyper-gradient releases are noised by the server (central); use dp.noise_mode='central'",
+    )
+    need(
+        cfg.dp.noise == "gaussian",
+        f"hypergrad.source='clients' with dp.noise={cfg.dp.noise!r}: the per-round hyper-gradient"
+        " releases cannot join a correlated-noise stream's account; use dp.noise='gaussian'",
     )
 
 
 def wrap_hypergrad(ctx, algorithm, server_set) -> OnlineHypertuned:
-    if server_set is None:
+    h = ctx.cfg.hypergrad
+    if h.source == "server" and server_set is None:
         raise ValueError("hypergrad.source='server' needs a server-held set (server_data)")
     if not isinstance(algorithm, FedAvg):
         raise ValueError(
             f"hypergrad: {type(algorithm).__name__} is not a FedAvg-family algorithm ({ALGORITHMS})"
         )
-    cfg, h = ctx.cfg, ctx.cfg.hypergrad
+    cfg = ctx.cfg
     sizes = ctx.client_sizes or (1,)
     steps = num_steps(max(sizes), cfg.client.batch_size, cfg.client.epochs)
     # the deferred-dense trainer takes one scalar rate: the per-step factors need the plain one
     base = dataclasses.replace(algorithm, deferred_dense_rate=None)
-    return OnlineHypertuned(
+    options = HyperOptions(
+        adapted(cfg), h.hyper_lr, h.lookahead, bool(h.remat), h.batch_size, h.step_rule
+    )
+    tuned = OnlineHypertuned(
         base,
         steps,
-        options=HyperOptions(
-            adapted(cfg), h.hyper_lr, h.lookahead, bool(h.remat), h.batch_size, h.step_rule
-        ),
-        held_x=server_set.x,
-        held_y=server_set.y,
+        options=options,
+        held_x=None if server_set is None else server_set.x,
+        held_y=None if server_set is None else server_set.y,
         client_lr=cfg.client.learning_rate,
         server_lr=cfg.server.learning_rate,
     )
+    if h.source != "clients":
+        return tuned
+    dataset = ctx.dataset
+    if dataset is not None and not any(len(i) for i in dataset.client_test):
+        raise ValueError(
+            f"hypergrad.source='clients' on data.source={cfg.data.source!r}: no client holds local"
+            " test data (client_test) to compute a held-out loss on; use source='server'"
+        )
+    held_out = (
+        None
+        if dataset is None
+        else HeldOut(dataset.x, dataset.y, dataset.client_test, int(h.batch_size))
+    )
+    client = ClientOptions(
+        float(h.clip), float(h.setting_clip), float(h.noise_multiplier), adapted(cfg)
+    )
+    return dataclasses.replace(tuned, client_source=ClientHyperGradient(tuned, held_out, client))
+
+
+def own_releases(cfg) -> list:
+    """What ``source=clients`` releases each round on the round's cohort (``client_source``); none
+    for the server source."""
+    h = cfg.hypergrad
+    if h.source != "clients":
+        return []
+    client_side = any(name in CLIENT_SETTINGS for name in adapted(cfg))
+    return hyper_releases(h.clip, h.setting_clip, h.noise_multiplier, client_side)
 
 
 def privacy_label(cfg) -> dict:
     """What ``privacy.json`` records of the hyper-gradients (under ``hypergrad``)."""
     names = adapted(cfg)
+    if cfg.hypergrad.source == "clients":
+        return {
+            "source": "clients",
+            "adapt": list(names),
+            "privacy_cost": "accounted",
+            "why": (
+                "each sampled client's held-out gradient (and, for client settings, its derivative"
+                " in them) clipped and noised by the server: Gaussian releases on the round's"
+                " cohort, composed with the round's own (listed under mechanisms)"
+            ),
+        }
     server_only = names == ("server_lr",) and cfg.hypergrad.lookahead == 1
     return {
         "source": cfg.hypergrad.source,
@@ -177,10 +258,11 @@ registry.register_wrapper(
     docs=DOCS,
     wrap=wrap_hypergrad,
     validate=check_hypergrad,
-    needs_server_set=True,
+    needs_server_set=lambda cfg: cfg.hypergrad.source == "server",
     switch=enabled,
     switch_key="hyper_lr",
     privacy_label=privacy_label,
+    releases=own_releases,
     privacy_note=(
         "hyper-gradients (hypergrad, source=server) use the server-held set; the guarantee holds"
         " only if it holds no protected client's data"

@@ -14,13 +14,14 @@ beta g / ||g|| instead (the norm over the adapted entries): the plain step scale
 its curvature, so a beta that recovers a rate 10x too small in a few rounds overshoots elsewhere;
 the normalised one moves the log-multipliers by exactly beta a round (a factor e^beta).
 
-Source ``server``: L is the loss on a batch of the server-held set. Where only the server learning
-rate adapts with a lookahead of one round, the hyper-gradient is computed from the released mean
-alone (``server_step_hypergradient``): post-processing of the release, no privacy cost. Otherwise it
-is computed through the clients' local training (``hypergradient``), which reads their data: a
-simulation of federated automatic differentiation that only a run without a privacy guarantee may
-use (``config`` refuses it with DP). A lookahead of r rounds replays the last r rounds' cohorts,
-keys and noise from the state r rounds back, with the current settings (truncated
+Source ``clients``: the sampled clients' own held-out losses, their derivatives clipped and noised
+(``client_source``). Source ``server``: L is the loss on a batch of the server-held set. Where only
+the server learning rate adapts with a lookahead of one round, the hyper-gradient is computed from
+the released mean alone (``server_step_hypergradient``): post-processing of the release, no privacy
+cost. Otherwise it is computed through the clients' local training (``hypergradient``), which reads
+their data: a simulation of federated automatic differentiation that only a run without a privacy
+guarantee may use (``config`` refuses it with DP). A lookahead of r rounds replays the last r
+rounds' cohorts, keys and noise from the state r rounds back, with the current settings (truncated
 back-propagation through the rounds); its history is not checkpointed, so after a resume it refills
 over r rounds.
 """
@@ -72,6 +73,8 @@ class OnlineHypertuned(Hypertuned):
     held_y: Any = None
     client_lr: float = 1.0
     server_lr: float = 1.0
+    # ``source=clients``: the clients' clipped, noised hyper-gradient (``client_source``)
+    client_source: Any = None
     _history: collections.deque = dataclasses.field(
         default_factory=collections.deque, compare=False, repr=False
     )
@@ -93,6 +96,10 @@ class OnlineHypertuned(Hypertuned):
         the row entries ``hypergrad_*`` (the held-out loss before the step and the settings the
         next round uses). ``previous``: the state the round started from; ``cohort``, ``key`` and
         ``inputs``: the round's arguments (``FederatedRound.__call__``'s)."""
+        if self.client_source is not None:  # the held-out loss is not released: not logged
+            grads = self.client_source(runner, previous, result, cohort, key, inputs)
+            settings = step(previous.extra, grads, self.options)
+            return result.state.replace(extra=settings), self.logged(settings)
         keys = jax.random.split(rng.purpose_key(key, rng.Purpose.HYPERGRAD))
         batch, mask = self.held_out_batch(keys[0])
         if self.options.server_only:

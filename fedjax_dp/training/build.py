@@ -16,7 +16,7 @@ from fedjax_dp.core.cohort import client_mesh
 from fedjax_dp.core.loops import loops_left
 from fedjax_dp.core.round import STEP_NOISE, FederatedRound, client_inputs
 from fedjax_dp.core.strategy import MAX_UNROLLED_CONV_STEPS, StrategyChoice, choose_strategy
-from fedjax_dp.core.uploads import Chain, chain
+from fedjax_dp.core.uploads import Chain, DeclaredReleases, chain
 from fedjax_dp.data.known_shapes import known_shapes
 from fedjax_dp.data.packing import num_steps
 from fedjax_dp.models import get_model
@@ -107,7 +107,7 @@ def build_model_and_round(cfg, dataset, server_set=None):
             compute_dtype=cfg.model.compute_dtype or None,
         )
         return model, build_round(
-            cfg, model, choice, dataset.num_clients, server_set, dataset.train_sizes()
+            cfg, model, choice, dataset.num_clients, server_set, dataset.train_sizes(), dataset
         )
 
     first = resolve_engine(cfg, has_conv, cohort)
@@ -131,13 +131,23 @@ def build_model_and_round(cfg, dataset, server_set=None):
 
 
 def build_round(
-    cfg, model, choice: StrategyChoice, num_clients: int, server_set=None, client_sizes=None
+    cfg,
+    model,
+    choice: StrategyChoice,
+    num_clients: int,
+    server_set=None,
+    client_sizes=None,
+    dataset=None,
 ) -> FederatedRound:
     """The configured algorithm, wrapped by each enabled wrapper, with its uploads
-    (``client_sizes``: each client's training-set size, for mechanisms calibrated per client)."""
+    (``client_sizes``: each client's training-set size, for mechanisms calibrated per client;
+    ``dataset``: the loaded data, None for a stand-in round). A wrapper's own releases
+    (``Wrapper.releases``) are declared at the chain's end (``DeclaredReleases``)."""
     params_template = jax.eval_shape(model.init, jax.random.key(0))
     sizes = None if client_sizes is None else tuple(int(n) for n in client_sizes)
-    context = registry.BuildContext(cfg, model, num_clients, choice.unroll, params_template, sizes)
+    context = registry.BuildContext(
+        cfg, model, num_clients, choice.unroll, params_template, sizes, dataset
+    )
     algorithm, uploads = registry.get(cfg.algorithm).build(context)
     uploads = uploads if isinstance(uploads, Chain) else chain(*uploads)
     for wrapper in registry.wrappers():
@@ -145,6 +155,9 @@ def build_round(
             algorithm = wrapper.wrap(context, algorithm, server_set)
     if cfg.compression.enabled:
         uploads = with_compression(uploads, cfg.compression)
+    declared = tuple(r for w in registry.wrappers() for r in w.own_releases(cfg))
+    if declared:
+        uploads = chain(*uploads, DeclaredReleases(declared))
     return FederatedRound(
         algorithm,
         uploads,
@@ -184,7 +197,7 @@ def needs_server_set(cfg) -> bool:
     return (
         shares_server_set(cfg)
         or registry.get(cfg.algorithm).server_validation
-        or any(w.needs_server_set and w.enabled(cfg) for w in registry.wrappers())
+        or any(w.reads_server_set(cfg) for w in registry.wrappers())
     )
 
 
@@ -245,7 +258,9 @@ def planned_releases(cfg):
 
 def server_set_notes(cfg) -> list[str]:
     """What ``privacy.json`` says about a server-held set the run used."""
-    notes = [w.privacy_note for w in registry.wrappers() if w.enabled(cfg) and w.privacy_note]
+    notes = [
+        w.privacy_note for w in registry.wrappers() if w.reads_server_set(cfg) and w.privacy_note
+    ]
     if registry.get(cfg.algorithm).shares_server_set:
         notes.append(
             "the shared set is distributed to every client: those examples are public to all"

@@ -27,12 +27,20 @@ def mu_clt(sampling_rate: float, noise_multiplier: float, rounds: int) -> float:
 
     >>> round(mu_clt(sampling_rate=0.01, noise_multiplier=1.0, rounds=1000), 4)
     0.4145
+
+    A noise multiplier below about 0.038 (1/z^2 > 709) gives inf, not an overflow error:
+
+    >>> mu_clt(sampling_rate=0.2, noise_multiplier=0.03, rounds=1)
+    inf
     """
     if not 0 < sampling_rate <= 1:
         raise ValueError(f"sampling rate must lie in (0, 1], got {sampling_rate}")
     if not noise_multiplier > 0:
         raise ValueError(f"noise multiplier must be > 0, got {noise_multiplier}")
-    return sampling_rate * math.sqrt(rounds * math.expm1(noise_multiplier**-2))
+    exponent = noise_multiplier**-2
+    if exponent > 709.0:  # e^exponent overflows a float: the CLT figure is unbounded
+        return math.inf
+    return sampling_rate * math.sqrt(rounds * math.expm1(exponent))
 
 
 def delta_from_mu(mu: float, epsilon: float) -> float:

@@ -265,7 +265,10 @@ class CentralLedger(LedgerDefaults):
         z, rates = self.noise_used, [e.rate for e in events]
         if events and all(e.gaussian and e.sampling == "poisson" for e in events) and min(z) > 0:
             mu = math.sqrt(sum(gdp.mu_clt(qt, zt, 1) ** 2 for qt, zt in zip(rates, z)))
-            epsilons["gdp_clt_approximation"] = gdp.epsilon_from_mu(mu, delta)
+            # a tiny z's CLT mu is inf (``gdp.mu_clt``): so is its epsilon
+            epsilons["gdp_clt_approximation"] = (
+                gdp.epsilon_from_mu(mu, delta) if math.isfinite(mu) else math.inf
+            )
         notes = list(self.sampler.accounting_notes())
         skipped = [k for k in ACCOUNTANTS if k not in epsilons]
         if skipped:

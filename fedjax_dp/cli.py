@@ -66,6 +66,14 @@ _SEEDS = flags.DEFINE_string(
     "<workdir>/seed_<s>, then the mean and 95 % interval (seeds_summary.json, seeds.png).",
     flag_values=FLAGS,
 )
+_VECTORIZE = flags.DEFINE_bool(
+    "vectorize",
+    False,
+    "With --seeds: the seeds train in lockstep as one vmapped program, compiled once (each run's"
+    " numbers up to float32 rounding; one after another where the config cannot be batched:"
+    " docs/sweeps.md)",
+    flag_values=FLAGS,
+)
 _SWEEP = flags.DEFINE_multi_string(
     "sweep",
     [],
@@ -134,7 +142,8 @@ _DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
 )
 
 USAGE = """usage: fedjax-dp [--config NAME|PATH] [--config.KEY=VALUE ...] [--workdir DIR]
-                 [--import MODULE ...] [--seeds 0,1,2] [--overwrite] [--resume] [--tensorboard]
+                 [--import MODULE ...] [--seeds 0,1,2 [--vectorize]] [--overwrite] [--resume]
+                 [--tensorboard]
                  [--sweep KEY=V1,V2 ... [--sweep_runs poisson|negative_binomial|fixed]
                   [--sweep_num_runs N] [--sweep_budget EPSILON]]
                  [--noprogress] [-v]
@@ -152,6 +161,7 @@ def help_text() -> str:
         _OVERWRITE,
         _RESUME,
         _SEEDS,
+        _VECTORIZE,
         _SWEEP,
         _SWEEP_RUNS,
         _SWEEP_NUM_RUNS,
@@ -442,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         if space and seeds:
             raise ValueError("--sweep and --seeds: give one (sweep the seed: --sweep seed=0,1,2)")
+        if _VECTORIZE.value and not seeds:
+            raise ValueError("--vectorize trains several seeds at once: give --seeds 0,1,2,...")
     except Exception as error:  # noqa: BLE001  (any failure to read the command or config: one line)
         print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
@@ -513,7 +525,9 @@ def main(argv: list[str] | None = None) -> int:
 
                 summary = sweep(experiment, space, workdir=workdir, **sweep_options, **options)
             elif seeds:
-                summary = experiment.run_seeds(seeds, workdir, **options)
+                summary = experiment.run_seeds(
+                    seeds, workdir, vectorized=_VECTORIZE.value, **options
+                )
             else:
                 summary = experiment.run(workdir, resume=_RESUME.value, **options)
     except WorkdirUnusable as error:

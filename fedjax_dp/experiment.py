@@ -35,6 +35,7 @@ from fedjax_dp.training.fit_to_data import adopt_source_clients
 from fedjax_dp.training.loop import run_experiment
 from fedjax_dp.training.quiet import LOG_FILE, quiet_console
 from fedjax_dp.training.reporting import RunSummary
+from fedjax_dp.training.run_batch import run_batched
 from fedjax_dp.training.seeds import SeedsSummary, curves, summarize
 from fedjax_dp.training.tensorboard import require_tensorboardx
 
@@ -137,22 +138,32 @@ class Experiment:
                 callbacks=callbacks,
             )
 
-    def run_seeds(self, seeds, workdir: str | None = None, **options) -> SeedsSummary:
+    def run_seeds(
+        self, seeds, workdir: str | None = None, vectorized: bool = False, **options
+    ) -> SeedsSummary:
         """One run per seed in ``<workdir>/seed_<s>``; writes ``seeds_summary.json`` (mean and 95 %
-        t-interval of each final metric, best accuracy and epsilon) and ``seeds.png``."""
+        t-interval of each final metric, best accuracy and epsilon) and ``seeds.png``.
+        ``vectorized``: the seeds train in lockstep as one vmapped program
+        (``training.run_batch``: each run's numbers up to float32 rounding, one compilation; one
+        after another where the config cannot be batched); ``options`` then take ``overwrite``,
+        ``progress`` (ignored) and ``verbose``."""
         seeds = [int(s) for s in seeds]
         if not seeds or len(set(seeds)) != len(seeds):
             raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
         workdir = workdir or os.path.join("results", f"{self.config.algorithm}-seeds")
-        summaries, workdirs = [], []
-        for seed in seeds:
-            one = copy.deepcopy(self.config)
-            one.seed = seed
-            workdirs.append(os.path.join(workdir, f"seed_{seed}"))
-            summaries.append(Experiment(one).run(workdirs[-1], **options))
-            if summaries[-1].interrupted:  # SIGINT / SIGTERM stops the seeds still to run too
-                seeds = seeds[: len(summaries)]
-                break
+        workdirs = [os.path.join(workdir, f"seed_{seed}") for seed in seeds]
+        if vectorized:
+            summaries = self._run_together(seeds, workdirs, **options)
+        else:
+            summaries = []
+            for seed, one_workdir in zip(seeds, workdirs):
+                one = copy.deepcopy(self.config)
+                one.seed = seed
+                summaries.append(Experiment(one).run(one_workdir, **options))
+                if summaries[-1].interrupted:  # SIGINT / SIGTERM stops the seeds still to run
+                    break
+        if len(summaries) < len(seeds):
+            seeds, workdirs = seeds[: len(summaries)], workdirs[: len(summaries)]
         summary = summarize(workdir, seeds, summaries, workdirs)
         with open(os.path.join(workdir, "seeds_summary.json"), "w") as f:
             f.write(results.dumps({**vars(summary), "rounds_min": summary.rounds_min}, indent=2))
@@ -163,3 +174,20 @@ class Experiment:
             seeds=len(seeds),
         )
         return summary
+
+    def _run_together(self, seeds, workdirs, **options) -> list:
+        unsupported = [
+            k for k in ("resume", "tensorboard", "callbacks", "distributed") if options.get(k)
+        ]
+        if unsupported:
+            raise ValueError(
+                f"run_seeds(vectorized=True) with {unsupported[0]}={options[unsupported[0]]!r}:"
+                " not supported together; run the seeds one after another"
+            )
+        configs_ = []
+        for seed in seeds:
+            one = copy.deepcopy(self.config)
+            one.seed = seed
+            configs_.append(one)
+        with quiet_console(options.get("verbose", False), None):
+            return run_batched(configs_, workdirs, overwrite=options.get("overwrite", False))

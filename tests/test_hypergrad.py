@@ -97,6 +97,18 @@ def _unit_directions(settings):
             yield name, index, direction
 
 
+def assert_central_differences(grads, loss, settings):
+    """Each setting's entry of ``grads`` against a central difference of ``loss`` at
+    ``settings``."""
+    for name, index, e in _unit_directions(settings):
+        plus = jax.tree_util.tree_map(lambda a, b: a + FD_STEP * b, settings, e)
+        minus = jax.tree_util.tree_map(lambda a, b: a - FD_STEP * b, settings, e)
+        difference = (loss(plus) - loss(minus)) / (2 * FD_STEP)
+        np.testing.assert_allclose(
+            grads[name][index], difference, rtol=RTOL, atol=ATOL, err_msg=f"{name}{index}"
+        )
+
+
 @pytest.mark.parametrize(
     "chain,lookahead",
     [
@@ -130,13 +142,7 @@ def test_the_hypergradient_is_a_central_difference_of_the_held_out_loss(x64, cha
         )[0]
 
     assert value.dtype == jnp.float64
-    for name, index, e in _unit_directions(state.extra):
-        plus = jax.tree_util.tree_map(lambda a, b: a + FD_STEP * b, state.extra, e)
-        minus = jax.tree_util.tree_map(lambda a, b: a - FD_STEP * b, state.extra, e)
-        difference = (loss(plus) - loss(minus)) / (2 * FD_STEP)
-        np.testing.assert_allclose(
-            grads[name][index], difference, rtol=RTOL, atol=ATOL, err_msg=f"{name}{index}"
-        )
+    assert_central_differences(grads, loss, state.extra)
     if lookahead == 2:  # rematerialised rounds: the same derivative
         _, again = hypergradient(f, softmax_loss, state, rounds, held, mask, loss_key, remat=True)
         for name in grads:

@@ -21,15 +21,12 @@ from fedjax_dp.hypergrad.client_source import (
 from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.loop import run_experiment
 from test_hypergrad import (
-    ATOL,
     C,
     D,
-    FD_STEP,
     K,
-    RTOL,
     _config,
     _setting,
-    _unit_directions,
+    assert_central_differences,
     softmax_loss,
     x64,  # noqa: F401 (a fixture)
 )
@@ -88,13 +85,7 @@ def test_the_clients_hypergradient_is_the_derivative_of_their_held_out_loss(x64,
     through = jax.grad(loss)(state.extra)
     for name in ALL:
         np.testing.assert_allclose(grads[name], through[name], rtol=1e-9, atol=1e-12)
-    for name, index, e in _unit_directions(state.extra):
-        plus = jax.tree_util.tree_map(lambda a, b: a + FD_STEP * b, state.extra, e)
-        minus = jax.tree_util.tree_map(lambda a, b: a - FD_STEP * b, state.extra, e)
-        difference = (loss(plus) - loss(minus)) / (2 * FD_STEP)
-        np.testing.assert_allclose(
-            grads[name][index], difference, rtol=RTOL, atol=ATOL, err_msg=f"{name}{index}"
-        )
+    assert_central_differences(grads, loss, state.extra)
 
 
 def test_each_clients_held_out_gradient_is_clipped_before_the_sum():

@@ -339,6 +339,38 @@ class FederatedRound:
             self._programs[key] = (engine, jax.jit(self._server_fn(uploads)))
         return self._programs[key]
 
+    def traced_round(self, uploads: Chain):
+        """``f(state, clients, key, noise_key, inputs) -> (new_state, metrics, finite, released)``:
+        the round as one traceable function under the cohort engine's own traced strategy
+        (``sequential``, ``chunked`` or ``vmap``; ``clients``, ``key``, ``noise_key`` and
+        ``inputs``: ``function``'s arguments), for runs batched under ``jax.vmap``
+        (``training.run_batch``), on one device (the engine's mesh or devices dropped: a batch
+        spreads its runs over the devices instead). No fault containment: a failing program
+        raises."""
+        if uploads.split < len(uploads):
+            raise ValueError(
+                f"the round as one traced function: the cohort-level transform"
+                f" {type(uploads[uploads.split]).__name__} is not supported"
+            )
+        engine = self._program(uploads)[0]._one_device  # a batch spreads its runs instead
+        if engine.strategy not in ("vmap", "chunked", "sequential"):
+            raise ValueError(
+                f"the round as one traced function needs a traced cohort strategy, not"
+                f" {engine.strategy!r}"
+            )
+        server_fn, algorithm = self._server_fn(uploads), self.algorithm
+
+        def f(state, clients, key, noise_key, inputs):
+            shared = (algorithm.broadcast(state), state.uploads, inputs)
+            sums, per_client = engine.trace(shared, clients)
+            noise_keys = (clients["noise_key"], clients["count_key"])
+            new_state, metrics, released = server_fn(
+                state, sums, per_client, key, noise_key, inputs, noise_keys
+            )
+            return new_state, metrics, per_client["finite"], released
+
+        return f
+
     def client_function(self, uploads: Chain):
         """``client_fn(shared, client) -> (summed, per_client)``: one client's update through the
         client sides of ``uploads`` (``summed['upload']``: what enters the sum), the function the

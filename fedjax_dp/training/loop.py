@@ -72,24 +72,29 @@ def train(run: RunContext, callbacks) -> RunSummary:
             # what every process's callbacks see: a signal that reached one host stops all
             if hosts.distributed():
                 run.interruption.synchronize()
-            if row is None:  # the privacy budget would be exceeded: round t does not run
-                break
-            # a non-finite global model: the last good state is kept, nothing more is done
-            if run.halted:
-                run.writer.log(row)
-                break
-            for callback in callbacks:
-                reason = callback.after_round(run, t, row)
-                if reason:
-                    run.stop(reason)
-            if run.stop_reason:
-                break
-            if run.interruption:
-                run.stop(
-                    "interrupted by"
-                    f" {run.interruption.signal_name or 'a signal to another process'}"
-                )
+            if after_round(run, t, row, callbacks):
                 break
     # every end hook is tried, even after one failed (a full disk: ``results.attempt_each``)
     results.attempt_each([functools.partial(c.on_train_end, run) for c in callbacks])
     return run.summary
+
+
+def after_round(run: RunContext, t: int, row: dict | None, callbacks) -> bool:
+    """Round t's row through the callbacks; whether the run stops here (the privacy budget, a
+    non-finite global model, a callback's reason, an interrupting signal)."""
+    if row is None:  # the privacy budget would be exceeded: round t does not run
+        return True
+    # a non-finite global model: the last good state is kept, nothing more is done
+    if run.halted:
+        run.writer.log(row)
+        return True
+    for callback in callbacks:
+        reason = callback.after_round(run, t, row)
+        if reason:
+            run.stop(reason)
+    if run.stop_reason:
+        return True
+    if run.interruption:
+        run.stop(f"interrupted by {run.interruption.signal_name or 'a signal to another process'}")
+        return True
+    return False

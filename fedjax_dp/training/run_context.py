@@ -250,7 +250,20 @@ class RunContext:
 
     def round(self, t: int) -> dict | None:
         """Runs round t (module docstring); returns its row, or None where the budget stops the run
-        before it."""
+        before it: ``plan_round``, ``execute`` and ``finish_round`` (a batch of runs in lockstep,
+        ``training.run_batch``, runs the middle step for several runs at once)."""
+        plan = self.plan_round(t)
+        if plan is None:
+            return None
+        if plan.cohort is None:  # no client and nothing private: an empty round
+            self.loop.rounds_run = t
+            return plan.row
+        result, settings_row = self.execute(plan)
+        return self.finish_round(plan, result, settings_row)
+
+    def plan_round(self, t: int) -> RoundPlan | None:
+        """Round t up to the training: the budget check (None where it stops the run), the cohort
+        drawn and packed, the keys and the chain's inputs."""
         cfg, tracker, loop, runner = self.cfg, self.tracker, self.loop, self.runner
         # compression rates: fixed once per round, on the host
         uploads = runner.specialized(self.state)
@@ -265,99 +278,137 @@ class RunContext:
             return None
         ids = sample_cohort(cfg, self.dataset.num_clients, loop.sampling_rng, eligible, t)
         row = {"round": t, "cohort_size": len(ids)}
-        if len(ids) or tracker is not None:
-            slots = cohort_slots(cfg, self.dataset.num_clients, len(ids))
-            # several hosts: an equal share each (empty slots add exactly zero)
-            if runner.slot_multiple > 1:
-                slots = hosts.padded_slots(max(slots or 0, len(ids)), runner.slot_multiple)
-                cohort = self.pack(ids, loop.shuffle_rng, slots, hosts.host_rows(slots))
-            else:
-                cohort = self.pack(ids, loop.shuffle_rng, slots)
-            slots = cohort["mask"].shape[0]
-            cohort["client_id"] = np.pad(np.asarray(ids, np.int32), (0, slots - len(ids)))
-            step_noise = tracker.step_inputs(t, ids, slots) if tracker is not None else None
-            stacked = (
-                loop.client_states.gather(ids, slots) if loop.client_states is not None else None
+        if not (len(ids) or tracker is not None):
+            return RoundPlan(t, ids, row)
+        slots = cohort_slots(cfg, self.dataset.num_clients, len(ids))
+        # several hosts: an equal share each (empty slots add exactly zero)
+        if runner.slot_multiple > 1:
+            slots = hosts.padded_slots(max(slots or 0, len(ids)), runner.slot_multiple)
+            cohort = self.pack(ids, loop.shuffle_rng, slots, hosts.host_rows(slots))
+        else:
+            cohort = self.pack(ids, loop.shuffle_rng, slots)
+        slots = cohort["mask"].shape[0]
+        cohort["client_id"] = np.pad(np.asarray(ids, np.int32), (0, slots - len(ids)))
+        step_noise = tracker.step_inputs(t, ids, slots) if tracker is not None else None
+        stacked = loop.client_states.gather(ids, slots) if loop.client_states is not None else None
+        stacked_uploads = (
+            loop.upload_client_states.gather(ids, slots)
+            if loop.upload_client_states is not None
+            else None
+        )
+        inputs = dict(
+            round_index=t,
+            client_states=stacked,
+            uploads=uploads,
+            noise_key=rng_lib.round_key(self.streams.noise, t),
+            upload_client_states=stacked_uploads,
+            step_noise=step_noise,
+        )
+        return RoundPlan(
+            t,
+            ids,
+            row,
+            cohort,
+            rng_lib.round_key(self.streams.rounds, t),
+            inputs,
+            uploads.upload_bytes(self.template_bytes),
+            compression_rates(uploads),
+            self.audit.cohort(t, ids) if self.audit is not None else None,
+        )
+
+    def execute(self, plan: RoundPlan):
+        """``(result, settings_row)``: the planned round run (``FederatedRound``), beside the
+        canaries' model where the audit runs side by side, and an algorithm's adaptation of its own
+        settings after it (``hypergrad``)."""
+        runner, loop, cohort, key, inputs = (
+            self.runner,
+            self.loop,
+            plan.cohort,
+            plan.key,
+            plan.inputs,
+        )
+        if loop.audit_state is not None:  # side by side: the run's model has no canaries
+            result = runner(self.state, cohort, key, **inputs)
+            own = {**inputs, "uploads": runner.specialized(loop.audit_state)}
+            beside = runner(loop.audit_state, cohort, key, canaries=plan.canaries, **own)
+            loop.audit_state = beside.state
+            self.audit.observe(beside.released)
+        else:
+            result = runner(self.state, cohort, key, canaries=plan.canaries, **inputs)
+            if self.audit is not None:  # released, whatever becomes of the state
+                self.audit.observe(result.released)
+        # an algorithm that adapts its own settings after the round (``hypergrad``)
+        adapt_settings = getattr(runner.algorithm, "adapt_settings", None)
+        settings_row = {}
+        if adapt_settings is not None:
+            result.state, settings_row = adapt_settings(
+                runner, self.state, result, cohort, key, inputs
             )
-            stacked_uploads = (
-                loop.upload_client_states.gather(ids, slots)
-                if loop.upload_client_states is not None
-                else None
+        return result, settings_row
+
+    def finish_round(self, plan: RoundPlan, result, settings_row: dict | None = None) -> dict:
+        """Round t after the training: the releases composed, the new state kept (or the last good
+        one, where it is not finite), per-client states stored, and the row."""
+        tracker, loop, t, ids, row = self.tracker, self.loop, plan.t, plan.ids, plan.row
+        previous = self.state
+        self.state = result.state
+        # accounted even if the result is discarded below (conservative)
+        if tracker is not None:
+            tracker.record(t, ids, result.releases)
+            row.update(epsilon=tracker.epsilon(), formal=tracker.private)
+        loop.participation.append([t, [int(i) for i in ids]])
+        if not bool(tree.is_finite(self.state.params)):
+            self.state = previous
+            self.stop(
+                f"the global model diverged in round {t} (non-finite parameters)", diverged=True
             )
-            upload_bytes, rates = (
-                uploads.upload_bytes(self.template_bytes),
-                compression_rates(uploads),
+            self.halted = True
+            return {**row, "diverged": True}
+        dropped = result.dropped[: len(ids)]
+        if loop.client_states is not None:  # a dropped client keeps its old state
+            loop.client_states.scatter(ids, result.client_states, ~dropped)
+        if loop.upload_client_states is not None:
+            loop.upload_client_states.scatter(ids, result.upload_client_states, ~dropped)
+        if dropped.any():  # non-finite updates: kept out of the model, counted, and named
+            row["dropped_client_ids"] = [int(i) for i in np.asarray(ids)[dropped]]
+            logging.warning(
+                "round %d: dropped non-finite updates of clients %s",
+                t,
+                row["dropped_client_ids"],
             )
-            previous = self.state
-            inputs = dict(
-                round_index=t,
-                client_states=stacked,
-                uploads=uploads,
-                noise_key=rng_lib.round_key(self.streams.noise, t),
-                upload_client_states=stacked_uploads,
-                step_noise=step_noise,
+        row.update({k: float(v) for k, v in result.metrics.items()})
+        row.update(settings_row or {})
+        loop.all_dropped_streak = loop.all_dropped_streak + 1 if len(ids) and dropped.all() else 0
+        if loop.all_dropped_streak >= STALL_ROUNDS:
+            self.stop(
+                f"every client update was non-finite for {STALL_ROUNDS} rounds in a row (to"
+                f" round {t}): the global model has diverged",
+                diverged=True,
             )
-            key = rng_lib.round_key(self.streams.rounds, t)
-            canaries = self.audit.cohort(t, ids) if self.audit is not None else None
-            if loop.audit_state is not None:  # side by side: the run's model has no canaries
-                result = runner(self.state, cohort, key, **inputs)
-                own = {**inputs, "uploads": runner.specialized(loop.audit_state)}
-                beside = runner(loop.audit_state, cohort, key, canaries=canaries, **own)
-                loop.audit_state = beside.state
-                self.audit.observe(beside.released)
-            else:
-                result = runner(self.state, cohort, key, canaries=canaries, **inputs)
-                if self.audit is not None:  # released, whatever becomes of the state
-                    self.audit.observe(result.released)
-            # an algorithm that adapts its own settings after the round (``hypergrad``)
-            adapt_settings = getattr(runner.algorithm, "adapt_settings", None)
-            settings_row = {}
-            if adapt_settings is not None:
-                result.state, settings_row = adapt_settings(
-                    runner, self.state, result, cohort, key, inputs
-                )
-            self.state = result.state
-            # accounted even if the result is discarded below (conservative)
-            if tracker is not None:
-                tracker.record(t, ids, result.releases)
-                row.update(epsilon=tracker.epsilon(), formal=tracker.private)
-            loop.participation.append([t, [int(i) for i in ids]])
-            if not bool(tree.is_finite(self.state.params)):
-                self.state = previous
-                self.stop(
-                    f"the global model diverged in round {t} (non-finite parameters)", diverged=True
-                )
-                self.halted = True
-                return {**row, "diverged": True}
-            dropped = result.dropped[: len(ids)]
-            if loop.client_states is not None:  # a dropped client keeps its old state
-                loop.client_states.scatter(ids, result.client_states, ~dropped)
-            if loop.upload_client_states is not None:
-                loop.upload_client_states.scatter(ids, result.upload_client_states, ~dropped)
-            if dropped.any():  # non-finite updates: kept out of the model, counted, and named
-                row["dropped_client_ids"] = [int(i) for i in np.asarray(ids)[dropped]]
-                logging.warning(
-                    "round %d: dropped non-finite updates of clients %s",
-                    t,
-                    row["dropped_client_ids"],
-                )
-            row.update({k: float(v) for k, v in result.metrics.items()})
-            row.update(settings_row)
-            loop.all_dropped_streak = (
-                loop.all_dropped_streak + 1 if len(ids) and dropped.all() else 0
-            )
-            if loop.all_dropped_streak >= STALL_ROUNDS:
-                self.stop(
-                    f"every client update was non-finite for {STALL_ROUNDS} rounds in a row (to"
-                    f" round {t}): the global model has diverged",
-                    diverged=True,
-                )
-            row.update(loop.meter.record(len(ids), upload_bytes, self.download_bytes))
-            if rates is not None:
-                row["compression_rates"] = rates
-            loop.client_updates += len(ids)
+        row.update(loop.meter.record(len(ids), plan.upload_bytes, self.download_bytes))
+        if plan.rates is not None:
+            row["compression_rates"] = plan.rates
+        loop.client_updates += len(ids)
         loop.rounds_run = t
         return row
+
+
+@dataclasses.dataclass
+class RoundPlan:
+    """Round t as planned before its training (``RunContext.plan_round``): the cohort's ids and
+    its row so far; where a cohort trains, its packed data, the round's key, the arguments of
+    ``FederatedRound.__call__`` (``inputs``), the upload's size and compression rates, and the
+    audit's canaries."""
+
+    t: int
+    ids: object
+    row: dict
+    cohort: dict | None = None
+    key: object = None
+    inputs: dict | None = None
+    upload_bytes: int = 0
+    rates: object = None
+    canaries: object = None
 
 
 def _check_evaluation(cfg, dataset, requirements) -> None:

@@ -321,6 +321,13 @@ def _composed_pld(events: tuple, discretization: float):
     return accountant
 
 
+@functools.lru_cache(maxsize=1024)
+def _pld_epsilon(events: tuple, discretization: float, delta: float) -> float:
+    """The PLD epsilon at ``delta`` after ``events``, once per process: seeds of one config compose
+    the same events round by round and ask the same question (the same number, computed once)."""
+    return float(_composed_pld(events, discretization).get_epsilon(delta))
+
+
 class Accountant:
     """A running client-level accountant over a schedule of rounds (constant or per-round (q_t,
     z_t)).
@@ -397,9 +404,7 @@ class Accountant:
         if not self.events:
             return 0.0
         if self.kind == "pld":
-            return float(
-                _composed_pld(tuple(self.events), self.pld_discretization).get_epsilon(delta)
-            )
+            return _pld_epsilon(tuple(self.events), self.pld_discretization, float(delta))
         return float(
             rdp_privacy_accountant.compute_epsilon(self.rdp_orders, self._rdp_curve(), delta)[0]
         )

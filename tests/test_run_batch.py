@@ -1,0 +1,83 @@
+"""Seeds in lockstep through one vmapped program (``fedjax_dp.training.run_batch``): each run's
+numbers equal its run alone up to float32 rounding (epsilon exactly), configs that cannot be
+batched run one after another with the same numbers bit for bit, and the refusals."""
+
+import json
+
+import numpy as np
+import pytest
+
+import fedjax_dp
+from fedjax_dp.cli import main
+from fedjax_dp.training.loop import run_experiment
+from fedjax_dp.training.run_batch import run_batched
+from test_hypergrad import _config
+
+SEEDS = (0, 1, 2)
+
+
+def _rows(workdir):
+    with open(workdir / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def _seed_configs(algorithm, rounds=4):
+    configs = []
+    for seed in SEEDS:
+        cfg = _config(algorithm)
+        cfg.seed, cfg.rounds, cfg.eval_every = seed, rounds, 2
+        configs.append(cfg)
+    return configs
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "dp_fedavg"])
+def test_batched_seeds_equal_their_runs_alone(tmp_path, algorithm):
+    configs = _seed_configs(algorithm)
+    alone = [run_experiment(c, str(tmp_path / f"alone{c.seed}"), progress=False) for c in configs]
+    batched = run_batched(configs, [str(tmp_path / f"batch{c.seed}") for c in configs])
+    for seed, a, b in zip(SEEDS, alone, batched):
+        assert a.epsilon == b.epsilon and a.formal == b.formal
+        rows_a, rows_b = _rows(tmp_path / f"alone{seed}"), _rows(tmp_path / f"batch{seed}")
+        assert [r["round"] for r in rows_a] == [r["round"] for r in rows_b]
+        for ra, rb in zip(rows_a, rows_b):
+            assert ra.get("cohort_size") == rb.get("cohort_size")
+            assert ra.get("epsilon") == rb.get("epsilon")
+            for key in ("train_loss", "test_loss", "test_accuracy"):
+                if key in ra:  # float32 rounding of a batched matmul's sums
+                    np.testing.assert_allclose(rb[key], ra[key], rtol=2e-5, atol=1e-6)
+    finals = [b.final["test_accuracy"] for b in batched]
+    assert len(set(finals)) > 1  # the seeds are different runs
+
+
+def test_a_config_that_cannot_be_batched_runs_its_seeds_one_after_another(tmp_path, caplog):
+    configs = _seed_configs("scaffold", rounds=2)[:2]
+    alone = [run_experiment(c, str(tmp_path / f"alone{c.seed}"), progress=False) for c in configs]
+    run_batched(configs, [str(tmp_path / f"batch{c.seed}") for c in configs])
+    assert "not batched: the algorithm keeps per-client state" in caplog.text
+    for seed, a in zip(SEEDS, alone):
+        rows_a, rows_b = _rows(tmp_path / f"alone{seed}"), _rows(tmp_path / f"batch{seed}")
+        strip = lambda rows: [{k: v for k, v in r.items() if "seconds" not in k} for r in rows]  # noqa: E731
+        assert strip(rows_a) == strip(rows_b)
+
+
+def test_batched_runs_differ_only_in_their_seed(tmp_path):
+    configs = _seed_configs("fedavg")[:2]
+    configs[1].client.learning_rate = 0.5
+    with pytest.raises(ValueError, match="differ only in their seed"):
+        run_batched(configs, [str(tmp_path / "a"), str(tmp_path / "b")])
+
+
+def test_run_seeds_vectorized_writes_the_seeds_summary(tmp_path):
+    cfg = _seed_configs("fedavg", rounds=2)[0]
+    summary = fedjax_dp.Experiment(cfg).run_seeds([0, 1], str(tmp_path), vectorized=True)
+    assert summary.seeds == [0, 1]
+    assert (tmp_path / "seeds_summary.json").exists() and (
+        tmp_path / "seed_1" / "summary.json"
+    ).exists()
+    with pytest.raises(ValueError, match="vectorized=True\\) with tensorboard=True"):
+        fedjax_dp.Experiment(cfg).run_seeds([0, 1], str(tmp_path / "x"), True, tensorboard=True)
+
+
+def test_the_cli_refuses_vectorize_without_seeds(capsys):
+    assert main(["fedjax-dp", "--config", "fedavg_mnist", "--vectorize"]) == 2
+    assert "--vectorize trains several seeds at once" in capsys.readouterr().err

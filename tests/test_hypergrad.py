@@ -326,6 +326,12 @@ def _config(algorithm="fedavg", **hypergrad):
         ("fedavg", {"hyper_lr": 0.1, "lookahead": 0}, "hypergrad.lookahead must be an integer"),
         ("fedavg", {"hyper_lr": 0.1, "batch_size": 0}, "hypergrad.batch_size must be >= 1"),
         ("fedavg", {"hyper_lr": 0.1, "step_rule": "adam"}, "hypergrad.step_rule='adam' unknown"),
+        ("fedavg", {"hyper_lr": 0.1, "backtrack": -1.0}, "hypergrad.backtrack must be >= 0"),
+        (
+            "fedavg",
+            {"hyper_lr": 0.1, "backtrack": 0.1, "source": "clients"},
+            "the clients' held-out loss is not released",
+        ),
         (
             "dp_fedavg",
             {"hyper_lr": 0.1, "adapt": "client_lr"},
@@ -415,3 +421,40 @@ def test_a_hypergrad_key_set_while_it_is_off_is_refused():
     cfg = _config(adapt="client_lr")
     with pytest.raises(ValueError, match="hypergrad.adapt='client_lr' is not read while"):
         validate_config(cfg, overridden=("hypergrad.adapt",))
+
+
+class _ParamsEachRound(Callback):
+    def __init__(self):
+        self.params = {}
+
+    def on_train_begin(self, run):
+        self.params[0] = jax.device_get(run.state.params)
+
+    def after_round(self, run, t, row):
+        self.params[t] = jax.device_get(run.state.params)
+
+
+def _same(a, b) -> bool:
+    return all(
+        np.array_equal(x, y)
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+    )
+
+
+def test_backtracking_undoes_a_round_whose_held_out_loss_jumps(tmp_path):
+    """A server rate 100x too large: the first rounds are undone (the model kept, the rates
+    halved) until a round no longer raises the held-out loss."""
+    cfg = _config(hyper_lr=0.1, adapt="client_lr,server_lr", step_rule="normalized", backtrack=0.1)
+    cfg.rounds, cfg.server.learning_rate = 8, 100.0
+    grab = _ParamsEachRound()
+    run_experiment(cfg, str(tmp_path), progress=False, callbacks=(grab,))
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rates = {r["round"]: r["hypergrad_server_lr"] for r in rows if "hypergrad_server_lr" in r}
+    undone = [r["round"] for r in rows if r.get("hypergrad_undone")]
+    assert undone[0] == 1 and len(undone) < len(rates)
+    for t in rates:
+        if t in undone:  # the model is the one before the round; the server rate halves
+            assert _same(grab.params[t], grab.params[t - 1])
+            assert rates[t] == pytest.approx(rates.get(t - 1, 100.0) / 2, rel=1e-5)
+        else:  # a kept round moves the model
+            assert not _same(grab.params[t], grab.params[t - 1])

@@ -44,6 +44,7 @@ DEFAULTS = {
     "lookahead": 1,
     "remat": False,
     "batch_size": 256,
+    "backtrack": 0.0,
 }
 
 DOCS = {
@@ -78,6 +79,10 @@ DOCS = {
     "lookahead": "rounds the hyper-gradient looks back through (truncated; 1 = the round just run)",
     "remat": "jax.checkpoint on each round of a lookahead > 1 (memory: one round's residuals)",
     "batch_size": "examples of the server-held set in each round's held-out batch",
+    "backtrack": (
+        "0.0: off | r > 0 (source=server): a round whose held-out loss rises by more than r"
+        " (relative) is undone, the model kept and the adapted client and server rates halved"
+    ),
 }
 
 
@@ -122,6 +127,12 @@ def check_hypergrad(cfg, need) -> None:
         f"hypergrad.lookahead must be an integer >= 1, got {h.lookahead!r}",
     )
     need(h.batch_size >= 1, f"hypergrad.batch_size must be >= 1, got {h.batch_size}")
+    need(h.backtrack >= 0, f"hypergrad.backtrack must be >= 0, got {h.backtrack}")
+    need(
+        not (h.backtrack and h.source == "clients"),
+        f"hypergrad.backtrack={h.backtrack} with source='clients': the clients' held-out loss is"
+        " not released, so the server cannot compare it; use source='server'",
+    )
     need(
         not cfg.fedmeta.enabled,
         "hypergrad.hyper_lr > 0 with fedmeta.enabled: two wrappers of the server step; use one",
@@ -184,7 +195,13 @@ def wrap_hypergrad(ctx, algorithm, server_set) -> OnlineHypertuned:
     # the deferred-dense trainer takes one scalar rate: the per-step factors need the plain one
     base = dataclasses.replace(algorithm, deferred_dense_rate=None)
     options = HyperOptions(
-        adapted(cfg), h.hyper_lr, h.lookahead, bool(h.remat), h.batch_size, h.step_rule
+        adapted(cfg),
+        h.hyper_lr,
+        h.lookahead,
+        bool(h.remat),
+        h.batch_size,
+        h.step_rule,
+        float(h.backtrack),
     )
     tuned = OnlineHypertuned(
         base,

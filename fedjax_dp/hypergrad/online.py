@@ -24,6 +24,12 @@ guarantee may use (``config`` refuses it with DP). A lookahead of r rounds repla
 rounds' cohorts, keys and noise from the state r rounds back, with the current settings (truncated
 back-propagation through the rounds); its history is not checkpointed, so after a resume it refills
 over r rounds.
+
+Backtracking (``hypergrad.backtrack`` = r > 0, source ``server``): a round whose held-out loss on
+the step's batch rises by more than r relative to the loss before it, or is not finite, is undone
+(the model and the server optimizer stay, the adapted learning rates halve): a hyper-gradient step
+cannot undo a round that already wrecked the model (a start 10x too large), backtracking can (the
+step-size halving of a line search, Nocedal and Wright, "Numerical Optimization", Alg. 3.1).
 """
 
 from __future__ import annotations
@@ -40,9 +46,13 @@ import numpy as np
 from fedjax_dp.core import rng
 from fedjax_dp.hypergrad.differentiable import (
     Hypertuned,
+    held_out_loss,
     hypergradient,
     server_step_hypergradient,
 )
+
+HALVED = ("client_lr", "server_lr")
+"""The rates an undone round halves (``HyperOptions.backtrack``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +65,7 @@ class HyperOptions:
     remat: bool = False
     batch_size: int = 256
     step_rule: str = "sgd"  # or "normalized": theta -= beta g / ||g||
+    backtrack: float = 0.0  # > 0: undo a round whose held-out loss rises by more than this
 
     @property
     def server_only(self) -> bool:
@@ -102,6 +113,10 @@ class OnlineHypertuned(Hypertuned):
             return result.state.replace(extra=settings), self.logged(settings)
         keys = jax.random.split(rng.purpose_key(key, rng.Purpose.HYPERGRAD))
         batch, mask = self.held_out_batch(keys[0])
+        if self.options.backtrack > 0:
+            undone = self._backtracked(previous, result, batch, mask, keys[1])
+            if undone is not None:
+                return undone
         if self.options.server_only:
             if "server" not in self._programs:
                 self._programs["server"] = jax.jit(
@@ -123,6 +138,29 @@ class OnlineHypertuned(Hypertuned):
         settings = step(previous.extra, grads, self.options)
         state = result.state.replace(extra=settings)
         return state, {"hypergrad_loss": float(loss), **self.logged(settings)}
+
+    def _backtracked(self, previous, result, batch, mask, key):
+        """``(state, row)`` undoing the round where its held-out loss L(w_{t+1}) is not finite or
+        exceeds (1 + ``backtrack``) L(w_t) on the same batch: the model and the server optimizer
+        stay where the round started, the adapted client and server rates halve, and no
+        hyper-gradient step is taken (its derivative is of the undone point); else None. The
+        round's release still happened and is accounted; undoing it is post-processing."""
+        if "loss" not in self._programs:
+            loss = functools.partial(held_out_loss, self.per_example_loss)
+            self._programs["loss"] = jax.jit(loss)
+        before = float(self._programs["loss"](previous.params, batch, mask, key))
+        after = float(self._programs["loss"](result.state.params, batch, mask, key))
+        if np.isfinite(after) and after <= (1 + self.options.backtrack) * before:
+            return None
+        settings = {
+            name: value - np.log(2.0) if name in self.options.adapt and name in HALVED else value
+            for name, value in previous.extra.items()
+        }
+        state = result.state.replace(
+            params=previous.params, opt_state=previous.opt_state, extra=settings
+        )
+        row = {"hypergrad_loss": after, "hypergrad_undone": True, **self.logged(settings)}
+        return state, row
 
     def logged(self, settings) -> dict:
         """The adapted settings as a row's values: the learning rates themselves, the step

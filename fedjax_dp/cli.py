@@ -78,7 +78,7 @@ _SWEEP = flags.DEFINE_multi_string(
     "sweep",
     [],
     "KEY=V1,V2,...: sweep a config key over these values (repeat for a grid); each run under"
-    " <workdir>/run_<i>, the best by test_accuracy, its selection's privacy cost accounted"
+    " <workdir>/run_<i>, the best by --sweep_metric, its selection's privacy cost accounted"
     " (sweep_summary.json, sweep.png; docs/sweeps.md)",
     flag_values=FLAGS,
 )
@@ -101,6 +101,26 @@ _SWEEP_BUDGET = flags.DEFINE_string(
     "",
     "An epsilon for the released (best) model: a --sweep that would spend more is refused before"
     " it starts.",
+    flag_values=FLAGS,
+)
+_SWEEP_METRIC = flags.DEFINE_string(
+    "sweep_metric",
+    "test_accuracy",
+    "The final metric that picks a --sweep's best run (server-held metrics cost no privacy;"
+    " docs/sweeps.md).",
+    flag_values=FLAGS,
+)
+_SWEEP_MODE = flags.DEFINE_string(
+    "sweep_mode",
+    "max",
+    "max or min: whether the best run has the largest or the smallest --sweep_metric.",
+    flag_values=FLAGS,
+)
+_SWEEP_SHAPE = flags.DEFINE_string(
+    "sweep_shape",
+    "",
+    "With --sweep_runs negative_binomial: the truncated negative binomial's shape eta >= 0"
+    " (1: geometric, the default; 0: logarithmic).",
     flag_values=FLAGS,
 )
 _TENSORBOARD = flags.DEFINE_bool(
@@ -145,7 +165,8 @@ USAGE = """usage: fedjax-dp [--config NAME|PATH] [--config.KEY=VALUE ...] [--wor
                  [--import MODULE ...] [--seeds 0,1,2 [--vectorize]] [--overwrite] [--resume]
                  [--tensorboard]
                  [--sweep KEY=V1,V2 ... [--sweep_runs poisson|negative_binomial|fixed]
-                  [--sweep_num_runs N] [--sweep_budget EPSILON]]
+                  [--sweep_num_runs N] [--sweep_budget EPSILON] [--sweep_metric M]
+                  [--sweep_mode max|min] [--sweep_shape ETA]]
                  [--noprogress] [-v]
                  [--distributed [--coordinator_address H:P --num_processes N --process_id I]]
        fedjax-dp configs          list the shipped configs
@@ -166,6 +187,9 @@ def help_text() -> str:
         _SWEEP_RUNS,
         _SWEEP_NUM_RUNS,
         _SWEEP_BUDGET,
+        _SWEEP_METRIC,
+        _SWEEP_MODE,
+        _SWEEP_SHAPE,
         _IMPORT,
         _TENSORBOARD,
         _PROGRESS,
@@ -402,14 +426,41 @@ def parse_sweep(items: list[str], cfg) -> dict:
     return space
 
 
-def parse_sweep_options(runs: str, num_runs: str, budget: str) -> dict:
-    """``--sweep_runs``, ``--sweep_num_runs`` and ``--sweep_budget`` as ``sweep``'s arguments; a
-    ``ValueError`` naming the option and the value otherwise."""
+def parse_sweep_options(
+    runs: str,
+    num_runs: str,
+    budget: str,
+    metric: str = "test_accuracy",
+    mode: str = "max",
+    shape: str = "",
+) -> dict:
+    """``--sweep_runs``, ``--sweep_num_runs``, ``--sweep_budget``, ``--sweep_metric``,
+    ``--sweep_mode`` and ``--sweep_shape`` as ``sweep``'s arguments; a ``ValueError`` naming the
+    option and the value otherwise."""
     from fedjax_dp.privacy.accounting.selection import RUNS
+    from fedjax_dp.sweeps import MODES
 
     if runs not in RUNS:
         raise ValueError(f"--sweep_runs={runs}: choose one of {', '.join(RUNS)}")
+    if mode not in MODES:
+        raise ValueError(f"--sweep_mode={mode}: choose one of {', '.join(MODES)}")
+    if not metric.strip():
+        raise ValueError("--sweep_metric= is empty: name a final metric (e.g. test_accuracy)")
     out = {"runs": runs}
+    if metric != "test_accuracy" or mode != "max":
+        out.update(metric=metric, mode=mode)
+    if shape.strip():
+        try:
+            eta = float(shape)
+        except ValueError:
+            eta = math.nan
+        if not (math.isfinite(eta) and eta >= 0):
+            raise ValueError(f"--sweep_shape={shape}: give a number >= 0 (eta)")
+        if runs != "negative_binomial":
+            raise ValueError(
+                f"--sweep_shape={shape} is read only with --sweep_runs negative_binomial"
+            )
+        out["shape"] = eta
     for name, text, key in (
         ("sweep_num_runs", num_runs, "num_runs"),
         ("sweep_budget", budget, "budget"),
@@ -448,7 +499,12 @@ def main(argv: list[str] | None = None) -> int:
         seeds = parse_seeds(_SEEDS.value)
         space = parse_sweep(_SWEEP.value, cfg)
         sweep_options = parse_sweep_options(
-            _SWEEP_RUNS.value, _SWEEP_NUM_RUNS.value, _SWEEP_BUDGET.value
+            _SWEEP_RUNS.value,
+            _SWEEP_NUM_RUNS.value,
+            _SWEEP_BUDGET.value,
+            _SWEEP_METRIC.value,
+            _SWEEP_MODE.value,
+            _SWEEP_SHAPE.value,
         )
         if space and seeds:
             raise ValueError("--sweep and --seeds: give one (sweep the seed: --sweep seed=0,1,2)")

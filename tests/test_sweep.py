@@ -214,8 +214,24 @@ def test_sweep_values_take_their_keys_types_and_the_options_are_checked():
     )
     assert space == {"dp.clip_norm": [0.5, 1.0], "rounds": [3, 4], "data.source": ["mnist_5k"]}
     assert parse_sweep_options("fixed", "", "2.5") == {"runs": "fixed", "budget": 2.5}
+    assert parse_sweep_options("negative_binomial", "4", "", "test_loss", "min", "0.5") == {
+        "runs": "negative_binomial",
+        "num_runs": 4.0,
+        "metric": "test_loss",
+        "mode": "min",
+        "shape": 0.5,
+    }
     for args, message in (
         (("grid", "", ""), "--sweep_runs=grid: choose one of poisson, negative_binomial, fixed"),
+        (("poisson", "", "", "test_loss", "lowest"), "--sweep_mode=lowest: choose one of max, min"),
+        (
+            ("poisson", "", "", "test_accuracy", "max", "-1"),
+            "--sweep_shape=-1: give a number >= 0 (eta)",
+        ),
+        (
+            ("poisson", "", "", "test_accuracy", "max", "1"),
+            "--sweep_shape=1 is read only with --sweep_runs negative_binomial",
+        ),
         (("poisson", "0.5", ""), "--sweep_num_runs=0.5: give a number >= 1 (runs)"),
         (("poisson", "", "-1"), "--sweep_budget=-1: give a positive epsilon"),
     ):

@@ -152,13 +152,12 @@ class Experiment:
             raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
         workdir = workdir or os.path.join("results", f"{self.config.algorithm}-seeds")
         workdirs = [os.path.join(workdir, f"seed_{seed}") for seed in seeds]
+        per_seed = [self._with_seed(seed) for seed in seeds]
         if vectorized:
-            summaries = self._run_together(seeds, workdirs, **options)
+            summaries = self._run_together(per_seed, workdirs, **options)
         else:
             summaries = []
-            for seed, one_workdir in zip(seeds, workdirs):
-                one = copy.deepcopy(self.config)
-                one.seed = seed
+            for one, one_workdir in zip(per_seed, workdirs):
                 summaries.append(Experiment(one).run(one_workdir, **options))
                 if summaries[-1].interrupted:  # SIGINT / SIGTERM stops the seeds still to run
                     break
@@ -175,7 +174,12 @@ class Experiment:
         )
         return summary
 
-    def _run_together(self, seeds, workdirs, **options) -> list:
+    def _with_seed(self, seed: int):
+        one = copy.deepcopy(self.config)
+        one.seed = seed
+        return one
+
+    def _run_together(self, per_seed, workdirs, **options) -> list:
         unsupported = [
             k for k in ("resume", "tensorboard", "callbacks", "distributed") if options.get(k)
         ]
@@ -184,10 +188,5 @@ class Experiment:
                 f"run_seeds(vectorized=True) with {unsupported[0]}={options[unsupported[0]]!r}:"
                 " not supported together; run the seeds one after another"
             )
-        configs_ = []
-        for seed in seeds:
-            one = copy.deepcopy(self.config)
-            one.seed = seed
-            configs_.append(one)
         with quiet_console(options.get("verbose", False), None):
-            return run_batched(configs_, workdirs, overwrite=options.get("overwrite", False))
+            return run_batched(per_seed, workdirs, overwrite=options.get("overwrite", False))

@@ -44,11 +44,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
-from fedjax_dp.core import rng
+from fedjax_dp.core import rng, tree
 from fedjax_dp.core.algorithm import Aggregate
 from fedjax_dp.core.local_training import masked_mean
 from fedjax_dp.core.release import Release
+from fedjax_dp.privacy.mechanisms.clipping import clip_by_global_norm
+from fedjax_dp.privacy.mechanisms.gaussian import add_gaussian_noise
 
 CLIENT_SETTINGS = ("client_lr", "step_weights")
 """The settings that act before the release (their derivative needs the second release)."""
@@ -112,22 +115,17 @@ class HeldOut:
         return {"x": np.asarray(self.x)[index], "y": y.astype(np.int32)}, mask
 
 
-def clip_to(vector, clip):
-    """``vector`` scaled to L2 norm at most ``clip`` (a pytree)."""
-    norm = jnp.sqrt(sum(jnp.sum(jnp.square(v)) for v in jax.tree_util.tree_leaves(vector)))
-    factor = jnp.minimum(1.0, clip / jnp.maximum(norm, 1e-12))
-    return jax.tree_util.tree_map(lambda v: v * factor, vector)
+def clipped(vector, clip):
+    """``vector`` scaled to L2 norm at most ``clip``, or zeros where it is not finite (a client
+    whose derivative overflowed sends nothing)."""
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, vector)
+    finite = tree.where(tree.is_finite(vector), vector, zeros)
+    return clip_by_global_norm(finite, clip).clipped
 
 
 def noised_mean(total, std, denominator, key):
-    """(``total`` + N(0, std^2 I)) / ``denominator``, leaf by leaf with independent keys."""
-    leaves, treedef = jax.tree_util.tree_flatten(total)
-    keys = jax.random.split(key, len(leaves))
-    noised = [
-        (leaf + std * jax.random.normal(k, leaf.shape, leaf.dtype)) / denominator
-        for leaf, k in zip(leaves, keys)
-    ]
-    return jax.tree_util.tree_unflatten(treedef, noised)
+    """(``total`` + N(0, std^2 I)) / ``denominator``, with the rounds' own Gaussian sampler."""
+    return jax.tree_util.tree_map(lambda x: x / denominator, add_gaussian_noise(total, std, key))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,14 +138,6 @@ class ClientOptions:
     adapt: tuple
 
 
-def finite_or_zero(tree):
-    """``tree``, or zeros where any entry is not finite (a client whose derivative overflowed sends
-    nothing)."""
-    leaves = jax.tree_util.tree_leaves(tree)
-    ok = jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in leaves]))
-    return jax.tree_util.tree_map(lambda v: jnp.where(ok, v, jnp.zeros_like(v)), tree)
-
-
 def held_out_gradient_sum(per_example_loss, params, batches, masks, clip, key):
     """Release 1's sum before its noise: sum_i clip_C(grad L_i(params)) over the cohort's slots
     (the clients one after another, ``lax.map``; a slot with no held-out example adds 0)."""
@@ -155,7 +145,7 @@ def held_out_gradient_sum(per_example_loss, params, batches, masks, clip, key):
     def one(args):
         batch, mask = args
         loss = lambda p: masked_mean(per_example_loss(p, batch, key), mask)  # noqa: E731
-        return clip_to(finite_or_zero(jax.grad(loss)(params)), clip)
+        return clipped(jax.grad(loss)(params), clip)
 
     per_client = jax.lax.map(one, (batches, masks))
     return jax.tree_util.tree_map(lambda g: jnp.sum(g, axis=0), per_client)
@@ -169,7 +159,7 @@ def server_part(algorithm, state, mean, g, key):
     def objective(settings, mean):
         aggregate = Aggregate(mean, jnp.ones(()), jnp.ones((), jnp.int32), fixed=True)
         new_state, _ = algorithm.server_update(state.replace(extra=settings), aggregate, key)
-        return _dot(new_state.params, g)
+        return optax.tree_utils.tree_vdot(new_state.params, g)
 
     return jax.grad(objective, argnums=(0, 1))(state.extra, mean)
 
@@ -185,19 +175,13 @@ def setting_derivative_sum(client_fn, shared, settings, clients, u, names, clip)
     def one(client):
         def projected(adapted):
             summed, _ = client_fn(((base_shared, {**settings, **adapted}), states, inputs), client)
-            return _dot(summed["upload"], u), summed["weight"]
+            return optax.tree_utils.tree_vdot(summed["upload"], u), summed["weight"]
 
         grad, weight = jax.grad(projected, has_aux=True)({n: settings[n] for n in names})
-        return clip_to(finite_or_zero(grad), clip), weight
+        return clipped(grad, clip), weight
 
     per_client, weights = jax.lax.map(one, clients)
     return jax.tree_util.tree_map(lambda g: jnp.sum(g, axis=0), per_client), jnp.sum(weights)
-
-
-def _dot(a, b):
-    return sum(
-        jnp.vdot(x, y) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
-    )
 
 
 def fixed_denominator(uploads, round_index: int) -> float | None:

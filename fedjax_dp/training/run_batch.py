@@ -121,6 +121,7 @@ def _check_seeds_only(cfgs) -> None:
 def _lockstep(runs, callbacks, batched: bool) -> None:
     active = list(range(len(runs)))
     programs: dict = {}
+    fits_checked = False
     rounds = runs[0].cfg.rounds
     for t in range(1, rounds + 1):
         if not active:
@@ -132,7 +133,10 @@ def _lockstep(runs, callbacks, batched: bool) -> None:
                 runs[i].loop.rounds_run = t
                 rows[i] = plan.row
         training = [i for i, plan in plans.items() if plan is not None and plan.cohort is not None]
-        if batched and len(training) > 1 and _fits(plans, training):
+        if batched and len(training) > 1 and not fits_checked:
+            # the cohorts' capacity is fixed for the run: one check, on the first batch
+            batched, fits_checked = _fits(plans, training), True
+        if batched and len(training) > 1:
             rows.update(_train_together(runs, plans, training, programs))
         else:
             for i in training:

@@ -9,11 +9,13 @@ clients of 60 examples, one epoch of 6 steps of B = 10, the 2NN MLP) through
   plain        the round without canaries (the baseline)
   canaries     the same round with ``audit.canaries=--canaries`` (2k canaries on fair coins and k
                reference ones), their updates sent through the same chain, and the round's released
-               aggregate appended to the audit's file (the all-iterates threat model). With
+               aggregate appended to the audit's file (the all-iterates threat model); isotropic
+               directions (``audit.directions=gaussian``, the default). With
                ``--participation every_round`` every inserted canary (about k) takes part in every
                round, the most a round can carry; with ``sampled`` a canary takes part when its
                shadow client, drawn from a population of ``--population``, is in the cohort (the
                cohort is clients 0..cohort-1, so about k cohort / population a round)
+  canaries_rademacher  the same with ``audit.directions=rademacher`` (signs from a counter hash)
   side_by_side ``audit.side_by_side``: the run's own round without canaries plus the canary model's
                round (what keeping the run's metrics free of canaries costs)
 
@@ -55,7 +57,7 @@ from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip  # noqa: E402
 from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise  # noqa: E402
 from workload_w_data import BATCH, CLIP, EXAMPLES, LR, POPULATION, SIGMA, make_population  # noqa: E402
 
-VARIANTS = ("plain", "canaries", "side_by_side")
+VARIANTS = ("plain", "canaries", "canaries_rademacher", "side_by_side")
 
 
 def main():
@@ -89,20 +91,25 @@ def main():
         "chunked",
         args.chunk,
     )
-    section = ml_collections.ConfigDict(
-        dict(
-            canaries=args.canaries,
-            participation=args.participation,
-            scale=1.0,
-            confidence=0.95,
-            all_iterates=True,
-            side_by_side=False,
+
+    def make_audit(directions):
+        section = ml_collections.ConfigDict(
+            dict(
+                canaries=args.canaries,
+                participation=args.participation,
+                scale=1.0,
+                confidence=0.95,
+                all_iterates=True,
+                side_by_side=False,
+                directions=directions,
+            )
         )
-    )
-    directory = tempfile.mkdtemp(prefix="in_run_audit_")
-    audit = CanaryAudit(
-        section, 0, args.population, params, fedavg.upload_template(params), CLIP, 1e-5, directory
-    )
+        directory = tempfile.mkdtemp(prefix="in_run_audit_")
+        template = fedavg.upload_template(params)
+        return CanaryAudit(section, 0, args.population, params, template, CLIP, 1e-5, directory)
+
+    audits = {"canaries": make_audit("gaussian"), "canaries_rademacher": make_audit("rademacher")}
+    audit, beside = audits["canaries"], make_audit("gaussian")
     states = {name: runner.init(params) for name in VARIANTS}
     states["canary_model"] = runner.init(params)
 
@@ -110,17 +117,18 @@ def main():
         key = jax.random.key(t)
         if name == "plain":
             results = {name: runner(states[name], cohort, key, t)}
-        elif name == "canaries":
-            results = {name: runner(states[name], cohort, key, t, canaries=audit.cohort(t, ids))}
-            audit.observe(results[name].released)
+        elif name in audits:
+            canaries = audits[name].cohort(t, ids)
+            results = {name: runner(states[name], cohort, key, t, canaries=canaries)}
+            audits[name].observe(results[name].released)
         else:
             results = {
                 name: runner(states[name], cohort, key, t),
                 "canary_model": runner(
-                    states["canary_model"], cohort, key, t, canaries=audit.cohort(t, ids)
+                    states["canary_model"], cohort, key, t, canaries=beside.cohort(t, ids)
                 ),
             }
-            audit.observe(results["canary_model"].released)
+            beside.observe(results["canary_model"].released)
         states.update({k: r.state for k, r in results.items()})
         return list(results.values())
 
@@ -134,10 +142,12 @@ def main():
                 seconds[name].append(time.perf_counter() - start)
     median = {name: statistics.median(s) for name, s in seconds.items()}
     # the scoring's time does not depend on the formal epsilon it compares with (no tracker here)
-    audit.formal_epsilon = lambda tracker: 1.0
-    start = time.perf_counter()
-    record = audit.report(states["canaries"].params, None)
-    scoring = time.perf_counter() - start
+    scoring = {}
+    for name, each in audits.items():
+        each.formal_epsilon = lambda tracker: 1.0
+        start = time.perf_counter()
+        record = each.report(states[name].params, None)
+        scoring[name] = time.perf_counter() - start
     out = {
         "benchmark": "in_run_audit_round",
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",

@@ -12,6 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from fedjax_dp.core import canary_uploads
 from fedjax_dp.core import rng as rng_lib
 from fedjax_dp.core.round import FederatedRound
 from fedjax_dp.core.uploads import chain
@@ -25,6 +26,7 @@ from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip, _flow
 from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
 from fedjax_dp.training.build import build_model_and_round, privacy_tracker
 from fedjax_dp.training.cohorts import make_packer
+from fedjax_dp.training.config_validation import validate_config
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.loop import run_experiment
 
@@ -66,6 +68,48 @@ def test_statistics_without_spread_give_an_estimate_not_an_error():
     """A model that did not move (learning rate 0) scores every canary 0: epsilon-hat 0."""
     record = estimates.epsilon_hat(np.zeros(10), np.zeros(10), DELTA, resamples=5)
     assert record["epsilon_hat"] == 0.0 and record["epsilon_hat_equal_variance"] == 0.0
+
+
+# ---------------------------------------------------------------------- canary directions
+def test_rademacher_directions_are_unit_signs_and_look_independent():
+    """Rademacher canaries (``core.canary_uploads.rademacher_direction``): every coordinate
+    +-1/sqrt(d), and the cosines between canaries and with structured vectors (constant,
+    alternating, a half indicator, a ramp, a smooth wave, a Gaussian canary) are N(0, 1/d), as
+    independent signs give: their standardised mean and spread over 400 canaries within 5 standard
+    errors (a hash with structure along the coordinate index, e.g. the identity, fails at once)."""
+    n, dim = 400, 20_011
+    key = jax.random.key(5)
+    signs = np.asarray(
+        jax.vmap(lambda i: canary_uploads.rademacher_direction(key, i, dim))(np.arange(n))
+    )
+    np.testing.assert_allclose(np.abs(signs) * np.sqrt(dim), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(signs, axis=1), 1.0, rtol=1e-5)
+    assert len({row.tobytes() for row in signs}) == n
+    j = np.arange(dim)
+    structured = {
+        "constant": np.ones(dim),
+        "alternating": (-1.0) ** j,
+        "half": (j < dim // 2).astype(float),
+        "ramp": j.astype(float),
+        "wave": np.sin(j / 50.0),
+        "gaussian canary": np.asarray(canary_uploads.gaussian_direction(key, 0, dim)),
+    }
+    se = 5 / np.sqrt(n)
+    for name, v in structured.items():
+        z = signs @ (v / np.linalg.norm(v)) * np.sqrt(dim)
+        assert abs(z.mean()) < se and abs(z.std() - 1) < 1.5 * se, (name, z.mean(), z.std())
+    between = (signs @ signs.T)[np.triu_indices(n, 1)] * np.sqrt(dim)
+    assert abs(between.mean()) < 0.05 and abs(between.std() - 1) < 0.05, (
+        between.mean(),
+        between.std(),
+    )
+
+
+def test_bad_canary_directions_are_refused_naming_the_key():
+    cfg = _config("sampled")
+    cfg.audit.directions = "sobol"
+    with pytest.raises(ValueError, match="audit.directions 'sobol' unknown"):
+        validate_config(cfg)
 
 
 # ---------------------------------------------------------------------- broken chains
@@ -137,21 +181,24 @@ def setting():
     return out
 
 
-def _audited_run(setting, participation, tmp_path, seed, runner=None):
-    """``ROUNDS`` rounds of ``runner`` (the honest chain by default) with canaries; the cohort of
-    real clients is drawn uniformly, the canaries follow the audit's participation."""
+def _audited_run(setting, participation, tmp_path, seed, runner=None, directions="gaussian"):
+    """``ROUNDS`` rounds of ``runner`` (the honest chain by default) with canaries of the family
+    ``directions``; the cohort of real clients is drawn uniformly, the canaries follow the audit's
+    participation."""
     cfg, dataset, honest, params, pack = setting[participation]
     runner = runner or honest
     tracker = privacy_tracker(cfg, honest, dataset)
+    section = ml_collections.ConfigDict(dict(cfg.audit))
+    section.directions = directions
     audit = CanaryAudit(
-        cfg.audit,
+        section,
         seed,
         CLIENTS,
         params,
         runner.algorithm.upload_template(params),
         cfg.dp.clip_norm,
         DELTA,
-        str(tmp_path / f"{participation}{seed}"),
+        str(tmp_path / f"{participation}{seed}{directions}"),
     )
     state = runner.init(params)
     draws = np.random.default_rng(seed)
@@ -183,30 +230,45 @@ def _broken(runner, defect):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("directions", ["gaussian", "rademacher"])
 @pytest.mark.parametrize("participation", ["every_round", "sampled"])
-def test_the_honest_chain_is_flagged_in_at_most_one_of_ten_runs(setting, tmp_path, participation):
-    flags = [_audited_run(setting, participation, tmp_path, seed)["flagged"] for seed in range(10)]
+def test_the_honest_chain_is_flagged_in_at_most_one_of_ten_runs(
+    setting, tmp_path, participation, directions
+):
+    flags = [
+        _audited_run(setting, participation, tmp_path, seed, directions=directions)["flagged"]
+        for seed in range(10)
+    ]
     assert sum(flags) <= 1, flags
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("directions", ["gaussian", "rademacher"])
 @pytest.mark.parametrize("defect", sorted(BROKEN))
-def test_each_broken_chain_is_flagged_in_at_least_nine_of_ten_runs(setting, tmp_path, defect):
+def test_each_broken_chain_is_flagged_in_at_least_nine_of_ten_runs(
+    setting, tmp_path, defect, directions
+):
     # a reused key leaves every round's noise the same: only canaries that come and go see it
     participation = "sampled" if defect == "one noise key every round" else "every_round"
     runner = _broken(setting[participation][2], defect)
     flags = [
-        _audited_run(setting, participation, tmp_path, seed, runner)["flagged"]
+        _audited_run(setting, participation, tmp_path, seed, runner, directions)["flagged"]
         for seed in range(10)
     ]
     assert sum(flags) >= 9, flags
 
 
-def test_one_honest_and_one_broken_run(setting, tmp_path):
-    """The fast version of the two tests above: one run each."""
-    honest = _audited_run(setting, "every_round", tmp_path, 0)
+@pytest.mark.parametrize("directions", ["gaussian", "rademacher"])
+def test_one_honest_and_one_broken_run(setting, tmp_path, directions):
+    """The fast version of the two tests above: one run each, for each family of directions."""
+    honest = _audited_run(setting, "every_round", tmp_path, 0, directions=directions)
     halved = _audited_run(
-        setting, "every_round", tmp_path, 0, _broken(setting["every_round"][2], "noise halved")
+        setting,
+        "every_round",
+        tmp_path,
+        0,
+        _broken(setting["every_round"][2], "noise halved"),
+        directions,
     )
     assert not honest["flagged"] and halved["flagged"]
     # the honest estimate sits near the unamplified composition it is compared with

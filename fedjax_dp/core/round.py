@@ -217,7 +217,7 @@ class FederatedRound:
             (self.algorithm.broadcast(state), state.uploads, inputs), engine_clients
         )
         if canaries is not None:
-            canary_fn = self._canary_program(uploads, state)
+            canary_fn = self._canary_program(uploads, state, canaries.directions)
             sums = add_canaries(sums, canary_fn(state.uploads, inputs, canaries, noise_key))
         new_state, metrics, released = server_step(
             state,
@@ -311,13 +311,13 @@ class FederatedRound:
         result = self(state, cohort, key, client_states=client_states)
         return result.state, result.metrics
 
-    def _canary_program(self, uploads: Chain, state):
+    def _canary_program(self, uploads: Chain, state, directions: str):
         if uploads.split < len(uploads):
             raise ValueError(
                 f"canary clients cannot join a cohort-level transform"
                 f" ({type(uploads[uploads.split]).__name__}: it needs every upload stacked)"
             )
-        key = uploads.static_key()
+        key = (uploads.static_key(), directions)
         if key not in self._canary_programs:
             template = self.algorithm.upload_template(state.params)
             own = (
@@ -325,7 +325,7 @@ class FederatedRound:
                 if self.uploads.keeps_client_state
                 else None
             )
-            self._canary_programs[key] = canary_sums(send, uploads, template, own)
+            self._canary_programs[key] = canary_sums(send, uploads, template, own, directions)
         return self._canary_programs[key]
 
     def _program(self, uploads: Chain):

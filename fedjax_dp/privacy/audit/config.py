@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
-from fedjax_dp.core import config_sections
+from fedjax_dp.core import canary_uploads, config_sections
 
 PARTICIPATION = ("sampled", "every_round")
+DIRECTIONS = tuple(canary_uploads.DIRECTIONS)
 
 DEFAULTS = {
     "canaries": 0,
@@ -15,6 +16,7 @@ DEFAULTS = {
     "confidence": 0.95,
     "all_iterates": True,
     "side_by_side": False,
+    "directions": "gaussian",
 }
 
 DOCS = {
@@ -42,6 +44,11 @@ DOCS = {
         " are the canary-free model's, the estimate the canary model's (twice the training; the"
         " estimate then comes from a model the epsilon does not cover, and says so)"
     ),
+    "directions": (
+        "the canaries' random unit directions: gaussian (isotropic, Andrew et al.'s) | rademacher"
+        " (signs +-1/sqrt(d) from a counter hash: the same null statistics, about a tenth of the"
+        " cost to regenerate each round, so 1,000 canaries cost a few per cent of a round)"
+    ),
 }
 
 
@@ -57,6 +64,10 @@ def check_audit(cfg, need) -> None:
     need(
         a.participation in PARTICIPATION,
         f"audit.participation {a.participation!r} unknown; available: {PARTICIPATION}",
+    )
+    need(
+        a.directions in DIRECTIONS,
+        f"audit.directions {a.directions!r} unknown; available: {DIRECTIONS}",
     )
     need(a.scale > 0, f"audit.scale must be > 0, got {a.scale}")
     need(0.5 < a.confidence < 1, f"audit.confidence must lie in (0.5, 1), got {a.confidence}")

@@ -5,8 +5,8 @@ training run", NeurIPS 2023).
 
 ``audit.canaries=k`` draws 2k audit canaries, each inserted on a fair coin (Steinke et al.'s
 requirement), and k reference canaries that are never inserted. A canary's update is its fixed
-random unit direction times ``audit.scale`` S, sent through the run's upload chain in every round it
-takes part in (``core.canary_uploads``):
+random unit direction (``audit.directions``: isotropic or Rademacher) times ``audit.scale`` S, sent
+through the run's upload chain in every round it takes part in (``core.canary_uploads``):
 
 * ``participation="sampled"``: canary i shadows a client drawn uniformly from the population and
   takes part exactly when that client is drawn, so it is sampled by the run's own sampler (Poisson,
@@ -70,6 +70,7 @@ class CanaryAudit:
         self.reference = section.canaries
         self.confidence, self.delta = section.confidence, delta
         self.all_iterates, self.side_by_side = section.all_iterates, section.side_by_side
+        self.directions = section.get("directions", "gaussian")
         coins = np.random.default_rng([seed, int(rng.Stream.CANARIES)])
         self.inserted = coins.random(self.count) < 0.5
         self.shadow = coins.integers(num_clients, size=self.count)
@@ -111,7 +112,7 @@ class CanaryAudit:
         index[: len(taking)] = taking
         present = np.arange(slots) < len(taking)
         client_id = np.where(present, self.shadow[index], 0).astype(np.int32)
-        return CanaryCohort(index, present, client_id, self.key, self.norm)
+        return CanaryCohort(index, present, client_id, self.key, self.norm, self.directions)
 
     def observe(self, released) -> None:
         """Keeps round t's released aggregate (the all-iterates threat model)."""
@@ -161,6 +162,7 @@ class CanaryAudit:
             "reference_canaries": self.reference,
             "participation": self.participation,
             "canary_norm": self.norm,
+            "directions": self.directions,
             "canaries_per_round": float(np.mean(self.joined)) if self.joined else 0.0,
             "canary_formal_epsilon": formal,
             "delta": self.delta,
@@ -209,7 +211,9 @@ class CanaryAudit:
         chunk = max(1, min(total, SCORE_CHUNK_FLOATS // dim))
         unit_delta = jnp.asarray(delta_model / max(np.linalg.norm(delta_model), 1e-30))
         rounds = None if released is None else jnp.asarray(released)
-        directions = jax.jit(jax.vmap(lambda i: canary_direction(self.key, i, dim)))
+        directions = jax.jit(
+            jax.vmap(lambda i: canary_direction(self.key, i, dim, self.directions))
+        )
         cosines, projections = [], []
         for start in range(0, total, chunk):
             c = directions(jnp.arange(start, min(total, start + chunk)))

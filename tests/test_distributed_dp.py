@@ -18,7 +18,7 @@ from scipy import special, stats
 from fedjax_dp.core.uploads import ClientContext, ServerContext
 from fedjax_dp.privacy.accounting.accountant import Accountant, RoundEvent
 from fedjax_dp.privacy.distributed import modular, rotation, rounding
-from fedjax_dp.privacy.distributed.discrete_noise import discrete_gaussian, skellam
+from fedjax_dp.privacy.distributed.discrete_noise import discrete_gaussian, poisson, skellam
 from fedjax_dp.privacy.distributed.events import (
     DistributedDiscreteGaussianDpEvent,
     SkellamDpEvent,
@@ -96,11 +96,16 @@ def _chi_square_p(samples, pmf, support):
     return stats.chisquare(observed, expected).pvalue
 
 
-@pytest.mark.parametrize("sigma", [0.7, 2.5])
-def test_the_discrete_gaussian_sampler_matches_its_pmf(sigma):
+@pytest.mark.parametrize(
+    "sigma, leftover_share", [(0.7, None), (2.5, None), (30.0, None), (2.5, 10_000)]
+)
+def test_the_discrete_gaussian_sampler_matches_its_pmf(sigma, leftover_share):
     """20,000 draws, fixed seed: the chi-square test does not reject at 1e-3 (a wrong sampler, such
-    as a rounded continuous Gaussian, is rejected far below that at this size)."""
-    samples = np.asarray(discrete_gaussian(jax.random.key(4), sigma, (20000,)))
+    as a rounded continuous Gaussian, is rejected far below that at this size). A leftover buffer
+    of 64 slots for the ~280 coordinates the first pass leaves runs the third pass too."""
+    samples = np.asarray(
+        discrete_gaussian(jax.random.key(4), sigma, (20000,), leftover_share=leftover_share)
+    )
     norm = sum(math.exp(-(k**2) / (2 * sigma**2)) for k in range(-200, 201))
     pmf = lambda k: math.exp(-(k**2) / (2 * sigma**2)) / norm
     support = list(range(-math.ceil(4 * sigma), math.ceil(4 * sigma) + 1))
@@ -110,12 +115,25 @@ def test_the_discrete_gaussian_sampler_matches_its_pmf(sigma):
         assert _chi_square_p(rounded, pmf, support) < 1e-3  # the test can tell
 
 
-def test_the_skellam_sampler_matches_its_pmf():
-    mu = 3.0  # variance: the difference of two Poisson(1.5)
+@pytest.mark.parametrize("mu", [3.0, 900.0])
+def test_the_skellam_sampler_matches_its_pmf(mu):
+    """Variance 3: two Poisson(1.5) (Knuth's sampler); 900: two Poisson(450) (PTRS proposals in
+    ``rejection_sample``'s passes)."""
     samples = np.asarray(skellam(jax.random.key(5), mu, (20000,)))
-    pmf = lambda k: math.exp(-mu) * special.iv(abs(k), mu)  # Skellam(1.5, 1.5)
-    assert _chi_square_p(samples, pmf, list(range(-7, 8))) > 1e-3
+    pmf = lambda k: stats.skellam.pmf(k, mu / 2, mu / 2)  # noqa: E731
+    width = math.ceil(4 * math.sqrt(mu))
+    assert _chi_square_p(samples, pmf, list(range(-width, width + 1))) > 1e-3
     assert samples.var() == pytest.approx(mu, rel=0.05)
+
+
+def test_the_poisson_sampler_matches_its_pmf_where_it_rejects():
+    """PTRS (lam >= 10) through the three passes, vmapped as in the cohort map: 4 x 5,000 draws."""
+    keys = jax.random.split(jax.random.key(6), 4)
+    samples = np.asarray(jax.vmap(lambda k: poisson(k, 30.0, (5000,)))(keys)).ravel()
+    pmf = lambda k: stats.poisson.pmf(k, 30.0)  # noqa: E731
+    assert _chi_square_p(samples, pmf, list(range(10, 56))) > 1e-3
+    shifted = np.asarray(jax.random.poisson(jax.random.key(6), 31.0, (20000,)))
+    assert _chi_square_p(shifted, pmf, list(range(10, 56))) < 1e-3  # the test can tell
 
 
 def _ddg_rdp_independent(l2, l1, sigma, n, n_tau, d, alpha):

@@ -13,6 +13,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp.core.unrolled_threefry import unrolled
+
 
 def padded_dimension(dim: int) -> int:
     """D: the least power of two >= ``dim``."""
@@ -36,7 +38,8 @@ def walsh_hadamard(x: jax.Array) -> jax.Array:
 
 def random_signs(key: jax.Array, size: int) -> jax.Array:
     """s: ``size`` independent uniform signs (+1 or -1) from ``key``."""
-    return jnp.where(jax.random.bernoulli(key, 0.5, (size,)), 1.0, -1.0).astype(jnp.float32)
+    heads = jax.random.bernoulli(unrolled(key), 0.5, (size,))  # jax.random's bits, unrolled
+    return jnp.where(heads, 1.0, -1.0).astype(jnp.float32)
 
 
 def rotate(x: jax.Array, signs: jax.Array) -> jax.Array:

@@ -13,6 +13,8 @@ a vmap over all 1,000 needs over 12 GB); only the noise differs:
                scales, rounds conditionally, adds its share and reduces modulo 2^bits; the server
                decodes the modular sum
   skellam      the same with Skellam shares
+  skellam_summed  Skellam with ``ddp.shares=summed``: the clients rotate, scale and round; the
+               surviving shares' sum is drawn once by the server (the same law of the modular sum)
 
 The variants are alternated round by round (``--repeats`` timed rounds each after one untimed
 round that compiles), so a noisy machine slows them alike; each variant's median round and its
@@ -51,7 +53,7 @@ from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip  # noqa: E402
 from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise  # noqa: E402
 from workload_w_data import BATCH, CLIP, EXAMPLES, LR, SIGMA, make_population  # noqa: E402
 
-VARIANTS = ("central", "ddgauss", "skellam")
+VARIANTS = ("central", "ddgauss", "skellam", "skellam_summed")
 
 
 def rounds(cohort: int, bits: int, chunk: int):
@@ -64,8 +66,10 @@ def rounds(cohort: int, bits: int, chunk: int):
     def noise(name):
         if name == "central":
             return GaussianNoise(((1, SIGMA),))
-        plan = DistributedPlan(name, bits, math.exp(-0.5), 4.0, CLIP, SIGMA, dim, cohort, cohort)
-        return DistributedNoise(plan, template)
+        mechanism, summed = name.removesuffix("_summed"), name.endswith("_summed")
+        beta = math.exp(-0.5)
+        plan = DistributedPlan(mechanism, bits, beta, 4.0, CLIP, SIGMA, dim, cohort, cohort)
+        return DistributedNoise(plan, template, 0.0, summed)
 
     return params, {
         name: FederatedRound(

@@ -21,6 +21,7 @@ from fedjax_dp.privacy.distributed.transform import DistributedNoise
 from fedjax_dp.privacy.sampling import build as client_sampler
 
 DISTRIBUTED = "distributed"
+SHARES = ("per_client", "summed")
 
 
 def distributed(cfg) -> bool:
@@ -70,6 +71,7 @@ def build_noise(ctx, schedule, details) -> DistributedNoise:
         plan(ctx.cfg, ctx.num_clients, schedule[0][1], dim),
         ctx.params_template,
         float(ctx.cfg.ddp.dropout),
+        ctx.cfg.ddp.shares == "summed",
         details=details,
     )
 
@@ -100,6 +102,13 @@ def check_ddp(cfg, need) -> None:
     need(d.k_stddevs > 0, f"ddp.k_stddevs must be > 0, got {d.k_stddevs}")
     need(0 <= d.dropout < 1, f"ddp.dropout must lie in [0, 1), got {d.dropout}")
     need(d.rotation in ROTATIONS, f"ddp.rotation {d.rotation!r} unknown; available: {ROTATIONS}")
+    need(d.shares in SHARES, f"ddp.shares {d.shares!r} unknown; available: {SHARES}")
+    need(
+        d.shares != "summed" or d.mechanism == "skellam",
+        f"ddp.shares='summed' with ddp.mechanism={d.mechanism!r}: only Skellam shares sum to a"
+        " draw of their own family (a sum of discrete Gaussians is not one); use"
+        " ddp.shares='per_client'",
+    )
     need(
         isinstance(d.min_survivors, int) and d.min_survivors >= 0,
         f"ddp.min_survivors must be an integer >= 0 (0 = the default), got {d.min_survivors!r}",
@@ -143,6 +152,9 @@ registry.register_section(
         "rotation": "hadamard (random signs, then the Walsh-Hadamard transform) | none",
         "min_survivors": "the fewest surviving clients the noise is calibrated for; a round with"
         " fewer aborts, as secure aggregation does (0 = the expected survivors less 3 sd)",
+        "shares": "per_client (each client draws its share) | summed (Skellam only: the surviving"
+        " shares' sum drawn once at the aggregator; the modular sum has the same law, at a"
+        " fraction of the simulation's cost)",
     },
     read_when=tuple(
         (f"ddp.{key}", "dp.noise_mode", (DISTRIBUTED,))
@@ -154,6 +166,7 @@ registry.register_section(
             "dropout",
             "rotation",
             "min_survivors",
+            "shares",
         )
     ),
     defaults={
@@ -164,5 +177,6 @@ registry.register_section(
         "dropout": 0.0,
         "rotation": "hadamard",
         "min_survivors": 0,
+        "shares": "per_client",
     },
 )

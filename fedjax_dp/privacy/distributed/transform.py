@@ -39,7 +39,7 @@ from fedjax_dp.core.uploads import (
     UploadTransform,
 )
 from fedjax_dp.privacy.distributed import modular, rotation
-from fedjax_dp.privacy.distributed.discrete_noise import SAMPLERS
+from fedjax_dp.privacy.distributed.discrete_noise import SAMPLERS, skellam
 from fedjax_dp.privacy.distributed.plan import DistributedPlan
 from fedjax_dp.privacy.distributed.rounding import conditional_round
 
@@ -66,12 +66,18 @@ def unflatten(vector: jax.Array, template) -> Any:
 @dataclasses.dataclass(frozen=True, eq=False)
 class DistributedNoise(Scheduled, KeyDrawing, Resizing, UploadTransform):
     """``plan``: the round's parameters (``plan.DistributedPlan``); ``template``: the upload's
-    structure (shapes and dtypes); ``dropout``: the chance a sampled client drops out."""
+    structure (shapes and dtypes); ``dropout``: the chance a sampled client drops out;
+    ``summed_shares`` (Skellam only): the surviving shares' sum drawn once at the aggregator, not
+    each share by its client (``ddp.shares=summed``: the sum of independent Skellam shares of
+    variance v is Skellam of variance n v, and reduction modulo 2^bits commutes with the sum, so
+    the modular sum, the only thing secure aggregation reveals, has the same law; the per-client
+    words it would hide are not simulated)."""
 
     kind: ClassVar[str] = "noise"
     plan: DistributedPlan = None
     template: Any = None
     dropout: float = 0.0
+    summed_shares: bool = False
     note: str = ""
     details: tuple = ()
 
@@ -80,6 +86,11 @@ class DistributedNoise(Scheduled, KeyDrawing, Resizing, UploadTransform):
             raise TypeError(f"DistributedNoise needs a DistributedPlan, got {self.plan!r}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"ddp.dropout must lie in [0, 1), got {self.dropout}")
+        if self.summed_shares and self.plan.mechanism != "skellam":
+            raise ValueError(
+                f"ddp.shares='summed' with ddp.mechanism={self.plan.mechanism!r}: only Skellam"
+                " shares sum to a draw of their own family; draw the shares per client"
+            )
         size = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(self.template))
         if size != self.plan.dim:
             raise ValueError(f"the plan is for {self.plan.dim} coordinates, the upload has {size}")
@@ -100,8 +111,10 @@ class DistributedNoise(Scheduled, KeyDrawing, Resizing, UploadTransform):
             jax.random.fold_in(ctx.noise_key, purpose) for purpose in range(3)
         )
         rounded, draws = conditional_round(round_key, x / plan.gamma, plan.l2_sensitivity)
-        share = SAMPLERS[plan.mechanism](noise_key, plan.share_parameter(), x.shape)
-        noised = rounded + share
+        if self.summed_shares:
+            noised = rounded  # the shares' sum is drawn by the server
+        else:
+            noised = rounded + SAMPLERS[plan.mechanism](noise_key, plan.share_parameter(), x.shape)
         survives = ctx.keep & ~jax.random.bernoulli(drop_key, self.dropout)
         sent = jnp.where(survives, modular.reduce(noised, plan.bits), 0)
         extras = {
@@ -113,24 +126,38 @@ class DistributedNoise(Scheduled, KeyDrawing, Resizing, UploadTransform):
 
     def server(self, total, ctx: ServerContext):
         plan = self.plan
+        survivors = ctx.extras["survivors"]
+        true_sum = ctx.extras["true_sum"]
+        if self.summed_shares:
+            shares = self._summed_shares(ctx.noise_key, survivors, total.shape)
+            total, true_sum = total + shares, true_sum + shares.astype(jnp.float32)
         signed = modular.to_signed(total, plan.bits).astype(jnp.float32) * plan.gamma
         if plan.rotation == "hadamard":
             x = rotation.unrotate(signed, self._signs(ctx.inputs), plan.dim)
         else:
             x = signed[: plan.dim]
-        survivors = ctx.extras["survivors"]
         aborted = survivors < plan.min_survivors
         update = unflatten(jnp.where(aborted, 0.0, x), self.template)
         metrics = {
             "ddp_survivors": survivors,
             "ddp_aborted": aborted.astype(jnp.float32),
-            "ddp_wrapped": jnp.sum(modular.wrapped(ctx.extras["true_sum"], plan.bits)),
+            "ddp_wrapped": jnp.sum(modular.wrapped(true_sum, plan.bits)),
             "ddp_rounding_failed": jnp.sum(ctx.stats["rounding_failed"]),
             "noise_multiplier": plan.noise_multiplier,
         }
         return update, ctx.state, metrics
 
+    def _summed_shares(self, noise_key, survivors, shape) -> jax.Array:
+        """Skellam of variance survivors x v, v one share's: the survivors' shares summed (canary
+        clients count among the survivors; the chunking allows twice the round's capacity)."""
+        share = self.plan.share_parameter()
+        key = rng.purpose_key(noise_key, rng.Purpose.SERVER_NOISE)
+        most = 2.0 * self.plan.max_clients * share
+        return skellam(key, survivors * share, shape, max_variance=most)
+
     def key_uses(self) -> tuple:
+        if self.summed_shares:
+            return (rng.Purpose.CLIENT_NOISE, rng.Purpose.SERVER_NOISE)
         return (rng.Purpose.CLIENT_NOISE,)
 
     def upload_bytes(self, template_bytes: int) -> int:
@@ -153,6 +180,11 @@ class DistributedNoise(Scheduled, KeyDrawing, Resizing, UploadTransform):
                 note="; ".join(n for n in (note, self.note) if n),
                 bound_value=bound,
                 event=plan.event(),
-                details={**plan.describe(), "ddp_dropout": self.dropout, **dict(self.details)},
+                details={
+                    **plan.describe(),
+                    "ddp_dropout": self.dropout,
+                    "ddp_shares": "summed" if self.summed_shares else "per_client",
+                    **dict(self.details),
+                },
             ),
         )

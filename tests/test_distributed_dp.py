@@ -18,7 +18,8 @@ from scipy import special, stats
 from fedjax_dp.core.uploads import ClientContext, ServerContext
 from fedjax_dp.privacy.accounting.accountant import Accountant, RoundEvent
 from fedjax_dp.privacy.distributed import modular, rotation, rounding
-from fedjax_dp.privacy.distributed.discrete_noise import discrete_gaussian, poisson, skellam
+from fedjax_dp.privacy.distributed.discrete_noise import discrete_gaussian, skellam
+from fedjax_dp.privacy.distributed.poisson import poisson
 from fedjax_dp.privacy.distributed.events import (
     DistributedDiscreteGaussianDpEvent,
     SkellamDpEvent,
@@ -131,7 +132,7 @@ def test_the_poisson_sampler_matches_its_pmf_where_it_rejects(lam):
     """PTRS (lam >= 10) through the three passes, vmapped as in the cohort map: 4 x 5,000 draws,
     binned in 40 bins of 0.2 sd (tails pooled), a chi-square test at 1e-3; a mean 0.15 sd off is
     told at lam 30 by the same test. Means of 10^6 and more were drawn in chunks of 5e4 before
-    the log-pmf was made accurate (``discrete_noise._poisson_log_pmf``)."""
+    the log-pmf was made accurate (``privacy.distributed.poisson._poisson_log_pmf``)."""
     keys = jax.random.split(jax.random.key(6), 4)
     samples = np.asarray(jax.vmap(lambda k: poisson(k, lam, (5000,)))(keys)).ravel()
     sd = math.sqrt(lam)

@@ -36,7 +36,7 @@ MECHANISMS = ("ddgauss", "skellam")
 SHARE_LIMITS = {"ddgauss": 2.0**19, "skellam": 2.0**27}
 """The largest share the samplers draw exactly (``discrete_noise``): a discrete Gaussian's std (its
 draws, far into the tails, stay within float32's exact integers, 2^24), a Skellam variance (drawn
-in at most 16 chunks of Poisson draws, ``discrete_noise.POISSON_CHUNK``)."""
+in at most 16 chunks of Poisson draws, ``poisson.POISSON_CHUNK``)."""
 SHARE_NAMES = {"ddgauss": "std", "skellam": "variance"}
 ROTATIONS = ("hadamard", "none")
 

@@ -15,6 +15,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.linalg
 
 from fedjax_dp.core.unrolled_threefry import unrolled
 
@@ -28,17 +29,14 @@ FACTOR_BITS = 6
 """H_D is applied as the Kronecker product of Walsh-Hadamard matrices of at most 2^``FACTOR_BITS``
 rows (H_{2^(p+q)} = H_{2^p} (x) H_{2^q} for Sylvester's construction), each a small matmul along
 one axis of the vector reshaped: for D = 2^18, three of 64 x 64, 192 multiply-adds a coordinate
-that XLA runs as dense matmuls, 2.3x faster on a CPU than the 18 butterfly passes over memory
-(``benchmarks/distributed_dp_round.py``)."""
+that XLA runs as dense matmuls: 0.069 s against 0.119 s for the 18 butterfly passes on 20 clients
+of 2^18 (1.7x, 2-core AMD EPYC VM, best of 5 alternated)."""
 
 
 @functools.lru_cache(maxsize=None)
 def _hadamard(bits: int) -> np.ndarray:
-    """Sylvester's H_{2^bits}, entries +-1."""
-    h = np.ones((1, 1), np.float32)
-    for _ in range(bits):
-        h = np.block([[h, h], [h, -h]])
-    return h
+    """Sylvester's H_{2^bits}, entries +-1 (scipy's)."""
+    return scipy.linalg.hadamard(1 << bits, dtype=np.float32)
 
 
 def walsh_hadamard(x: jax.Array) -> jax.Array:

@@ -69,9 +69,10 @@ _SEEDS = flags.DEFINE_string(
 _VECTORIZE = flags.DEFINE_bool(
     "vectorize",
     False,
-    "With --seeds: the seeds train in lockstep as one vmapped program, compiled once (each run's"
-    " numbers up to float32 rounding; one after another where the config cannot be batched:"
-    " docs/sweeps.md)",
+    "With --seeds or --sweep: the runs train in lockstep as one vmapped program, compiled once"
+    " (each run's numbers up to float32 rounding; one after another where the config cannot be"
+    " batched; a --sweep over keys other than the seed, learning rates, dp.clip_norm,"
+    " dp.noise_multiplier and privacy.target_epsilon is refused: docs/sweeps.md)",
     flag_values=FLAGS,
 )
 _SWEEP = flags.DEFINE_multi_string(
@@ -162,7 +163,7 @@ _DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
 )
 
 USAGE = """usage: fedjax-dp [--config NAME|PATH] [--config.KEY=VALUE ...] [--workdir DIR]
-                 [--import MODULE ...] [--seeds 0,1,2 [--vectorize]] [--overwrite] [--resume]
+                 [--import MODULE ...] [--seeds 0,1,2] [--vectorize] [--overwrite] [--resume]
                  [--tensorboard]
                  [--sweep KEY=V1,V2 ... [--sweep_runs poisson|negative_binomial|fixed]
                   [--sweep_num_runs N] [--sweep_budget EPSILON] [--sweep_metric M]
@@ -508,8 +509,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         if space and seeds:
             raise ValueError("--sweep and --seeds: give one (sweep the seed: --sweep seed=0,1,2)")
-        if _VECTORIZE.value and not seeds:
-            raise ValueError("--vectorize trains several seeds at once: give --seeds 0,1,2,...")
+        if _VECTORIZE.value and not (seeds or space):
+            raise ValueError(
+                "--vectorize trains several runs at once: give --seeds 0,1,2,... or --sweep"
+            )
     except Exception as error:  # noqa: BLE001  (any failure to read the command or config: one line)
         print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
@@ -579,7 +582,14 @@ def main(argv: list[str] | None = None) -> int:
             if space:
                 from fedjax_dp.sweeps import sweep
 
-                summary = sweep(experiment, space, workdir=workdir, **sweep_options, **options)
+                summary = sweep(
+                    experiment,
+                    space,
+                    workdir=workdir,
+                    vectorized=_VECTORIZE.value,
+                    **sweep_options,
+                    **options,
+                )
             elif seeds:
                 summary = experiment.run_seeds(
                     seeds, workdir, vectorized=_VECTORIZE.value, **options

@@ -180,13 +180,20 @@ class Experiment:
         return one
 
     def _run_together(self, per_seed, workdirs, **options) -> list:
-        unsupported = [
-            k for k in ("resume", "tensorboard", "callbacks", "distributed") if options.get(k)
-        ]
-        if unsupported:
-            raise ValueError(
-                f"run_seeds(vectorized=True) with {unsupported[0]}={options[unsupported[0]]!r}:"
-                " not supported together; run the seeds one after another"
-            )
-        with quiet_console(options.get("verbose", False), None):
-            return run_batched(per_seed, workdirs, overwrite=options.get("overwrite", False))
+        return run_together(per_seed, workdirs, "run_seeds", **options)
+
+
+def run_together(configs, workdirs, caller: str, extra_callbacks=None, **options) -> list:
+    """The runs of ``configs`` in lockstep as one vmapped program (``training.run_batch``), for
+    ``caller``'s ``vectorized=True``; ``options``: ``Experiment.run``'s, of which ``overwrite`` and
+    ``verbose`` apply (``progress`` is ignored) and the others are refused."""
+    unsupported = [
+        k for k in ("resume", "tensorboard", "callbacks", "distributed") if options.get(k)
+    ]
+    if unsupported:
+        raise ValueError(
+            f"{caller}(vectorized=True) with {unsupported[0]}={options[unsupported[0]]!r}: not"
+            " supported together; run one after another"
+        )
+    with quiet_console(options.get("verbose", False), None):
+        return run_batched(configs, workdirs, options.get("overwrite", False), extra_callbacks)

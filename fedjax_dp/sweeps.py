@@ -24,6 +24,9 @@ clients' own data it is a release this sweep does not account, and is labelled s
 
 Each run is an ``Experiment`` in ``<workdir>/run_<i>``; a run whose folder already holds its
 finished summary (same config) is not run again, a run stopped part-way is resumed.
+``vectorized=True`` trains the runs to start in lockstep as one vmapped program
+(``training.run_batch``: runs differing in their seed and scalar settings, ``BATCHABLE_KEYS``, with
+each run's numbers up to float32 rounding); a sweep over another key is refused before any run.
 """
 
 from __future__ import annotations
@@ -41,13 +44,14 @@ import numpy as np
 
 from fedjax_dp import configs
 from fedjax_dp.core import hosts
-from fedjax_dp.experiment import Experiment
+from fedjax_dp.experiment import Experiment, run_together
 from fedjax_dp.privacy.accounting import selection
 from fedjax_dp.training import plots, results
 from fedjax_dp.training.callbacks import Callback
 from fedjax_dp.training.default_config import default_config
 from fedjax_dp.training.privacy_plan import planned_run_event
 from fedjax_dp.training.reporting import RunSummary
+from fedjax_dp.training.run_batch import check_batchable
 
 __all__ = ["sweep", "SweepSummary"]
 
@@ -132,6 +136,7 @@ def sweep(
     budget: float | None = None,
     seed: int = 0,
     overrides: dict | None = None,
+    vectorized: bool = False,
     **run_options,
 ) -> SweepSummary:
     """Runs a grid or random search over dotted config keys and releases the best run, its
@@ -151,6 +156,8 @@ def sweep(
         refused (``ValueError`` naming both) before any data loads.
       seed: the seed of the draws (the number of runs, each run's settings).
       overrides: dotted keys set in every run (what ``Experiment`` takes).
+      vectorized: the runs still to start train as one vmapped program (module docstring); then
+        ``run_options`` take ``overwrite`` and ``verbose``.
       run_options: what ``Experiment.run`` takes (``progress``, ``overwrite``, ...).
 
     Returns:
@@ -199,12 +206,16 @@ def sweep(
                 f"sweep: budget={budget}: the released model would spend epsilon {selected:.4g}"
                 f" ({privacy['accounting']}; one run {privacy['single_run_epsilon']:.4g})"
             )
+    if vectorized and experiments:
+        check_batchable([e.config for e in experiments])
     workdir = workdir or os.path.join("results", f"{base.config.algorithm}-sweep")
     os.makedirs(workdir, exist_ok=True)
+    run_dirs = [os.path.join(workdir, f"run_{i}") for i in range(len(experiments))]
+    together = _run_fresh_together(experiments, run_dirs, run_options) if vectorized else {}
     records, summaries, ran = [], [], []
     for i, (setting, experiment) in enumerate(zip(settings, experiments)):
-        run_dir = os.path.join(workdir, f"run_{i}")
-        summary = _run_or_resume(experiment, run_dir, run_options)
+        run_dir = run_dirs[i]
+        summary = together.get(i) or _run_or_resume(experiment, run_dir, run_options)
         ran.append(_read_run_event(run_dir))
         summaries.append(summary)
         records.append(
@@ -480,6 +491,26 @@ def _run_or_resume(experiment: Experiment, run_dir: str, options: dict) -> RunSu
             return finished
         return experiment.run(run_dir, resume=True, **options)
     return experiment.run(run_dir, overwrite=overwrite, **options)
+
+
+def _run_fresh_together(experiments, run_dirs, options: dict) -> dict:
+    """The summaries of the runs with nothing in their folders yet (or all, with ``overwrite``),
+    trained as one vmapped program, by index; the others are left to ``_run_or_resume``."""
+    fresh = [
+        i
+        for i, d in enumerate(run_dirs)
+        if options.get("overwrite") or not os.path.exists(os.path.join(d, "config.json"))
+    ]
+    if len(fresh) < 2:
+        return {}
+    summaries = run_together(
+        [experiments[i].config for i in fresh],
+        [run_dirs[i] for i in fresh],
+        "sweep",
+        [[_KeepRunEvent(run_dirs[i])] for i in fresh],
+        **options,
+    )
+    return dict(zip(fresh, summaries))
 
 
 def _finished(run_dir: str) -> RunSummary | None:

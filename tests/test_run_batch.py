@@ -10,6 +10,7 @@ import pytest
 import fedjax_dp
 from fedjax_dp.cli import main
 from fedjax_dp.training.loop import run_experiment
+from fedjax_dp.training import run_batch
 from fedjax_dp.training.run_batch import run_batched
 from test_hypergrad import _config
 
@@ -60,11 +61,87 @@ def test_a_config_that_cannot_be_batched_runs_its_seeds_one_after_another(tmp_pa
         assert strip(rows_a) == strip(rows_b)
 
 
-def test_batched_runs_differ_only_in_their_seed(tmp_path):
+def test_batched_runs_differ_only_in_their_seed_and_scalar_settings(tmp_path):
     configs = _seed_configs("fedavg")[:2]
-    configs[1].client.learning_rate = 0.5
-    with pytest.raises(ValueError, match="differ only in their seed"):
+    configs[1].client.epochs = 2
+    with pytest.raises(ValueError, match="config 1 differs from config 0 in client.epochs: 2"):
         run_batched(configs, [str(tmp_path / "a"), str(tmp_path / "b")])
+
+
+SETTINGS = (  # seed, clip norm, client lr, server lr, z
+    (0, 0.5, 0.05, 1.0, 1.0),
+    (1, 1.0, 0.2, 0.5, 0.7),
+    (0, 0.25, 0.1, 2.0, 1.3),
+)
+
+
+def _settings_configs(algorithm="dp_fedavg", rounds=4):
+    configs = []
+    for seed, clip, client_lr, server_lr, z in SETTINGS:
+        cfg = _config(algorithm)
+        cfg.seed, cfg.rounds, cfg.eval_every = seed, rounds, 2
+        cfg.client.learning_rate, cfg.server.learning_rate = client_lr, server_lr
+        cfg.dp.update(clip_norm=clip, noise_multiplier=z)
+        configs.append(cfg)
+    return configs
+
+
+def _count_programs(monkeypatch):
+    built = []
+    original = run_batch._program
+    monkeypatch.setattr(
+        run_batch, "_program", lambda *a: built.append(a[-1] is not None) or original(*a)
+    )
+    return built
+
+
+def test_runs_differing_in_scalar_settings_train_as_one_program(tmp_path, monkeypatch):
+    """Seed, clip norm, client and server learning rates and z differ: one program, each run's
+    numbers its own up to float32 rounding, its epsilon exactly."""
+    built = _count_programs(monkeypatch)
+    configs = _settings_configs()
+    alone = [
+        run_experiment(c, str(tmp_path / f"alone{i}"), progress=False)
+        for i, c in enumerate(configs)
+    ]
+    batched = run_batched(configs, [str(tmp_path / f"batch{i}") for i in range(len(configs))])
+    assert built == [True]  # one program, its learning rates traced
+    for i, (a, b) in enumerate(zip(alone, batched)):
+        assert a.epsilon == b.epsilon
+        rows_a, rows_b = _rows(tmp_path / f"alone{i}"), _rows(tmp_path / f"batch{i}")
+        assert [r["round"] for r in rows_a] == [r["round"] for r in rows_b]
+        for ra, rb in zip(rows_a, rows_b):
+            for key in ("clip_norm", "noise_multiplier", "cohort_size"):
+                assert ra.get(key) == rb.get(key)
+            for key in ("train_loss", "test_loss", "test_accuracy"):
+                if key in ra:
+                    np.testing.assert_allclose(rb[key], ra[key], rtol=2e-5, atol=1e-6)
+    assert len({a.epsilon for a in alone}) == 3 and len({a.final["test_loss"] for a in alone}) == 3
+
+
+def test_runs_whose_chains_differ_in_a_constant_train_apart(tmp_path, monkeypatch):
+    """Per-layer clip norms are constants of the program: runs with other clip norms cannot share
+    it, so each trains alone (bit for bit its run alone)."""
+    built = _count_programs(monkeypatch)
+    configs = _settings_configs(rounds=2)[:2]
+    for cfg in configs:
+        cfg.dp.clip = "per_layer"
+    for i, cfg in enumerate(configs):
+        run_experiment(cfg, str(tmp_path / f"alone{i}"), progress=False)
+    run_batched(configs, [str(tmp_path / f"batch{i}") for i in range(2)])
+    assert built == []
+    strip = lambda rows: [{k: v for k, v in r.items() if "seconds" not in k} for r in rows]  # noqa: E731
+    for i in range(2):
+        assert strip(_rows(tmp_path / f"alone{i}")) == strip(_rows(tmp_path / f"batch{i}"))
+
+
+def test_scalar_settings_of_an_algorithm_without_traced_rates_run_one_after_another(
+    tmp_path, caplog
+):
+    configs = _seed_configs("fedshare", rounds=1)[:2]
+    configs[1].client.learning_rate = 0.2
+    run_batched(configs, [str(tmp_path / "a"), str(tmp_path / "b")])
+    assert "not batched: the runs differ in client.learning_rate, which fedshare" in caplog.text
 
 
 def test_run_seeds_vectorized_writes_the_seeds_summary(tmp_path):
@@ -80,4 +157,4 @@ def test_run_seeds_vectorized_writes_the_seeds_summary(tmp_path):
 
 def test_the_cli_refuses_vectorize_without_seeds(capsys):
     assert main(["fedjax-dp", "--config", "fedavg_mnist", "--vectorize"]) == 2
-    assert "--vectorize trains several seeds at once" in capsys.readouterr().err
+    assert "--vectorize trains several runs at once" in capsys.readouterr().err

@@ -292,3 +292,38 @@ def test_a_sweep_whose_event_needs_the_data_is_accounted_after_its_runs(tmp_path
     assert any("after the runs" in note for note in after["notes"])
     for key in ("single_run_epsilon", "selected_epsilon", "composed_epsilon"):
         assert after[key] == pytest.approx(planned[key], rel=1e-9)
+
+
+def test_a_vectorized_sweep_equals_the_sweep_run_by_run(tmp_path, monkeypatch):
+    """A grid over the clip norm and the server learning rate as one vmapped program: each run's
+    metric its run alone's up to float32 rounding, the same selection accounted; a key one program
+    cannot take is refused before any run."""
+    import fedjax_dp
+    from fedjax_dp.training import run_batch
+
+    built, original = [], run_batch._program
+    monkeypatch.setattr(run_batch, "_program", lambda *a: built.append(1) or original(*a))
+
+    def run(name, vectorized, grid=None):
+        return fedjax_dp.sweep(
+            "dp_fedavg_mnist",
+            grid or {"dp.clip_norm": [0.5, 1.0], "server.learning_rate": [0.5, 1.0]},
+            workdir=str(tmp_path / name),
+            runs="fixed",
+            overrides=TINY,
+            vectorized=vectorized,
+            progress=False,
+        )
+
+    alone, together = run("alone", False), run("together", True)
+    assert built == [1]
+    assert [r["settings"] for r in alone.runs] == [r["settings"] for r in together.runs]
+    np.testing.assert_allclose(
+        [r["metric"] for r in together.runs], [r["metric"] for r in alone.runs], rtol=2e-5
+    )
+    assert [r["epsilon"] for r in together.runs] == [r["epsilon"] for r in alone.runs]
+    assert together.privacy["selected_epsilon"] == alone.privacy["selected_epsilon"]
+    assert len({r["metric"] for r in alone.runs}) > 1
+    with pytest.raises(ValueError, match="differs from config 0 in client.epochs: 2"):
+        run("epochs", True, {"client.epochs": [1, 2]})
+    assert not (tmp_path / "epochs").exists()

@@ -131,6 +131,11 @@ class FederatedRound:
         self._canary_programs: dict = {}
         self._functions: dict = {}
 
+    def with_algorithm(self, algorithm: Algorithm) -> "FederatedRound":
+        """This round (its chain, its cohort engine's options) for another algorithm (a wrapper of
+        this one: ``training.run_batch``'s traced learning rates)."""
+        return FederatedRound(algorithm, self.uploads, **self._engine_options)
+
     @property
     def strategy(self) -> str:
         """The cohort engine's strategy (``core.cohort.STRATEGIES``)."""

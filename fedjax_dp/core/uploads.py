@@ -144,6 +144,35 @@ class Specialized:
         return ()
 
 
+class RunVarying:
+    """Has fields that runs trained as one vmapped program (``training.run_batch``) may differ in.
+    ``run_varying`` names them: a number among them reaches the program as a traced input of the
+    same name (``varying_inputs``), which the transform's sides read with ``varying``; any other
+    (a schedule, a release's text) must reach the program through ``Scheduled.inputs`` or not at
+    all. Runs alone keep the field a constant of their program."""
+
+    run_varying: ClassVar[tuple] = ()
+
+
+def varying(t: UploadTransform, inputs: dict, name: str):
+    """``t``'s field ``name`` as the round sees it: the traced input of a batch of runs where one
+    is given (``RunVarying``), else the field."""
+    return inputs.get(name, getattr(t, name))
+
+
+def varying_inputs(t: UploadTransform) -> dict:
+    """The numbers among ``t``'s ``run_varying`` fields, as a batch of runs passes them."""
+    names = t.run_varying if isinstance(t, RunVarying) else ()
+    return {n: getattr(t, n) for n in names if isinstance(getattr(t, n), (int, float))}
+
+
+def program_fields(t: UploadTransform) -> tuple:
+    """``(name, value)`` of every field of ``t`` that its program holds as a constant: runs whose
+    chains agree in these may share one program (``training.run_batch``)."""
+    free = t.run_varying if isinstance(t, RunVarying) else ()
+    return tuple((f.name, getattr(t, f.name)) for f in dataclasses.fields(t) if f.name not in free)
+
+
 class BoundMapping:
     """Changes the per-client L2 bound of what it passes on (a clip sets it, compression maps
     it)."""

@@ -1,5 +1,5 @@
-"""Runs that differ only in their seed, in lockstep through one vmapped round program (issue 89,
-"runs in one program").
+"""Runs that differ only in their seed and scalar settings (``BATCHABLE_KEYS``), in lockstep
+through one vmapped round program (issue 89, "runs in one program").
 
 Each run keeps everything of its own: its ``RunContext`` (data, tracker, loop state, workdir,
 results writer, checkpoints) and its callbacks (evaluation, results, plots). Only the training of
@@ -10,6 +10,13 @@ round as a traced function (``FederatedRound.traced_round``: the cohort engine's
 inside, the server step after it), trains every run at once; each run then finishes its round
 (``RunContext.finish_round``: composes its releases, keeps its state, writes its row).
 
+Scalar settings enter the one program as traced per-run values: the chain's per-round inputs (the
+noise multiplier z_t) and the numbers among its transforms' ``RunVarying`` fields (the clip norm)
+are stacked per run; client and server learning rates become factors lr_i / lr_1 on the first run's
+(``hypergrad.Hypertuned``'s log-multipliers, held in the state for the round). Every other
+constant of the chain must agree between runs sharing a program (``core.uploads.program_fields``):
+runs whose chains differ elsewhere form groups of their own.
+
 The numbers are each run's own up to float32 rounding: vmapping over runs batches the same
 operations (a matmul becomes a batched matmul), which may sum in another order. The epsilons are
 equal (the same host-side cohorts and events). Memory: about S times one run's cohort and server
@@ -19,18 +26,22 @@ another instead (logged). The program is compiled once for the batch, not once p
 process has several devices (XLA:CPU's host devices, one a core) that divide the number of runs,
 the run axis is split over them: each device trains its share of the runs.
 
-Refused (one after another instead): per-client state (SCAFFOLD, error feedback), a cohort-level
-transform (Geyer's median clip), canaries, an algorithm that adapts its settings after the round
-(``hypergrad``), the ``loop`` strategy or several devices, and several processes. A round whose
-cohorts differ in shape between runs (a Poisson cohort above the packed capacity) runs its runs one
-after another. Not resumable as a batch: a resumed seed runs alone.
+Refused (one after another instead): scalar settings other than the seed for an algorithm
+outside ``TRACED_RATES`` (its settings may be constants of its own), per-client state (SCAFFOLD,
+error feedback), a cohort-level transform (Geyer's median clip), canaries, an algorithm that
+adapts its settings after the round (``hypergrad``), the ``loop`` strategy or several devices, and
+several processes. A round whose cohorts differ in shape between runs (a Poisson cohort above the
+packed capacity) runs its runs one after another. Not resumable as a batch: a resumed run runs
+alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
+import math
 import os
 
 import jax
@@ -40,6 +51,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from fedjax_dp.core import hosts
 from fedjax_dp.core.round import RoundResult
+from fedjax_dp.core.uploads import program_fields, varying_inputs
+from fedjax_dp.hypergrad.differentiable import Hypertuned, initial_settings
 from fedjax_dp.training import results
 from fedjax_dp.training.callbacks import default_callbacks
 from fedjax_dp.training.config_validation import validate_config
@@ -49,6 +62,22 @@ from fedjax_dp.training.workdir_lock import held_by_process_zero
 
 MEMORY_FRACTION = 0.5
 """The share of physical memory S stacked cohorts may take before the runs go one by one."""
+
+BATCHABLE_KEYS = (
+    "seed",
+    "client.learning_rate",
+    "server.learning_rate",
+    "dp.clip_norm",
+    "dp.noise_multiplier",
+    "privacy.target_epsilon",
+)
+"""The config keys runs batched in one program may differ in (module docstring)."""
+
+TRACED_RATES = ("fedavg", "fedprox", "dp_fedavg", "uga")
+"""The algorithms whose settings other than the seed a batch takes as traced values: FedAvg with
+another local objective or chain, whose learning rates ``Hypertuned`` scales."""
+
+_RATES = {"client.learning_rate": "client_lr", "server.learning_rate": "server_lr"}
 
 
 def refusal(run: RunContext) -> str | None:
@@ -75,13 +104,15 @@ def refusal(run: RunContext) -> str | None:
     return None
 
 
-def run_batched(cfgs, workdirs, overwrite: bool = False) -> list:
-    """Trains the runs of ``cfgs`` (equal but for their ``seed``) in lockstep (module docstring),
-    each into its workdir; returns their ``RunSummary``s. Where they cannot be batched they run one
-    after another (``training.loop.run_experiment``), with the reason logged."""
+def run_batched(cfgs, workdirs, overwrite: bool = False, extra_callbacks=None) -> list:
+    """Trains the runs of ``cfgs`` (equal but for ``BATCHABLE_KEYS``) in lockstep (module
+    docstring), each into its workdir; returns their ``RunSummary``s. Where they cannot be batched
+    they run one after another (``training.loop.run_experiment``), with the reason logged.
+    ``extra_callbacks``: per run, callbacks beside the loop's own (``default_callbacks``' extra)."""
     if len(cfgs) != len(workdirs):
         raise ValueError(f"{len(cfgs)} configs for {len(workdirs)} workdirs")
-    _check_seeds_only(cfgs)
+    extra_callbacks = extra_callbacks or [()] * len(cfgs)
+    varied = check_batchable(cfgs)
     with contextlib.ExitStack() as held:
         for workdir in workdirs:
             held.enter_context(held_by_process_zero(workdir))
@@ -89,7 +120,12 @@ def run_batched(cfgs, workdirs, overwrite: bool = False) -> list:
             validate_config(cfg)
         runs = [RunContext.prepare(c, w, overwrite, False, False) for c, w in zip(cfgs, workdirs)]
         reason = next((r for r in map(refusal, runs) if r is not None), None)
-        callbacks = [default_callbacks(run.cfg, "off") for run in runs]
+        if reason is None and varied and cfgs[0].algorithm not in TRACED_RATES:
+            reason = (
+                f"the runs differ in {varied[0]}, which {cfgs[0].algorithm} does not take as a"
+                f" traced input (batched: the seed alone, or {', '.join(TRACED_RATES)})"
+            )
+        callbacks = [default_callbacks(run.cfg, "off", e) for run, e in zip(runs, extra_callbacks)]
         for run, hooks in zip(runs, callbacks):
             for callback in hooks:
                 callback.on_train_begin(run)
@@ -103,19 +139,27 @@ def run_batched(cfgs, workdirs, overwrite: bool = False) -> list:
     return [run.summary for run in runs]
 
 
-def _check_seeds_only(cfgs) -> None:
-    def without_seed(cfg):
-        one = cfg.copy_and_resolve_references()
-        one.seed = 0
-        return one.to_json_best_effort()
-
-    first = without_seed(cfgs[0])
-    for i, cfg in enumerate(cfgs[1:], 1):
-        if without_seed(cfg) != first:
+def check_batchable(cfgs) -> list[str]:
+    """The ``BATCHABLE_KEYS`` the configs differ in; a ``ValueError`` naming the first other key
+    that differs."""
+    flat = [dict(_flattened(c.copy_and_resolve_references().to_dict())) for c in cfgs]
+    for i, one in enumerate(flat[1:], 1):
+        keys = sorted(set(one) | set(flat[0]))
+        other = next((k for k in keys if repr(one.get(k)) != repr(flat[0].get(k))), None)
+        if other is not None and other not in BATCHABLE_KEYS:
             raise ValueError(
-                f"batched runs differ only in their seed; config {i} differs from config 0 in"
-                " another key"
+                f"batched runs differ only in {', '.join(BATCHABLE_KEYS)}; config {i} differs"
+                f" from config 0 in {other}: {one.get(other)!r} against {flat[0].get(other)!r}"
             )
+    return [k for k in BATCHABLE_KEYS[1:] if len({repr(f.get(k)) for f in flat}) > 1]
+
+
+def _flattened(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _flattened(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def _lockstep(runs, callbacks, batched: bool) -> None:
@@ -171,38 +215,50 @@ def _fits(plans, training) -> bool:
 
 def _train_together(runs, plans, training, programs) -> dict:
     """Round t of the runs ``training`` as one vmapped program; their rows. Runs whose chains or
-    cohorts differ in shape from the first's train one after another."""
-    groups: dict = {}
+    cohorts differ from the first's (in shape, or in a constant of the program) train apart."""
+    groups: list = []  # (signature, chain, members)
     for i in training:
         plan = plans[i]
+        uploads = plan.inputs["uploads"]
         _, args = runs[i].runner.function(runs[i].state, plan.cohort, plan.key, **plan.inputs)
+        clients, key, noise_key, inputs = args
+        inputs = tuple({**x, **_traced(varying_inputs(t))} for x, t in zip(inputs, uploads))
+        args = (clients, key, noise_key, inputs)
         signature = (
-            plan.inputs["uploads"].static_key(),
+            uploads.static_key(),
             jax.tree_util.tree_structure(args),
             tuple(np.shape(x) for x in jax.tree_util.tree_leaves(args)),
         )
-        groups.setdefault(signature, []).append((i, args))
+        group = next(
+            (g for g in groups if g[0] == signature and _same_program(g[1], uploads)), None
+        )
+        if group is None:
+            groups.append((signature, uploads, [(i, args)]))
+        else:
+            group[2].append((i, args))
     rows = {}
-    for signature, members in groups.items():
+    for signature, uploads, members in groups:
         if len(members) == 1:
             ((i, _),) = members
             result, settings_row = runs[i].execute(plans[i])
             rows[i] = runs[i].finish_round(plans[i], result, settings_row)
             continue
-        first = runs[members[0][0]]
-        uploads = plans[members[0][0]].inputs["uploads"]
-        if signature[0] not in programs:
-            f = first.runner.traced_round(uploads)
-            programs[signature[0]] = jax.jit(jax.vmap(f, in_axes=(0, 0, 0, 0, None)))
+        cfgs = [runs[i].cfg for i, _ in members]
+        rates = _rates(cfgs)
+        leaves, treedef = jax.tree_util.tree_flatten(members[0][1][3])
+        scalar = tuple(np.ndim(x) == 0 for x in leaves)
+        program_key = (signature[0], treedef, scalar, rates is not None)
+        if program_key not in programs:
+            programs[program_key] = _program(runs[members[0][0]], uploads, treedef, scalar, rates)
         states = _stack([runs[i].state for i, _ in members])
-        clients, keys, noise_keys, inputs = (
-            _stack([a[0] for _, a in members]),
-            _stack([a[1] for _, a in members]),
-            _stack([a[2] for _, a in members]),
-            members[0][1][3],
+        clients, keys, noise_keys = (_stack([a[k] for _, a in members]) for k in range(3))
+        each_leaves = [jax.tree_util.tree_leaves(a[3]) for _, a in members]
+        per_run = tuple(
+            jnp.stack([one[j] for one in each_leaves]) for j, s in enumerate(scalar) if s
         )
-        batch = _spread((states, clients, keys, noise_keys), len(members))
-        new_states, metrics, finite, released = programs[signature[0]](*batch, inputs)
+        fixed = tuple(x for x, s in zip(leaves, scalar) if not s)
+        batch = _spread((states, clients, keys, noise_keys, per_run, rates), len(members))
+        new_states, metrics, finite, released = programs[program_key](*batch, fixed)
         each = _unstacked(len(members))((new_states, released))  # one program, not a gather a leaf
         metrics, finite = jax.device_get((metrics, finite))
         first = jax.local_devices()[0]  # where a run's state lives between rounds
@@ -211,6 +267,74 @@ def _train_together(runs, plans, training, programs) -> dict:
             run_metrics = {k: v[b] for k, v in metrics.items()}
             rows[i] = _finish(runs[i], plans[i], state, run_metrics, finite[b], run_released)
     return rows
+
+
+def _program(first: RunContext, uploads, treedef, scalar: tuple, rates):
+    """``jit(vmap(f))`` of the round for runs like ``first``: ``f(state, clients, key, noise_key,
+    per_run, rates, fixed)``, the chain's inputs rebuilt from the per-run scalars ``per_run`` and
+    the shared arrays ``fixed``; with ``rates`` (per run, ``_rates``), the learning rates traced."""
+    runner = first.runner
+    if rates is not None:
+        base = dataclasses.replace(runner.algorithm, deferred_dense_rate=None)  # one scalar rate
+        runner = runner.with_algorithm(Hypertuned(base, 1))
+    f = runner.traced_round(uploads)
+
+    def batched(state, clients, key, noise_key, per_run, rates, fixed):
+        scalars, arrays = iter(per_run), iter(fixed)
+        leaves = [next(scalars) if s else next(arrays) for s in scalar]
+        inputs = jax.tree_util.tree_unflatten(treedef, leaves)
+        if rates is not None:
+            state = state.replace(extra=rates)
+        new_state, metrics, finite, released = f(state, clients, key, noise_key, inputs)
+        if rates is not None:
+            new_state = new_state.replace(extra=None)
+        return new_state, metrics, finite, released
+
+    return jax.jit(jax.vmap(batched, in_axes=(0, 0, 0, 0, 0, 0, None)))
+
+
+def _rates(cfgs):
+    """Where the runs' learning rates differ: per run, ``Hypertuned``'s log-multipliers
+    log(lr_i / lr_1) of the first run's client and server rates, stacked; else None."""
+    values = {k: [float(c[k.split(".")[0]][k.split(".")[1]]) for c in cfgs] for k in _RATES}
+    if all(len(set(v)) == 1 for v in values.values()):
+        return None
+    settings = [initial_settings(1) for _ in cfgs]
+    for key, name in _RATES.items():
+        for one, value in zip(settings, values[key]):
+            one[name] = jnp.float32(math.log(value / values[key][0]))
+    return _stack(settings)
+
+
+def _traced(values: dict) -> dict:
+    return {k: jnp.float32(v) for k, v in values.items()}
+
+
+def _same_program(a, b) -> bool:
+    """Whether chains ``a`` and ``b`` agree in every constant of their programs
+    (``core.uploads.program_fields``)."""
+    return len(a) == len(b) and all(
+        type(x) is type(y) and _same_value(program_fields(x), program_fields(y))
+        for x, y in zip(a, b)
+    )
+
+
+def _same_value(a, b) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, (np.ndarray, jax.Array)) or isinstance(b, (np.ndarray, jax.Array)):
+        return np.shape(a) == np.shape(b) and bool(np.array_equal(a, b))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(map(_same_value, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    if dataclasses.is_dataclass(a) and type(a) is type(b):
+        names = [f.name for f in dataclasses.fields(a)]
+        return all(_same_value(getattr(a, n), getattr(b, n)) for n in names)
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
 
 
 @functools.lru_cache(maxsize=16)

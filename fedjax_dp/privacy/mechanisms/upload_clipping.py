@@ -31,9 +31,11 @@ from fedjax_dp.core.uploads import (
     Flow,
     KeyDrawing,
     Release,
+    RunVarying,
     ServerContext,
     Stateful,
     UploadTransform,
+    varying,
 )
 from fedjax_dp.privacy.mechanisms import clipping
 from fedjax_dp.privacy.mechanisms.gaussian import standard_normal
@@ -65,8 +67,11 @@ def _flow(result: clipping.ClipResult, bound, keep) -> Flow:
 
 
 @dataclasses.dataclass(frozen=True)
-class FlatClip(BoundMapping, UploadTransform):
+class FlatClip(BoundMapping, RunVarying, UploadTransform):
+    """``clip_norm`` may differ between runs batched in one program (``RunVarying``)."""
+
     kind: ClassVar[str] = "clip"
+    run_varying: ClassVar[tuple] = ("clip_norm",)
     clip_norm: float = 1.0
 
     def __post_init__(self):
@@ -74,17 +79,17 @@ class FlatClip(BoundMapping, UploadTransform):
             raise ValueError(f"clip norm S must be > 0, got {self.clip_norm}")
 
     def bound_after(self, bound, state, inputs):
-        return jnp.float32(self.clip_norm)
+        return jnp.float32(varying(self, inputs, "clip_norm"))
 
     def client(self, upload, ctx: ClientContext) -> Flow:
+        clip_norm = varying(self, ctx.inputs, "clip_norm")
         return _flow(
-            clipping.clip_by_global_norm(upload, self.clip_norm),
-            jnp.float32(self.clip_norm),
-            ctx.keep,
+            clipping.clip_by_global_norm(upload, clip_norm), jnp.float32(clip_norm), ctx.keep
         )
 
     def server(self, total, ctx: ServerContext):
-        return total, ctx.state, clip_metrics(ctx, jnp.float32(self.clip_norm))
+        clip_norm = varying(self, ctx.inputs, "clip_norm")
+        return total, ctx.state, clip_metrics(ctx, jnp.float32(clip_norm))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,7 @@ from fedjax_dp.core.uploads import (
     Flow,
     KeyDrawing,
     Release,
+    RunVarying,
     Scheduled,
     ServerContext,
     UploadTransform,
@@ -34,8 +35,10 @@ from fedjax_dp.privacy.mechanisms.gaussian import add_gaussian_noise
 
 
 @dataclasses.dataclass(frozen=True)
-class GaussianNoise(Scheduled, KeyDrawing, UploadTransform):
+class GaussianNoise(Scheduled, KeyDrawing, RunVarying, UploadTransform):
     kind: ClassVar[str] = "noise"
+    # z reaches the program through ``inputs``; the rest is the release's text (``RunVarying``)
+    run_varying: ClassVar[tuple] = ("schedule", "note", "details", "claims")
     schedule: tuple = ((1, 1.0),)  # ((first round, z), ...)
     local: bool = False
     # sigma_b of an adaptive clip's count released with the update (0: none)

@@ -1,4 +1,5 @@
-"""Seeds in one vmapped program against the same seeds one after another (issue 89, item 3).
+"""Seeds (or a sweep's grid) in one vmapped program against the same runs one after another
+(issue 89, item 3).
 
 For each shipped config (``dp_fedavg_mnist``, ``fedavg_mnist``), ``Experiment.run_seeds`` of
 ``--seeds`` seeds with ``vectorized=True`` (``training.run_batch``) and without, each in a fresh
@@ -8,6 +9,9 @@ alternated ``--repeats`` times. Written (JSON): every wall time, the medians and
 ratio sequential / vectorized, measured in this one run on this machine.
 
     python benchmarks/vectorized_seeds.py --out benchmarks/measured/vectorized_seeds.json
+
+``--grid``: instead of seeds, ``fedjax_dp.sweep`` over ``GRID`` (clip norm x client learning rate x
+server learning rate: 8 runs, every point once) with ``vectorized=True`` and without.
 """
 
 from __future__ import annotations
@@ -25,17 +29,27 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ("dp_fedavg_mnist", "fedavg_mnist")
 MODES = ("sequential", "vectorized")
+GRID = {
+    "dp.clip_norm": [0.5, 1.0],
+    "client.learning_rate": [0.05, 0.1],
+    "server.learning_rate": [0.5, 1.0],
+}
 
 
 def child(config: str, mode: str, seeds: int, workdir: str) -> None:
-    """One measurement in this process: prints the seconds of ``run_seeds``."""
+    """One measurement in this process: prints the seconds of ``run_seeds`` (``seeds`` 0: of the
+    sweep over ``GRID``)."""
     import fedjax_dp
 
     experiment = fedjax_dp.Experiment(config)
+    vectorized = mode == "vectorized"
     start = time.perf_counter()
-    experiment.run_seeds(
-        list(range(seeds)), workdir, vectorized=mode == "vectorized", progress=False
-    )
+    if seeds:
+        experiment.run_seeds(list(range(seeds)), workdir, vectorized=vectorized, progress=False)
+    else:
+        fedjax_dp.sweep(
+            experiment, GRID, workdir=workdir, runs="fixed", vectorized=vectorized, progress=False
+        )
     print(json.dumps({"seconds": time.perf_counter() - start}))
 
 
@@ -58,8 +72,10 @@ def main():
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS))
     parser.add_argument("--out", default="benchmarks/measured/vectorized_seeds.json")
+    parser.add_argument("--grid", action="store_true", help="a sweep over GRID, not seeds")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    runs = 0 if args.grid else args.seeds
     if args.child:
         config, mode, seeds, workdir = args.child
         child(config, mode, int(seeds), workdir)
@@ -71,7 +87,7 @@ def main():
         order = MODES if repeat % 2 == 0 else MODES[::-1]
         for config in args.configs:
             for mode in order:
-                seconds[config][mode].append(measure(config, mode, args.seeds))
+                seconds[config][mode].append(measure(config, mode, runs))
                 print(config, mode, round(seconds[config][mode][-1], 1), flush=True)
     median = {c: {m: statistics.median(v) for m, v in s.items()} for c, s in seconds.items()}
     out = {
@@ -79,9 +95,13 @@ def main():
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "jax": jax.__version__,
         "backend": jax.default_backend(),
-        "seeds": args.seeds,
+        "seeds": None if args.grid else args.seeds,
+        "grid": GRID if args.grid else None,
         "repeats": args.repeats,
-        "what": "Experiment.run_seeds wall time in a fresh process (persistent XLA cache off)",
+        "what": (
+            f"{'fedjax_dp.sweep' if args.grid else 'Experiment.run_seeds'} wall time in a fresh"
+            " process (persistent XLA cache off)"
+        ),
         "seconds": seconds,
         "median_seconds": median,
         "throughput_ratio_vectorized_over_sequential": {

@@ -127,6 +127,34 @@ def test_a_tiny_noise_multiplier_reports_an_infinite_clt_epsilon_instead_of_cras
     assert ledger.describe()["epsilons"]["gdp_clt_approximation"] == math.inf
 
 
+def test_a_pld_past_its_ceiling_answers_with_rdp_instead_of_exhausting_memory():
+    """At z = 1e-6 dp_accounting's PLD asked for petabytes (MemoryError) at the report's
+    side-by-side figure, at the end of the run; past ``PLD_CEILING`` the PLD accountant answers
+    with RDP's figure and the report says so. Below it, the PLD is built as before."""
+    from fedjax_dp.privacy.accounting.accountant import PLD_CEILING, Accountant, RoundEvent
+    from fedjax_dp.privacy.ledgers.client_level import CentralLedger
+    from fedjax_dp.privacy.mechanisms.upload_noise import GaussianNoise
+    from fedjax_dp.privacy.sampling import build as client_sampler
+    from fedjax_dp.privacy.settings import PrivacySettings
+    from fedjax_dp.training.default_config import default_config
+
+    cfg = default_config()
+    cfg.sampling.update(method="poisson", rate=0.2)
+    cfg.privacy.accountant = "pld"
+    ledger = CentralLedger(client_sampler(cfg.sampling, 100), PrivacySettings.from_config(cfg))
+    noise = GaussianNoise(((1, 1e-6),))
+    ledger.record(1, np.arange(20), list(noise.releases(noise.inputs(1), 1.0)))
+    described = ledger.describe()
+    assert described["epsilons"]["pld"] == described["epsilons"]["rdp"] > PLD_CEILING
+    assert ledger.epsilon() == described["epsilons"]["rdp"]
+    assert any("the PLD figure is RDP's" in n for n in described["notes"])
+    usual = Accountant("pld").compose(RoundEvent("poisson", 1.0, sampling_rate=0.2), count=3)
+    assert not usual.pld_replaced
+    assert usual.epsilon(1e-5) < Accountant("rdp").compose(
+        RoundEvent("poisson", 1.0, sampling_rate=0.2), count=3
+    ).epsilon(1e-5)
+
+
 def test_analytic_gaussian_beats_classic_formula_and_is_valid():
     for eps in (0.5, 1.0, 4.0):
         sigma = C.analytic_gaussian_sigma(eps, 1e-5)

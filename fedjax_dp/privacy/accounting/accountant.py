@@ -221,6 +221,14 @@ PLD_DISCRETIZATION = 1e-4
 composition step (1e-3 over-reported 1.4 % at 10^4 rounds and up to 4x below epsilon 0.05)."""
 
 
+PLD_CEILING = 500.0
+"""Above this RDP epsilon (at delta 1e-5) a history's PLD is not built: its support spans about
+epsilon / discretisation points per round before composition (a round at z = 0.03 needs more than 6
+GB composed ten times, at z = 1e-6 petabytes), and at such an epsilon no refinement matters. The PLD
+accountant then answers with RDP's figure, also dp_accounting's upper bound, and says so
+(``Accountant.pld_replaced``)."""
+
+
 def check_rdp_orders(orders) -> tuple:
     """``orders`` as a sorted tuple of floats > 1 (an error naming the bad value otherwise)."""
     orders = tuple(sorted(float(a) for a in orders))
@@ -396,6 +404,17 @@ class Accountant:
     def _rdp_curve(self):
         return sum(count * event_rdp(event, self.rdp_orders) for event, count in self.events)
 
+    @property
+    def pld_replaced(self) -> bool:
+        """Whether this PLD accountant answers with RDP's figures: its history's RDP epsilon passes
+        ``PLD_CEILING`` (a history RDP cannot compose keeps the PLD)."""
+        if self.kind != "pld" or not self.events:
+            return False
+        if not all(supports(event, "rdp") for event, _ in self.events):
+            return False
+        curve = self._rdp_curve()
+        return rdp_privacy_accountant.compute_epsilon(self.rdp_orders, curve, 1e-5)[0] > PLD_CEILING
+
     def epsilon(self, delta: float) -> float:
         """The epsilon the composed rounds satisfy at ``delta``, as this accountant certifies it (0
         before any round): RDP's conversion at the best order of the grid, or the PLD's, which is
@@ -403,7 +422,7 @@ class Accountant:
         check_delta(delta)
         if not self.events:
             return 0.0
-        if self.kind == "pld":
+        if self.kind == "pld" and not self.pld_replaced:
             return _pld_epsilon(tuple(self.events), self.pld_discretization, float(delta))
         return float(
             rdp_privacy_accountant.compute_epsilon(self.rdp_orders, self._rdp_curve(), delta)[0]
@@ -416,7 +435,7 @@ class Accountant:
         check_epsilon(epsilon)
         if not self.events:
             return 0.0
-        if self.kind == "pld":
+        if self.kind == "pld" and not self.pld_replaced:
             return float(
                 _composed_pld(tuple(self.events), self.pld_discretization).get_delta(epsilon)
             )

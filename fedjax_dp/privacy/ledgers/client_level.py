@@ -34,6 +34,7 @@ from fedjax_dp.core.release import Release
 from fedjax_dp.privacy.accounting import calibration, gdp
 from fedjax_dp.privacy.accounting.accountant import (
     ACCOUNTANTS,
+    PLD_CEILING,
     GAUSSIAN_LIKE,
     Accountant,
     RoundEvent,
@@ -270,6 +271,11 @@ class CentralLedger(LedgerDefaults):
                 gdp.epsilon_from_mu(mu, delta) if math.isfinite(mu) else math.inf
             )
         notes = list(self.sampler.accounting_notes())
+        if "pld" in epsilons and self.accountants["pld"].pld_replaced:
+            notes.append(
+                f"the PLD figure is RDP's: past RDP epsilon {PLD_CEILING:g} the PLD is not built"
+                " (its support would not fit in memory; accounting.PLD_CEILING)"
+            )
         skipped = [k for k in ACCOUNTANTS if k not in epsilons]
         if skipped:
             notes.append(f"the {' and '.join(skipped)} accountant cannot compose these events")

@@ -66,9 +66,9 @@ def test_the_estimate_recovers_a_gaussian_mechanism_and_the_bound_stays_below_it
 
 def test_honest_gaussian_audits_are_rarely_flagged():
     """The statistics of an honest every-round Gaussian run (10 rounds at z = 6.796, formal RDP
-    epsilon 2, exact 1.84; 523 inserted, 477 unseen canaries): the two-fit interval lay wholly above
-    2 in 9 of 60 such audits and flagged 4 of 9 real runs with Rademacher directions; the flag now
-    rests on the equal-variance interval and the lower bound."""
+    epsilon 2, exact 1.84; 523 inserted, 477 unseen canaries): the two-fit percentile interval lay
+    wholly above 2 in 9 of these 30 audits and flagged 4 of 9 real runs with Rademacher directions;
+    the flag now takes the two-fit estimate's basic (bias-corrected) interval."""
     rng = np.random.default_rng(1)
     mu = np.sqrt(10) / 6.796084
     flags = []

@@ -310,6 +310,7 @@ def test_a_run_with_canaries_reports_the_estimate_beside_the_formal_epsilon(tmp_
     assert "NOT a guarantee" in summary.format()
     assert empirical["kind"].startswith("an empirical estimate, NOT a guarantee")
     assert empirical["canaries"] == 40 and empirical["reference_canaries"] == 20
+    assert any("below 2500 a side the two-fit estimate is noisy" in n for n in empirical["notes"])
     assert empirical["canary_formal_epsilon"] == pytest.approx(record["epsilon"])
     for threat in ("final_model", "all_iterates"):
         assert {"epsilon_hat", "interval", "lower_bound", "flagged"} <= set(empirical[threat])

@@ -46,6 +46,10 @@ from fedjax_dp.core.canary_uploads import PAD, CanaryCohort, canary_direction
 from fedjax_dp.privacy.accounting.accountant import Accountant, RoundEvent
 from fedjax_dp.privacy.audit import estimates
 
+ADEQUATE_CANARIES = 2500
+"""Canaries a side (``audit.canaries``) from which the two-fit estimate falls within 20 % of the
+true epsilon in most runs (86 % at 2,500, 96 % at 5,000 in simulated every-round audits at epsilon
+2)."""
 SCORE_CHUNK_FLOATS = 2**26  # directions generated at once when scoring (256 MB of float32)
 STORE = "released.f32"
 
@@ -168,8 +172,20 @@ class CanaryAudit:
             "delta": self.delta,
             **{name: figure.record() for name, figure in figures.items()},
             "flagged": any(f.flagged for f in figures.values()),
-            "notes": [self._cohort_note()],
+            "notes": [self._cohort_note(), *self._size_note()],
         }
+
+    def _size_note(self) -> list:
+        """A caution where there are too few canaries for the estimate to be compared with the
+        formal epsilon (docs/privacy_audit.md, "How many canaries")."""
+        if self.reference >= ADEQUATE_CANARIES:
+            return []
+        return [
+            f"{self.reference} unseen canaries (audit.canaries): below {ADEQUATE_CANARIES} a side"
+            " the two-fit estimate is noisy and biased upwards (simulated: within 20 % of the"
+            " true epsilon in 43 % of runs at 500 a side, 96 % at 5,000); read it with its"
+            " equal-variance twin, or raise audit.canaries"
+        ]
 
     def _cohort_note(self) -> str:
         if self.side_by_side:

@@ -66,6 +66,11 @@ def test_batched_runs_differ_only_in_their_seed_and_scalar_settings(tmp_path):
     configs[1].client.epochs = 2
     with pytest.raises(ValueError, match="config 1 differs from config 0 in client.epochs: 2"):
         run_batched(configs, [str(tmp_path / "a"), str(tmp_path / "b")])
+    # a batchable key that differs first (in key order) does not hide one that may not
+    configs[1].client.epochs, configs[1].client.learning_rate = 1, 0.5
+    configs[1].sampling.cohort_size = 5
+    with pytest.raises(ValueError, match="differs from config 0 in sampling.cohort_size: 5"):
+        run_batched(configs, [str(tmp_path / "a"), str(tmp_path / "b")])
 
 
 SETTINGS = (  # seed, clip norm, client lr, server lr, z

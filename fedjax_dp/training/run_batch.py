@@ -145,8 +145,9 @@ def check_batchable(cfgs) -> list[str]:
     flat = [dict(_flattened(c.copy_and_resolve_references().to_dict())) for c in cfgs]
     for i, one in enumerate(flat[1:], 1):
         keys = sorted(set(one) | set(flat[0]))
-        other = next((k for k in keys if repr(one.get(k)) != repr(flat[0].get(k))), None)
-        if other is not None and other not in BATCHABLE_KEYS:
+        differ = (k for k in keys if repr(one.get(k)) != repr(flat[0].get(k)))
+        other = next((k for k in differ if k not in BATCHABLE_KEYS), None)
+        if other is not None:
             raise ValueError(
                 f"batched runs differ only in {', '.join(BATCHABLE_KEYS)}; config {i} differs"
                 f" from config 0 in {other}: {one.get(other)!r} against {flat[0].get(other)!r}"

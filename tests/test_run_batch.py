@@ -163,3 +163,38 @@ def test_run_seeds_vectorized_writes_the_seeds_summary(tmp_path):
 def test_the_cli_refuses_vectorize_without_seeds(capsys):
     assert main(["fedjax-dp", "--config", "fedavg_mnist", "--vectorize"]) == 2
     assert "--vectorize trains several runs at once" in capsys.readouterr().err
+
+
+def test_a_compiled_program_keeps_the_rates_of_the_run_it_was_built_from(monkeypatch):
+    """A later round's group may lead with another run (an earlier first run has stopped): the
+    program compiled from the first run is reused, so the traced factors stay relative to that
+    run's learning rates, not the new leader's."""
+    import math
+    from types import SimpleNamespace
+
+    from fedjax_dp.core.uploads import Chain
+    from fedjax_dp.privacy.mechanisms.upload_clipping import FlatClip
+    from fedjax_dp.training.default_config import default_config
+
+    def run(client_lr, server_lr):
+        cfg = default_config()
+        cfg.client.learning_rate, cfg.server.learning_rate = client_lr, server_lr
+        return SimpleNamespace(cfg=cfg)
+
+    monkeypatch.setattr(run_batch, "_program", lambda first, *a: object())
+    runs = [run(0.05, 1.0), run(0.2, 0.5), run(0.1, 2.0)]
+    programs, uploads = {}, Chain((FlatClip(0.5),))
+    first, _ = run_batch._program_for(
+        programs, runs, [(0, None), (1, None), (2, None)], ("s",), uploads, "t", (True,)
+    )
+    again, rates = run_batch._program_for(
+        programs, runs, [(1, None), (2, None)], ("s",), uploads, "t", (True,)
+    )
+    assert again is first
+    np.testing.assert_allclose(rates["client_lr"], [math.log(0.2 / 0.05), math.log(0.1 / 0.05)])
+    np.testing.assert_allclose(rates["server_lr"], [math.log(0.5), math.log(2.0)])
+    # a program that does not trace the rates is reused only by runs at its own rates
+    same = [run(0.2, 0.5), run(0.2, 0.5), run(0.1, 1.0), run(0.1, 1.0)]
+    one, none = run_batch._program_for(programs, same, [(0, 0), (1, 0)], ("s",), uploads, "t", ())
+    other, _ = run_batch._program_for(programs, same, [(2, 0), (3, 0)], ("s",), uploads, "t", ())
+    assert none is None and other is not one

@@ -77,8 +77,6 @@ TRACED_RATES = ("fedavg", "fedprox", "dp_fedavg", "uga")
 """The algorithms whose settings other than the seed a batch takes as traced values: FedAvg with
 another local objective or chain, whose learning rates ``Hypertuned`` scales."""
 
-_RATES = {"client.learning_rate": "client_lr", "server.learning_rate": "server_lr"}
-
 
 def refusal(run: RunContext) -> str | None:
     """Why ``run`` cannot train in a batch (module docstring), or None."""
@@ -244,13 +242,9 @@ def _train_together(runs, plans, training, programs) -> dict:
             result, settings_row = runs[i].execute(plans[i])
             rows[i] = runs[i].finish_round(plans[i], result, settings_row)
             continue
-        cfgs = [runs[i].cfg for i, _ in members]
-        rates = _rates(cfgs)
         leaves, treedef = jax.tree_util.tree_flatten(members[0][1][3])
         scalar = tuple(np.ndim(x) == 0 for x in leaves)
-        program_key = (signature[0], treedef, scalar, rates is not None)
-        if program_key not in programs:
-            programs[program_key] = _program(runs[members[0][0]], uploads, treedef, scalar, rates)
+        program, rates = _program_for(programs, runs, members, signature, uploads, treedef, scalar)
         states = _stack([runs[i].state for i, _ in members])
         clients, keys, noise_keys = (_stack([a[k] for _, a in members]) for k in range(3))
         each_leaves = [jax.tree_util.tree_leaves(a[3]) for _, a in members]
@@ -259,7 +253,7 @@ def _train_together(runs, plans, training, programs) -> dict:
         )
         fixed = tuple(x for x, s in zip(leaves, scalar) if not s)
         batch = _spread((states, clients, keys, noise_keys, per_run, rates), len(members))
-        new_states, metrics, finite, released = programs[program_key](*batch, fixed)
+        new_states, metrics, finite, released = program(*batch, fixed)
         each = _unstacked(len(members))((new_states, released))  # one program, not a gather a leaf
         metrics, finite = jax.device_get((metrics, finite))
         first = jax.local_devices()[0]  # where a run's state lives between rounds
@@ -270,12 +264,30 @@ def _train_together(runs, plans, training, programs) -> dict:
     return rows
 
 
-def _program(first: RunContext, uploads, treedef, scalar: tuple, rates):
+def _program_for(programs: dict, runs, members, signature, uploads, treedef, scalar: tuple):
+    """``(program, rates)`` for the group ``members``: a compiled program of a group with the same
+    chain constants (and, where it does not trace the learning rates, the same rates), else a new
+    one built from the group's first run; ``rates``: the program's per-run input (``_rates``,
+    relative to the run it was built from)."""
+    group_rates = [_learning_rates(runs[i].cfg) for i, _ in members]
+    traced = len(set(group_rates)) > 1
+    key = (signature[0], treedef, scalar, traced)
+    for chain, reference, program in programs.get(key, []):
+        if _same_program(chain, uploads) and (traced or reference == group_rates[0]):
+            return program, _rates(group_rates, reference) if traced else None
+    reference = group_rates[0]
+    program = _program(runs[members[0][0]], uploads, treedef, scalar, traced)
+    programs.setdefault(key, []).append((uploads, reference, program))
+    return program, _rates(group_rates, reference) if traced else None
+
+
+def _program(first: RunContext, uploads, treedef, scalar: tuple, traced_rates: bool):
     """``jit(vmap(f))`` of the round for runs like ``first``: ``f(state, clients, key, noise_key,
     per_run, rates, fixed)``, the chain's inputs rebuilt from the per-run scalars ``per_run`` and
-    the shared arrays ``fixed``; with ``rates`` (per run, ``_rates``), the learning rates traced."""
+    the shared arrays ``fixed``; with ``traced_rates``, the learning rates are factors ``rates`` on
+    ``first``'s (``_rates``)."""
     runner = first.runner
-    if rates is not None:
+    if traced_rates:
         base = dataclasses.replace(runner.algorithm, deferred_dense_rate=None)  # one scalar rate
         runner = runner.with_algorithm(Hypertuned(base, 1))
     f = runner.traced_round(uploads)
@@ -294,16 +306,20 @@ def _program(first: RunContext, uploads, treedef, scalar: tuple, rates):
     return jax.jit(jax.vmap(batched, in_axes=(0, 0, 0, 0, 0, 0, None)))
 
 
-def _rates(cfgs):
-    """Where the runs' learning rates differ: per run, ``Hypertuned``'s log-multipliers
-    log(lr_i / lr_1) of the first run's client and server rates, stacked; else None."""
-    values = {k: [float(c[k.split(".")[0]][k.split(".")[1]]) for c in cfgs] for k in _RATES}
-    if all(len(set(v)) == 1 for v in values.values()):
-        return None
-    settings = [initial_settings(1) for _ in cfgs]
-    for key, name in _RATES.items():
-        for one, value in zip(settings, values[key]):
-            one[name] = jnp.float32(math.log(value / values[key][0]))
+def _learning_rates(cfg) -> tuple:
+    """A run's (client, server) learning rates."""
+    return float(cfg.client.learning_rate), float(cfg.server.learning_rate)
+
+
+def _rates(rates: list, reference: tuple):
+    """Per run, ``Hypertuned``'s log-multipliers log(lr_i / lr_ref) of the (client, server) rates
+    ``rates`` on those of the run a program was built from, stacked."""
+    settings = []
+    for client, server in rates:
+        one = initial_settings(1)
+        one["client_lr"] = jnp.float32(math.log(client / reference[0]))
+        one["server_lr"] = jnp.float32(math.log(server / reference[1]))
+        settings.append(one)
     return _stack(settings)
 
 

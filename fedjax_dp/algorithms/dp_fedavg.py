@@ -99,5 +99,6 @@ registry.register(
     validate=check_dp,
     privacy_keys=DP_PRIVACY_KEYS,
     participation=True,
+    scaled_rates=True,
     summary="DP-FedAvg (Geyer et al. 2017): FedAvg + chain(clip, gaussian, fixed_denominator)",
 )

@@ -129,6 +129,7 @@ registry.register(
     "fedavg",
     build=build_fedavg,
     privacy_keys=(),
+    scaled_rates=True,
     summary="FedAvg (McMahan et al. 2017) with a server optimizer",
 )
 registry.register(

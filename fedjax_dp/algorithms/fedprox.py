@@ -74,5 +74,6 @@ registry.register(
     sections=("fedprox",),
     validate=check_fedprox,
     privacy_keys=(),
+    scaled_rates=True,
     summary="FedProx (Li et al. 2020): FedAvg with a proximal term",
 )

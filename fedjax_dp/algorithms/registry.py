@@ -121,6 +121,11 @@ class Entry:
     # runs correlated noise under a participation scheme (``sampling.method`` such as
     participation: bool = False
     # min_separation: ``privacy.correlated``)
+    # its client and server learning rates act only through its optimizers' steps (FedAvg with
+    # another local objective or chain), so a factor on each step's update is a factor on the rate:
+    # ``hypergrad.Hypertuned`` scales them (hyper-gradients of the rates, runs batched with traced
+    # rates in ``training.run_batch``)
+    scaled_rates: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +188,7 @@ def register(
     unread=(),
     privacy_keys=DEFAULT_PRIVACY_KEYS,
     participation=False,
+    scaled_rates=False,
 ) -> Entry:
     if name in _ENTRIES:
         raise ValueError(f"algorithm {name!r} is already registered")
@@ -209,6 +215,7 @@ def register(
         tuple(unread),
         tuple(privacy_keys),
         participation,
+        scaled_rates,
     )
     return _ENTRIES[name]
 
@@ -281,6 +288,11 @@ def register_section(
 
 def names() -> tuple[str, ...]:
     return tuple(sorted(_ENTRIES))
+
+
+def with_scaled_rates() -> tuple[str, ...]:
+    """The algorithms whose learning rates ``hypergrad.Hypertuned`` can scale (``Entry``)."""
+    return tuple(n for n in names() if _ENTRIES[n].scaled_rates)
 
 
 def get(name: str) -> Entry:

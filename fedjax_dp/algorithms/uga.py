@@ -193,5 +193,6 @@ registry.register(
     sections=("uga",),
     validate=check_uga,
     privacy_keys=(),
+    scaled_rates=True,
     summary="UGA (seed 002): gradients through unrolled local training",
 )

@@ -28,8 +28,6 @@ from fedjax_dp.hypergrad.client_source import (
 from fedjax_dp.hypergrad.differentiable import SETTINGS
 from fedjax_dp.hypergrad.online import HyperOptions, OnlineHypertuned
 
-ALGORITHMS = ("fedavg", "fedprox", "dp_fedavg", "uga")
-"""The algorithms whose settings adapt (FedAvg with another local objective, upload or chain)."""
 SOURCES = ("server", "clients")
 STEP_RULES = ("sgd", "normalized")
 
@@ -101,9 +99,9 @@ def check_hypergrad(cfg, need) -> None:
     if not h.hyper_lr > 0:
         return
     need(
-        cfg.algorithm in ALGORITHMS,
+        cfg.algorithm in registry.with_scaled_rates(),
         f"hypergrad.hyper_lr={h.hyper_lr}: algorithm {cfg.algorithm!r} cannot adapt its settings;"
-        f" use one of {ALGORITHMS}",
+        f" use one of {registry.with_scaled_rates()}",
     )
     names = adapted(cfg)
     unknown = [n for n in names if n not in SETTINGS]
@@ -187,7 +185,8 @@ def wrap_hypergrad(ctx, algorithm, server_set) -> OnlineHypertuned:
         raise ValueError("hypergrad.source='server' needs a server-held set (server_data)")
     if not isinstance(algorithm, FedAvg):
         raise ValueError(
-            f"hypergrad: {type(algorithm).__name__} is not a FedAvg-family algorithm ({ALGORITHMS})"
+            f"hypergrad: {type(algorithm).__name__} is not a FedAvg-family algorithm"
+            f" ({registry.with_scaled_rates()})"
         )
     cfg = ctx.cfg
     sizes = ctx.client_sizes or (1,)

@@ -26,13 +26,13 @@ another instead (logged). The program is compiled once for the batch, not once p
 process has several devices (XLA:CPU's host devices, one a core) that divide the number of runs,
 the run axis is split over them: each device trains its share of the runs.
 
-Refused (one after another instead): scalar settings other than the seed for an algorithm
-outside ``TRACED_RATES`` (its settings may be constants of its own), per-client state (SCAFFOLD,
-error feedback), a cohort-level transform (Geyer's median clip), canaries, an algorithm that
-adapts its settings after the round (``hypergrad``), the ``loop`` strategy or several devices, and
-several processes. A round whose cohorts differ in shape between runs (a Poisson cohort above the
-packed capacity) runs its runs one after another. Not resumable as a batch: a resumed run runs
-alone.
+Refused (one after another instead): scalar settings other than the seed for an algorithm whose
+registry entry does not declare ``scaled_rates`` (its settings may be constants of its own),
+per-client state (SCAFFOLD, error feedback), a cohort-level transform (Geyer's median clip),
+canaries, an algorithm that adapts its settings after the round (``hypergrad``), the ``loop``
+strategy or several devices, and several processes. A round whose cohorts differ in shape between
+runs (a Poisson cohort above the packed capacity) runs its runs one after another. Not resumable as
+a batch: a resumed run runs alone.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from fedjax_dp.algorithms import registry
 from fedjax_dp.core import hosts
 from fedjax_dp.core.round import RoundResult
 from fedjax_dp.core.uploads import program_fields, varying_inputs
@@ -72,10 +73,6 @@ BATCHABLE_KEYS = (
     "privacy.target_epsilon",
 )
 """The config keys runs batched in one program may differ in (module docstring)."""
-
-TRACED_RATES = ("fedavg", "fedprox", "dp_fedavg", "uga")
-"""The algorithms whose settings other than the seed a batch takes as traced values: FedAvg with
-another local objective or chain, whose learning rates ``Hypertuned`` scales."""
 
 
 def refusal(run: RunContext) -> str | None:
@@ -118,10 +115,11 @@ def run_batched(cfgs, workdirs, overwrite: bool = False, extra_callbacks=None) -
             validate_config(cfg)
         runs = [RunContext.prepare(c, w, overwrite, False, False) for c, w in zip(cfgs, workdirs)]
         reason = next((r for r in map(refusal, runs) if r is not None), None)
-        if reason is None and varied and cfgs[0].algorithm not in TRACED_RATES:
+        traced = registry.with_scaled_rates()
+        if reason is None and varied and cfgs[0].algorithm not in traced:
             reason = (
                 f"the runs differ in {varied[0]}, which {cfgs[0].algorithm} does not take as a"
-                f" traced input (batched: the seed alone, or {', '.join(TRACED_RATES)})"
+                f" traced input (batched: the seed alone, or {', '.join(traced)})"
             )
         callbacks = [default_callbacks(run.cfg, "off", e) for run, e in zip(runs, extra_callbacks)]
         for run, hooks in zip(runs, callbacks):

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from fedjax_dp import configs
 from fedjax_dp.algorithms import registry
 from fedjax_dp.core import hosts
 from fedjax_dp.core.round import RoundResult
@@ -138,7 +139,7 @@ def run_batched(cfgs, workdirs, overwrite: bool = False, extra_callbacks=None) -
 def check_batchable(cfgs) -> list[str]:
     """The ``BATCHABLE_KEYS`` the configs differ in; a ``ValueError`` naming the first other key
     that differs."""
-    flat = [dict(_flattened(c.copy_and_resolve_references().to_dict())) for c in cfgs]
+    flat = [_by_key(c.copy_and_resolve_references()) for c in cfgs]
     for i, one in enumerate(flat[1:], 1):
         keys = sorted(set(one) | set(flat[0]))
         differ = (k for k in keys if repr(one.get(k)) != repr(flat[0].get(k)))
@@ -151,12 +152,10 @@ def check_batchable(cfgs) -> list[str]:
     return [k for k in BATCHABLE_KEYS[1:] if len({repr(f.get(k)) for f in flat}) > 1]
 
 
-def _flattened(tree: dict, prefix: str = ""):
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _flattened(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
+def _by_key(cfg) -> dict:
+    """Every leaf of ``cfg`` by its dotted key (``configs.all_keys``)."""
+    at = lambda key: functools.reduce(lambda c, part: c[part], key.split("."), cfg)  # noqa: E731
+    return {key: at(key) for key in configs.all_keys(cfg)}
 
 
 def _lockstep(runs, callbacks, batched: bool) -> None:

@@ -330,6 +330,16 @@ def _composed_pld(events: tuple, discretization: float):
 
 
 @functools.lru_cache(maxsize=1024)
+def _past_pld_ceiling(events: tuple, orders: tuple) -> bool:
+    """Whether the RDP epsilon (delta 1e-5) of the (event, count) runs ``events`` passes
+    ``PLD_CEILING``; False where RDP cannot compose them. Once per history, as ``_pld_epsilon``."""
+    if not all(supports(event, "rdp") for event, _ in events):
+        return False
+    curve = sum(count * event_rdp(event, orders) for event, count in events)
+    return rdp_privacy_accountant.compute_epsilon(orders, curve, 1e-5)[0] > PLD_CEILING
+
+
+@functools.lru_cache(maxsize=1024)
 def _pld_epsilon(events: tuple, discretization: float, delta: float) -> float:
     """The PLD epsilon at ``delta`` after ``events``, once per process: seeds of one config compose
     the same events round by round and ask the same question (the same number, computed once)."""
@@ -410,10 +420,7 @@ class Accountant:
         ``PLD_CEILING`` (a history RDP cannot compose keeps the PLD)."""
         if self.kind != "pld" or not self.events:
             return False
-        if not all(supports(event, "rdp") for event, _ in self.events):
-            return False
-        curve = self._rdp_curve()
-        return rdp_privacy_accountant.compute_epsilon(self.rdp_orders, curve, 1e-5)[0] > PLD_CEILING
+        return _past_pld_ceiling(tuple(self.events), self.rdp_orders)
 
     def epsilon(self, delta: float) -> float:
         """The epsilon the composed rounds satisfy at ``delta``, as this accountant certifies it (0

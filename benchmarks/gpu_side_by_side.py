@@ -24,6 +24,7 @@ import time
 from fedjax_dp.training.results import dumps as strict_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+START = time.monotonic()
 
 # jax:<cohort_throughput case>  |  torch:model:cohort:impl[:chunk]
 CASES = [
@@ -129,6 +130,13 @@ def main():
     parser.add_argument("--only", nargs="*", default=CASES)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=240, help="seconds per case")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=0,
+        help="seconds for the whole run (0: none): a case gets what is left, up to --timeout, and"
+        " none is started with under 30 s left (recorded as not started)",
+    )
     parser.add_argument("--peak-size", type=int, default=8192, help="matmul size for the peaks")
     parser.add_argument("--out", default=os.path.join(HERE, "out", "gpu_side_by_side.json"))
     args = parser.parse_args()
@@ -156,7 +164,11 @@ def main():
     rows = []
     with open(args.out + "l", "w") as log:
         for case in args.only:
-            row = run_case(case, args.peers, args.rounds, args.timeout)
+            left = args.budget - (time.monotonic() - START) if args.budget else args.timeout
+            if left < 30:
+                row = {"case": case, "error": f"not started: {left:.0f} s of --budget left"}
+            else:
+                row = run_case(case, args.peers, args.rounds, int(min(args.timeout, left - 10)))
             if "achieved_gflops" in row:
                 reference = matmul[
                     "xla_bf16" if row.get("compute_dtype") == "bfloat16" else "xla_f32_default"

@@ -16,7 +16,7 @@ import gpu_grid  # noqa: E402
 
 def test_every_cell_is_named_once_resumes_and_reads_the_data_root():
     names = [c.name for c in gpu_grid.CELLS]
-    assert len(names) == len(set(names)) == 57
+    assert len(names) == len(set(names)) == 81
     for cell in gpu_grid.CELLS:
         cmd = gpu_grid.command(cell, "/o", "/data")
         assert (
@@ -34,6 +34,39 @@ def test_every_cell_is_named_once_resumes_and_reads_the_data_root():
         "cuag.sigma_scale=0.125",
         "cuag.sigma_scale=0.0625",
     ]
+
+
+def test_the_noise_sweep_and_larger_cnn_run_again_in_the_authors_pipeline():
+    """Issue 92 item 7: the headline Table 2 rows were measured in the authors' pipeline with
+    augmentation, so the cells that ask questions of them must run there too."""
+    authors = {c.name for c in gpu_grid.CELLS if c.name.startswith("t2a_")}
+    expected = {
+        f"t2a_{name}_s{seed}"
+        for name in [f"paper_scale{s:g}" for s in (1, 0.5, 0.25, 0.125, 0.0625)]
+        + ["paper_sigma0.45", "pfldyn_authors_cnn", "paper_authors_cnn"]
+        for seed in (0, 1, 2)
+    }
+    assert authors == expected
+    for cell in gpu_grid.CELLS:
+        sets = cell.argv[cell.argv.index("--set") + 1 :] if "--set" in cell.argv else ()
+        in_pipeline = "data.augment=crop_flip" in sets and "data.normalize=channel" in sets
+        assert in_pipeline == (cell.name in authors), cell.name
+    from fedjax_dp.configs import cuag_pfl_cifar10
+
+    authors_config, seeds_config = (
+        cuag_pfl_cifar10.get_config("authors"),
+        cuag_pfl_cifar10.get_config(),
+    )
+    for (
+        item
+    ) in gpu_grid.AUTHORS_PIPELINE:  # the pipeline is what ``:authors`` sets, plus augmentation
+        key, value = item.split("=")
+        section, field = key.split(".")
+        want = getattr(getattr(authors_config, section), field)
+        if key != "data.augment":
+            assert str(want) == value and want != getattr(getattr(seeds_config, section), field)
+    twin = next(c for c in gpu_grid.CELLS if c.name == "t2a_paper_scale0.25_s1")
+    assert "cuag.sigma_scale=0.25" in twin.argv and twin.argv[twin.argv.index("--seed") + 1] == "1"
 
 
 def test_a_finished_cell_writes_raw_rows_and_is_skipped_after(tmp_path, monkeypatch):

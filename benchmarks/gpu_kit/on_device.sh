@@ -5,6 +5,8 @@
 # PLAN: perf (issue 20: the compiled program's cohort-sized copies, streamed / deferred cohorts of 10^4, % of peak),
 #       vgg_t6 (issue 17: Table 6's VGG16 compression-only row to 300 rounds, alone, resumable),
 #       vgg_t4 (issue 17: a Table 4 cell, CUAG-PFL paper mode, mu $KIT_MU (0.1), VGG16, CIFAR-100 ACID3, resumable),
+#       side_by_side (issue 92 item 7: workload W's CNN at C = 100 / 1,000 / 10,000, fedjax_dp against
+#         torch on CUDA, each case in its own process with its device peak memory, all within SECONDS),
 #       dry (a one-round CPU-sized run of the vgg_t6 command with cnn_pfl, to test the kit anywhere).
 set -uo pipefail
 KEEP=${KIT_KEEP:-/tmp/fedjax_stage}   # survives between calls while the machine stays warm
@@ -51,6 +53,15 @@ case "$plan" in
       --out "$OUT/gpu.json" --only jax:cnn:1000:auto jax:cnn:10000:auto@1000 jax:cnn:10000:auto \
       torch:cnn:1000:vmap:256 torch:cnn:10000:vmap:256 jax:cnn:1000:chunked:256:1:xla:bf16
     wait; tail -n 40 "$OUT/hlo.log" ;;
+  side_by_side)
+    setup
+    seconds=${2:?seconds}
+    # smallest cohorts first: a run cut short keeps what it measured (gpu.jsonl, a row a case)
+    cases=${KIT_CASES:-"jax:cnn:100:auto torch:cnn:100:vmap:100 torch:cnn:100:loop jax:cnn:1000:auto
+      torch:cnn:1000:vmap:256 jax:cnn:10000:auto torch:cnn:10000:vmap:256"}
+    # shellcheck disable=SC2086
+    python3 benchmarks/gpu_side_by_side.py --peers "$KEEP/peers" --rounds 3 --timeout 150 \
+      --budget $((seconds - 15)) --peak-size "${KIT_PEAK_SIZE:-8192}" --out "$OUT/gpu.json" --only $cases ;;
   vgg_t6)
     setup
     tables vgg_t6 "${2:?seconds}" --table 6 --rounds 300 --eval-every 50 --checkpoint-every 25 \

@@ -16,7 +16,7 @@ import gpu_grid  # noqa: E402
 
 def test_every_cell_is_named_once_resumes_and_reads_the_data_root():
     names = [c.name for c in gpu_grid.CELLS]
-    assert len(names) == len(set(names)) == 81
+    assert len(names) == len(set(names)) == 90
     for cell in gpu_grid.CELLS:
         cmd = gpu_grid.command(cell, "/o", "/data")
         assert (

@@ -21,7 +21,9 @@ Cells (seeds 0, 1, 2 each):
     were measured;
   seed 002 at the paper's scale: FEMNIST (E = 5, B = 64, lr 0.002, 500 rounds) for every method,
     UGA's server rate eta_g swept over 0.002, 0.01, 0.05, 0.2, 1 and
-    ``uga.gradient_reduction=sum_of_batch_means``, and Shakespeare (300 rounds).
+    ``uga.gradient_reduction=sum_of_batch_means``, CIFAR-10's Table 1 at the paper's lr 0.002 for
+    100 rounds in its three (E, B) settings (the one-seed GPU run of 2026-11 has no raw row), and
+    Shakespeare (300 rounds).
 The time estimates (``ESTIMATE_NOTE``) are arithmetic from the recorded GPU runs, not measurements
 of these cells.
 """
@@ -165,6 +167,18 @@ def seed002_cells() -> list[Cell]:
                 "--reuse",
             )
         )
+        for epochs, batch in ((1, 16), (1, 64), (5, 64)):  # Table 1's three (E, B) settings
+            cells.append(
+                Cell(
+                    f"s002_cifar10_e{epochs}b{batch}_s{seed}",
+                    "seed002_tables.py",
+                    ("--dataset", "cifar10", "--rounds", "100", "--eval-every", "10")
+                    + ("--set", f"client.epochs={epochs}", f"client.batch_size={batch}")
+                    + s,
+                    10 if epochs == 1 else 25,
+                    "--reuse",
+                )
+            )
         cells.append(
             Cell(
                 f"s002_shakespeare_all_s{seed}",

@@ -57,9 +57,8 @@ def test_the_noise_sweep_and_larger_cnn_run_again_in_the_authors_pipeline():
         cuag_pfl_cifar10.get_config("authors"),
         cuag_pfl_cifar10.get_config(),
     )
-    for (
-        item
-    ) in gpu_grid.AUTHORS_PIPELINE:  # the pipeline is what ``:authors`` sets, plus augmentation
+    # the pipeline is what ``:authors`` sets, plus augmentation
+    for item in gpu_grid.AUTHORS_PIPELINE:
         key, value = item.split("=")
         section, field = key.split(".")
         want = getattr(getattr(authors_config, section), field)

@@ -329,13 +329,18 @@ def _composed_pld(events: tuple, discretization: float):
     return accountant
 
 
+def _rdp_curve(events, orders):
+    """The RDP curve at ``orders`` of the (event, count) runs ``events``."""
+    return sum(count * event_rdp(event, orders) for event, count in events)
+
+
 @functools.lru_cache(maxsize=1024)
 def _past_pld_ceiling(events: tuple, orders: tuple) -> bool:
     """Whether the RDP epsilon (delta 1e-5) of the (event, count) runs ``events`` passes
     ``PLD_CEILING``; False where RDP cannot compose them. Once per history, as ``_pld_epsilon``."""
     if not all(supports(event, "rdp") for event, _ in events):
         return False
-    curve = sum(count * event_rdp(event, orders) for event, count in events)
+    curve = _rdp_curve(events, orders)
     return rdp_privacy_accountant.compute_epsilon(orders, curve, 1e-5)[0] > PLD_CEILING
 
 
@@ -411,9 +416,6 @@ class Accountant:
                 self.events.append((event, count))
         return self
 
-    def _rdp_curve(self):
-        return sum(count * event_rdp(event, self.rdp_orders) for event, count in self.events)
-
     @property
     def pld_replaced(self) -> bool:
         """Whether this PLD accountant answers with RDP's figures: its history's RDP epsilon passes
@@ -432,7 +434,9 @@ class Accountant:
         if self.kind == "pld" and not self.pld_replaced:
             return _pld_epsilon(tuple(self.events), self.pld_discretization, float(delta))
         return float(
-            rdp_privacy_accountant.compute_epsilon(self.rdp_orders, self._rdp_curve(), delta)[0]
+            rdp_privacy_accountant.compute_epsilon(
+                self.rdp_orders, _rdp_curve(self.events, self.rdp_orders), delta
+            )[0]
         )
 
     def delta(self, epsilon: float) -> float:
@@ -447,7 +451,9 @@ class Accountant:
                 _composed_pld(tuple(self.events), self.pld_discretization).get_delta(epsilon)
             )
         return float(
-            rdp_privacy_accountant.compute_delta(self.rdp_orders, self._rdp_curve(), epsilon)[0]
+            rdp_privacy_accountant.compute_delta(
+                self.rdp_orders, _rdp_curve(self.events, self.rdp_orders), epsilon
+            )[0]
         )
 
     def copy_with(self, event: RoundEvent | dp_accounting.DpEvent, count: int = 1) -> "Accountant":
